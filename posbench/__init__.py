@@ -1,0 +1,34 @@
+"""posbench: compare positional encodings for Transformer attention side by side."""
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+from posbench.encodings import (
+    PositionalEncoding,
+    Scores,
+    Span,
+    create_encoding,
+    list_encodings,
+    register_encoding,
+)
+from posbench.errors import PosbenchError
+from posbench.model import Decoder, ModelConfig, build_model, model_from_config
+from posbench.tasks import Task, create_task, list_tasks, register_task
+
+__all__ = [
+    "Decoder",
+    "ModelConfig",
+    "PosbenchError",
+    "PositionalEncoding",
+    "Scores",
+    "Span",
+    "Task",
+    "build_model",
+    "create_encoding",
+    "create_task",
+    "list_encodings",
+    "list_tasks",
+    "model_from_config",
+    "register_encoding",
+    "register_task",
+]

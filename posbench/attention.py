@@ -1,0 +1,73 @@
+"""Causal self-attention that takes any positional encoding through its hooks."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from posbench.cache import Cache
+from posbench.encodings.base import LayerContext, PositionalEncoding, Span
+
+_MASKS: dict[tuple[int, int, str], Tensor] = {}
+
+
+def causal_mask(q_len: int, k_len: int, device: torch.device) -> Tensor:
+    """Boolean (Lq, Lk) mask, True where query i (the last Lq of the keys) may attend key j."""
+    key = (q_len, k_len, str(device))
+    if key not in _MASKS:
+        if len(_MASKS) > 64:
+            _MASKS.clear()
+        _MASKS[key] = torch.ones(q_len, k_len, dtype=torch.bool, device=device).tril(k_len - q_len)
+    return _MASKS[key]
+
+
+class CausalSelfAttention(nn.Module):
+    """Multi-head causal attention; the encoding is passed in, never named."""
+
+    def __init__(self, d_model: int, n_heads: int, layer: int) -> None:
+        super().__init__()
+        if d_model % n_heads:
+            raise ValueError(f"d_model={d_model} is not divisible by n_heads={n_heads}")
+        self.n_heads, self.d_head, self.layer = n_heads, d_model // n_heads, layer
+        self.qkv = nn.Linear(d_model, 3 * d_model)
+        self.out = nn.Linear(d_model, d_model)
+
+    def _heads(self, x: Tensor) -> Tensor:
+        return x.unflatten(-1, (self.n_heads, self.d_head)).transpose(-3, -2)  # (..., H, T, d)
+
+    def project_q(self, x: Tensor) -> Tensor:
+        """The layer's query projection of rows x (T, d_model) -> (H, T, d)."""
+        d = self.n_heads * self.d_head
+        return self._heads(F.linear(x, self.qkv.weight[:d], self.qkv.bias[:d]))
+
+    def project_k(self, x: Tensor) -> Tensor:
+        """The layer's key projection of rows x (T, d_model) -> (H, T, d)."""
+        d = self.n_heads * self.d_head
+        return self._heads(F.linear(x, self.qkv.weight[d : 2 * d], self.qkv.bias[d : 2 * d]))
+
+    def forward(self, x: Tensor, span: Span, encoding: PositionalEncoding, cache: Cache | None) -> Tensor:
+        B, L, D = x.shape
+        q, k, v = (self._heads(t) for t in self.qkv(x).split(D, dim=-1))  # each (B, H, L, d)
+        context = LayerContext(self.layer, self.project_q, self.project_k)
+        q, k = encoding.rotate(q, k, span, context)
+        k_span = span
+        if cache is not None:
+            k, v, k_span = cache.extend(self.layer, k, v)  # (B, H, M + L, d)
+        scores = encoding.score(q, k, span, k_span, context)
+        q_len, k_len = q.shape[2], k.shape[2]
+        mask: Tensor | None = None
+        is_causal = False
+        if scores.bias is None:
+            if q_len == k_len:
+                is_causal = True  # the fused fast path
+            elif q_len > 1:
+                mask = causal_mask(q_len, k_len, x.device)
+        else:
+            mask = scores.bias
+            if q_len > 1:
+                mask = mask.masked_fill(~causal_mask(q_len, k_len, x.device), float("-inf"))
+            mask = mask.to(q.dtype)
+        y = F.scaled_dot_product_attention(
+            scores.q, scores.k, v, attn_mask=mask, is_causal=is_causal, scale=scores.scale
+        )  # (B, H, L, d)
+        return self.out(y.transpose(1, 2).reshape(B, L, D))

@@ -1,0 +1,147 @@
+"""The one interface every positional encoding implements.
+
+The attention module calls an encoding's hooks in one fixed order and never names an encoding:
+
+1. ``embed(x, span)``            at the input: absolute encodings add to token embeddings.
+2. ``rotate(q, k, span, layer)`` on the new queries and keys, before keys enter the cache (RoPE).
+3. ``score(q, k, q_span, k_span, layer)`` returns :class:`Scores`: the (possibly augmented)
+   q and k, an additive bias on the scaled logits, and the logit scale. The default asks
+   ``position_bias`` for a static bias that depends on positions only (ALiBi, T5), cached per
+   shape and offset; content-dependent encodings (Transformer-XL, DeBERTa) override ``score``.
+
+The attention logits are ``scale * q' @ k'^T + bias``, masked causally, fed to
+``scaled_dot_product_attention``. Positions are absolute integers given as :class:`Span`s, so a
+continuation through a cache is just a later span.
+"""
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Callable, ClassVar, Hashable
+
+import torch
+from torch import Tensor, nn
+
+from posbench.errors import PositionOutOfRangeError
+
+
+@dataclass(frozen=True)
+class Span:
+    """Contiguous absolute positions ``start, start+1, ..., stop-1``."""
+
+    start: int
+    stop: int
+
+    def __len__(self) -> int:
+        return self.stop - self.start
+
+    def arange(self, device: torch.device | str | None = None) -> Tensor:
+        return torch.arange(self.start, self.stop, device=device)
+
+
+@dataclass(frozen=True)
+class LayerContext:
+    """What an encoding may use of the attention layer it serves: its index and projections."""
+
+    index: int
+    project_q: Callable[[Tensor], Tensor]  # (T, d_model) -> (H, T, d_head)
+    project_k: Callable[[Tensor], Tensor]  # (T, d_model) -> (H, T, d_head)
+
+
+@dataclass
+class Scores:
+    """Inputs to attention: logits = scale * q @ k^T + bias (bias may be None)."""
+
+    q: Tensor  # (B, H, Lq, d')
+    k: Tensor  # (B, H, Lk, d')
+    bias: Tensor | None  # broadcastable to (B, H, Lq, Lk), already on the scaled-logit scale
+    scale: float
+
+    def logits(self) -> Tensor:
+        """The dense pre-mask logits (B, H, Lq, Lk); for tests and pictures, not the hot path."""
+        logits = self.scale * self.q @ self.k.transpose(-1, -2)
+        return logits if self.bias is None else logits + self.bias
+
+
+class PositionalEncoding(nn.Module):
+    """Base class: no positional signal at all. Subclasses override the hooks they need."""
+
+    name: ClassVar[str] = ""
+    #: The score depends on positions only through i - j (checked by the conformance kit).
+    relative: ClassVar[bool] = False
+    #: Largest number of positions the encoding can represent, or None for unbounded.
+    max_positions: int | None = None
+
+    def __init__(self, n_heads: int, d_head: int, causal: bool = True, n_layers: int = 1) -> None:
+        super().__init__()
+        self.n_heads = n_heads
+        self.d_head = d_head
+        self.d_model = n_heads * d_head
+        self.causal = causal
+        self.n_layers = n_layers
+        self._static: OrderedDict[Hashable, Tensor] = OrderedDict()
+
+    # ---- capabilities -------------------------------------------------------------------
+    def supports(self, span: Span) -> str | None:
+        """None when the encoding can represent `span`, else the reason it cannot."""
+        if self.max_positions is not None and span.stop > self.max_positions:
+            return (
+                f"encoding {self.name!r} represents positions 0..{self.max_positions - 1} only, "
+                f"got up to {span.stop - 1}"
+            )
+        return None
+
+    def check(self, span: Span) -> None:
+        """Raise PositionOutOfRangeError with a clear reason when `span` is unsupported."""
+        reason = self.supports(span)
+        if reason is not None:
+            raise PositionOutOfRangeError(
+                f"{reason}; use shorter sequences or a larger max_positions."
+            )
+
+    # ---- hooks, called in this order ----------------------------------------------------
+    def embed(self, x: Tensor, span: Span) -> Tensor:
+        """Add an absolute signal to token embeddings x (B, L, d_model)."""
+        return x
+
+    def rotate(self, q: Tensor, k: Tensor, span: Span, layer: LayerContext) -> tuple[Tensor, Tensor]:
+        """Transform new queries and keys (B, H, L, d) before the keys are cached."""
+        return q, k
+
+    def score(self, q: Tensor, k: Tensor, q_span: Span, k_span: Span, layer: LayerContext) -> Scores:
+        """Build the attention inputs from q (B, H, Lq, d) and all keys k (B, H, Lk, d)."""
+        bias = self.position_bias(q_span, k_span, layer.index, q.device)
+        return Scores(q, k, bias, 1.0 / math.sqrt(self.d_head))
+
+    def position_bias(self, q_span: Span, k_span: Span, layer: int, device: torch.device) -> Tensor | None:
+        """A bias (H, Lq, Lk) that depends on positions only, or None."""
+        return None
+
+    # ---- helpers for subclasses ---------------------------------------------------------
+    def cached(self, key: Hashable, build: Callable[[], Tensor], max_entries: int = 16) -> Tensor:
+        """Memoise a static, parameter-free tensor (e.g. bucket indices) per shape and offset."""
+        if key in self._static:
+            self._static.move_to_end(key)
+            return self._static[key]
+        value = build()
+        self._static[key] = value
+        if len(self._static) > max_entries:
+            self._static.popitem(last=False)
+        return value
+
+    def relative_positions(self, q_span: Span, k_span: Span, device: torch.device) -> Tensor:
+        """i - j for every (query, key) pair, (Lq, Lk), cached per spans."""
+        return self.cached(
+            ("rel", q_span, k_span, str(device)),
+            lambda: q_span.arange(device)[:, None] - k_span.arange(device)[None, :],
+        )
+
+
+def sinusoid(positions: Tensor, dim: int, base: float = 10000.0) -> tuple[Tensor, Tensor]:
+    """sin and cos of positions * base^(-2k/dim), each (len(positions), dim // 2), float32.
+
+    Angles are formed in float64 so large positions keep their precision."""
+    inv_freq = base ** (-torch.arange(0, dim, 2, device=positions.device, dtype=torch.float64) / dim)
+    angles = positions.to(torch.float64)[:, None] * inv_freq[None, :]
+    return angles.sin().float(), angles.cos().float()

@@ -1,0 +1,99 @@
+"""DeBERTa disentangled attention (He et al.; HF deberta_v2's DisentangledSelfAttention).
+
+score(i, j) = [ Qc_i . Kc_j + Qc_i . Kr_{δ(i,j)} + Kc_j . Qr_{δ(i,j)} ] / sqrt(3d)
+with δ(i, j) = clamp(i - j + k, 0, 2k - 1). The paper writes the p2c index as δ(j, i); HF's
+code gathers it so that it ends up indexed by the same δ(i, j) as c2p, and so do we.
+The position-to-position term is dropped, as in the paper.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+from posbench.encodings import register_encoding
+from posbench.encodings.base import LayerContext, PositionalEncoding, Scores, Span
+
+
+def log_bucket_position(relative_pos: Tensor, bucket_size: int, max_position: int) -> Tensor:
+    """HF's make_log_bucket_position: exact within bucket_size/2, logarithmic beyond."""
+    sign = torch.sign(relative_pos)
+    mid = bucket_size // 2
+    abs_pos = torch.where(
+        (relative_pos < mid) & (relative_pos > -mid),
+        torch.full_like(relative_pos, mid - 1),
+        relative_pos.abs(),
+    )
+    log_pos = (
+        torch.ceil(torch.log(abs_pos.double() / mid) / math.log((max_position - 1) / mid) * (mid - 1))
+        + mid
+    )
+    return torch.where(abs_pos <= mid, relative_pos.double(), log_pos * sign).long()
+
+
+@register_encoding("deberta")
+class DeBERTa(PositionalEncoding):
+    """DeBERTa: content-to-position and position-to-content terms, scale 1/sqrt(3d).
+
+    ``span`` is k: relative distances are clamped to [-k, k - 1] over 2k shared embeddings.
+    ``position_buckets`` > 0 maps distances to log buckets first (DeBERTa v2/v3), with that
+    many buckets per side and ``span`` as the largest distance. ``share_att_key`` projects the
+    relative embeddings with the layer's own query/key projections instead of separate ones.
+    """
+
+    relative = True
+
+    def __init__(
+        self,
+        n_heads: int,
+        d_head: int,
+        causal: bool = True,
+        n_layers: int = 1,
+        *,
+        span: int = 64,
+        position_buckets: int = 0,
+        share_att_key: bool = False,
+    ) -> None:
+        super().__init__(n_heads, d_head, causal, n_layers)
+        self.span = span
+        self.position_buckets = position_buckets
+        self.att_span = position_buckets if position_buckets > 0 else span
+        self.share_att_key = share_att_key
+        self.rel_embeddings = nn.Embedding(2 * self.att_span, self.d_model)
+        nn.init.normal_(self.rel_embeddings.weight, std=0.02)
+        if not share_att_key:
+            self.pos_key_proj = nn.ModuleList(nn.Linear(self.d_model, self.d_model) for _ in range(n_layers))
+            self.pos_query_proj = nn.ModuleList(nn.Linear(self.d_model, self.d_model) for _ in range(n_layers))
+
+    def delta(self, q_span: Span, k_span: Span, device: torch.device) -> Tensor:
+        """δ(i, j) = clamp(i - j + k, 0, 2k - 1), (Lq, Lk), cached per spans."""
+
+        def build() -> Tensor:
+            rel = self.relative_positions(q_span, k_span, device)
+            if self.position_buckets > 0:
+                rel = log_bucket_position(rel, self.position_buckets, self.span)
+            return (rel + self.att_span).clamp(0, 2 * self.att_span - 1)
+
+        return self.cached(("delta", q_span, k_span, str(device)), build)
+
+    def projected_positions(self, layer: LayerContext, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+        """Kr and Qr, each (H, 2k, d)."""
+        p = self.rel_embeddings.weight.to(dtype)  # (2k, d_model)
+        if self.share_att_key:
+            return layer.project_k(p), layer.project_q(p)
+        H, d = self.n_heads, self.d_head
+        kr = self.pos_key_proj[layer.index](p).view(-1, H, d).transpose(0, 1)
+        qr = self.pos_query_proj[layer.index](p).view(-1, H, d).transpose(0, 1)
+        return kr, qr
+
+    def score(self, q: Tensor, k: Tensor, q_span: Span, k_span: Span, layer: LayerContext) -> Scores:
+        B, H, Lq, d = q.shape
+        Lk = k.shape[2]
+        scale = 1.0 / math.sqrt(3 * d)
+        kr, qr = self.projected_positions(layer, q.dtype)
+        delta = self.delta(q_span, k_span, q.device)  # (Lq, Lk)
+        c2p = (q @ kr.transpose(-1, -2)).gather(-1, delta.expand(B, H, Lq, Lk))  # (B, H, Lq, Lk)
+        p2c_table = qr @ k.transpose(-1, -2)  # (B, H, 2k, Lk): Qr_r . Kc_j
+        p2c = p2c_table.gather(-2, delta.expand(B, H, Lq, Lk))  # (B, H, Lq, Lk)
+        return Scores(q, k, (c2p + p2c) * scale, scale)

@@ -1,0 +1,28 @@
+"""Learned absolute positions (GPT-2): an embedding table added at the input."""
+from __future__ import annotations
+
+from torch import Tensor, nn
+
+from posbench.encodings import register_encoding
+from posbench.encodings.base import PositionalEncoding, Span
+
+
+@register_encoding("learned")
+class Learned(PositionalEncoding):
+    """Learned absolute embedding of max_positions rows; positions past the table are n/a."""
+
+    def __init__(
+        self,
+        n_heads: int,
+        d_head: int,
+        causal: bool = True,
+        n_layers: int = 1,
+        *,
+        max_positions: int = 1024,
+    ) -> None:
+        super().__init__(n_heads, d_head, causal, n_layers)
+        self.max_positions = max_positions
+        self.table = nn.Embedding(max_positions, self.d_model)
+
+    def embed(self, x: Tensor, span: Span) -> Tensor:
+        return x + self.table(span.arange(x.device))  # (B, L, d_model)

@@ -1,0 +1,15 @@
+"""NoPE: no positional signal; causal masking alone (Kazemnejad et al. 2023)."""
+from __future__ import annotations
+
+from posbench.encodings import register_encoding
+from posbench.encodings.base import PositionalEncoding
+
+
+@register_encoding("nope")
+class NoPE(PositionalEncoding):
+    """No positional encoding: attention sees order only through the causal mask."""
+
+    relative = True
+
+    def __init__(self, n_heads: int, d_head: int, causal: bool = True, n_layers: int = 1) -> None:
+        super().__init__(n_heads, d_head, causal, n_layers)

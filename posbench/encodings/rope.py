@@ -1,0 +1,58 @@
+"""Rotary position embedding (Su et al. 2021), half-split pairing as in HF Llama."""
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from posbench.encodings import register_encoding
+from posbench.encodings.base import LayerContext, PositionalEncoding, Span, sinusoid
+
+
+def rotate_half(x: Tensor) -> Tensor:
+    """cat(-x2, x1) for x = cat(x1, x2) along the last dim."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+@register_encoding("rope")
+class RoPE(PositionalEncoding):
+    """Rotary: q and k rotated by angle p * base^(-2k/d), pairs (k, k + d/2) (half-split).
+
+    GPT-J/NeoX pair (2k, 2k+1) instead: a fixed permutation of the same rotation.
+    ``interpolation`` divides positions by a factor (linear position interpolation).
+    Keys are rotated by their absolute positions before they are cached.
+    """
+
+    relative = True
+
+    def __init__(
+        self,
+        n_heads: int,
+        d_head: int,
+        causal: bool = True,
+        n_layers: int = 1,
+        *,
+        base: float = 10000.0,
+        interpolation: float = 1.0,
+    ) -> None:
+        super().__init__(n_heads, d_head, causal, n_layers)
+        if d_head % 2:
+            raise ValueError(f"rope needs an even head size, got d_head={d_head}")
+        self.base = base
+        self.interpolation = interpolation
+
+    def cos_sin(self, span: Span, device: torch.device) -> tuple[Tensor, Tensor]:
+        """cos and sin for `span`, each (L, d_head), repeated over both halves."""
+
+        def build() -> Tensor:
+            positions = span.arange(device).double() / self.interpolation
+            sin, cos = sinusoid(positions, self.d_head, self.base)
+            return torch.stack((cos.repeat(1, 2), sin.repeat(1, 2)))  # (2, L, d_head)
+
+        table = self.cached(("cos_sin", span, str(device)), build)
+        return table[0], table[1]
+
+    def rotate(self, q: Tensor, k: Tensor, span: Span, layer: LayerContext) -> tuple[Tensor, Tensor]:
+        cos, sin = self.cos_sin(span, q.device)
+        cos, sin = cos.to(q.dtype), sin.to(q.dtype)
+        return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin

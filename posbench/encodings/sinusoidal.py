@@ -1,0 +1,42 @@
+"""Absolute sinusoidal positions added to the token embeddings (Vaswani et al. 2017)."""
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from posbench.encodings import register_encoding
+from posbench.encodings.base import PositionalEncoding, Span, sinusoid
+
+
+@register_encoding("sinusoidal")
+class Sinusoidal(PositionalEncoding):
+    """Absolute sinusoidal embedding: PE[p, 2k] = sin(p w_k), PE[p, 2k+1] = cos(p w_k).
+
+    With a cache, positions continue across segments. ``restart_per_segment=True`` restarts
+    them at 0 in every call instead: the inconsistency Transformer-XL was built to avoid,
+    offered to show that failure.
+    """
+
+    def __init__(
+        self,
+        n_heads: int,
+        d_head: int,
+        causal: bool = True,
+        n_layers: int = 1,
+        *,
+        base: float = 10000.0,
+        restart_per_segment: bool = False,
+    ) -> None:
+        super().__init__(n_heads, d_head, causal, n_layers)
+        self.base = base
+        self.restart_per_segment = restart_per_segment
+
+    def table(self, span: Span, device: torch.device) -> Tensor:
+        """PE rows for `span`, (L, d_model), sin and cos interleaved."""
+        sin, cos = sinusoid(span.arange(device), self.d_model, self.base)
+        return torch.stack((sin, cos), dim=-1).flatten(-2)
+
+    def embed(self, x: Tensor, span: Span) -> Tensor:
+        if self.restart_per_segment:
+            span = Span(0, len(span))
+        return x + self.table(span, x.device).to(x.dtype)  # (B, L, d_model)

@@ -1,0 +1,79 @@
+"""T5 relative position bias (Raffel et al.): a learned scalar per head and log bucket."""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+from posbench.encodings import register_encoding
+from posbench.encodings.base import PositionalEncoding, Span
+
+
+def t5_bucket(relative_position: Tensor, bidirectional: bool, num_buckets: int, max_distance: int) -> Tensor:
+    """Bucket of relative_position = key - query, as in HF T5Attention._relative_position_bucket.
+
+    Causal: n = max(i - j, 0) (future keys land in bucket 0). Bidirectional: half the buckets
+    per direction, offset by num_buckets/2 for keys after the query. Exact buckets below
+    nb/2, logarithmic up to max_distance, capped at nb - 1."""
+    buckets = torch.zeros_like(relative_position)
+    if bidirectional:
+        num_buckets //= 2
+        buckets = buckets + (relative_position > 0).long() * num_buckets
+        n = relative_position.abs()
+    else:
+        n = (-relative_position).clamp(min=0)
+    max_exact = num_buckets // 2
+    is_small = n < max_exact
+    large = max_exact + (
+        torch.log(n.float().clamp(min=1) / max_exact)
+        / math.log(max_distance / max_exact)
+        * (num_buckets - max_exact)
+    ).long()
+    large = large.clamp(max=num_buckets - 1)
+    return buckets + torch.where(is_small, n, large)
+
+
+@register_encoding("t5")
+class T5Bias(PositionalEncoding):
+    """T5 bias: bias[h, i, j] = table[bucket(j - i), h]; one table shared by all layers."""
+
+    relative = True
+
+    def __init__(
+        self,
+        n_heads: int,
+        d_head: int,
+        causal: bool = True,
+        n_layers: int = 1,
+        *,
+        num_buckets: int = 32,
+        max_distance: int = 128,
+        bidirectional: bool | None = None,
+        per_layer: bool = False,
+    ) -> None:
+        super().__init__(n_heads, d_head, causal, n_layers)
+        self.num_buckets = num_buckets
+        self.max_distance = max_distance
+        self.bidirectional = (not causal) if bidirectional is None else bidirectional
+        self.tables = nn.ModuleList(
+            nn.Embedding(num_buckets, n_heads) for _ in range(n_layers if per_layer else 1)
+        )
+        for table in self.tables:
+            nn.init.normal_(table.weight, std=0.02)
+
+    def buckets(self, q_span: Span, k_span: Span, device: torch.device) -> Tensor:
+        """Bucket index per (query, key), (Lq, Lk), cached per spans."""
+        return self.cached(
+            ("buckets", q_span, k_span, str(device)),
+            lambda: t5_bucket(
+                -self.relative_positions(q_span, k_span, device),
+                self.bidirectional,
+                self.num_buckets,
+                self.max_distance,
+            ),
+        )
+
+    def position_bias(self, q_span: Span, k_span: Span, layer: int, device: torch.device) -> Tensor:
+        table = self.tables[layer if len(self.tables) > 1 else 0]
+        return table(self.buckets(q_span, k_span, device)).permute(2, 0, 1)  # (H, Lq, Lk)

@@ -1,0 +1,111 @@
+"""A tiny pre-LayerNorm decoder (nanoGPT-sized) that takes any registered encoding."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from posbench.attention import CausalSelfAttention
+from posbench.cache import Cache
+from posbench.encodings import create_encoding
+from posbench.encodings.base import PositionalEncoding, Span
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Size of the decoder and the encoding it uses."""
+
+    vocab_size: int
+    d_model: int = 64
+    n_layers: int = 2
+    n_heads: int = 4
+    d_ff: int | None = None  # defaults to 4 * d_model
+    encoding: str = "nope"
+    encoding_options: dict[str, Any] = field(default_factory=dict)
+
+
+class Block(nn.Module):
+    """Pre-LN residual block: x + attn(ln(x)), then x + mlp(ln(x))."""
+
+    def __init__(self, d_model: int, n_heads: int, d_ff: int, layer: int) -> None:
+        super().__init__()
+        self.ln_attn = nn.LayerNorm(d_model)
+        self.attn = CausalSelfAttention(d_model, n_heads, layer)
+        self.ln_mlp = nn.LayerNorm(d_model)
+        self.mlp = nn.Sequential(nn.Linear(d_model, d_ff), nn.GELU(), nn.Linear(d_ff, d_model))
+
+    def forward(self, x: Tensor, span: Span, encoding: PositionalEncoding, cache: Cache | None) -> Tensor:
+        x = x + self.attn(self.ln_attn(x), span, encoding, cache)
+        return x + self.mlp(self.ln_mlp(x))
+
+
+class Decoder(nn.Module):
+    """Token embedding, the encoding's hooks, pre-LN blocks, final LayerNorm, LM head."""
+
+    def __init__(self, config: ModelConfig, encoding: PositionalEncoding) -> None:
+        super().__init__()
+        self.config = config
+        d_ff = config.d_ff or 4 * config.d_model
+        self.tok_emb = nn.Embedding(config.vocab_size, config.d_model)
+        self.encoding = encoding
+        self.blocks = nn.ModuleList(
+            Block(config.d_model, config.n_heads, d_ff, i) for i in range(config.n_layers)
+        )
+        self.ln_f = nn.LayerNorm(config.d_model)
+        self.head = nn.Linear(config.d_model, config.vocab_size, bias=False)
+        self.apply(_init_linear)
+
+    def new_cache(self, mem_len: int | None = None) -> Cache:
+        """An empty memory keeping the newest `mem_len` positions (None: all)."""
+        return Cache(self.config.n_layers, mem_len)
+
+    def forward(self, tokens: Tensor, cache: Cache | None = None) -> Tensor:
+        """Logits (B, L, V) for tokens (B, L), continuing what `cache` holds if given."""
+        L = tokens.shape[1]
+        span = cache.span_for(L) if cache is not None else Span(0, L)
+        self.encoding.check(span)
+        x = self.encoding.embed(self.tok_emb(tokens), span)  # (B, L, d_model)
+        for block in self.blocks:
+            x = block(x, span, self.encoding, cache)
+        if cache is not None:
+            cache.advance(L)
+        return self.head(self.ln_f(x))
+
+
+def _init_linear(module: nn.Module) -> None:
+    """One initialisation for every encoding: N(0, 0.02) weights, zero biases (GPT-2)."""
+    if isinstance(module, nn.Linear):
+        nn.init.normal_(module.weight, std=0.02)
+        if module.bias is not None:
+            nn.init.zeros_(module.bias)
+
+
+def build_model(
+    encoding: str = "nope",
+    vocab_size: int = 16,
+    d_model: int = 64,
+    n_layers: int = 2,
+    n_heads: int = 4,
+    d_ff: int | None = None,
+    encoding_options: dict[str, Any] | None = None,
+) -> Decoder:
+    """Build a decoder with encoding `encoding` (a registered name) and its options."""
+    config = ModelConfig(vocab_size, d_model, n_layers, n_heads, d_ff, encoding, dict(encoding_options or {}))
+    return model_from_config(config)
+
+
+def model_from_config(config: ModelConfig) -> Decoder:
+    """Build the decoder a ModelConfig describes."""
+    if config.d_model % config.n_heads:
+        raise ValueError(f"d_model={config.d_model} is not divisible by n_heads={config.n_heads}")
+    enc = create_encoding(
+        config.encoding,
+        n_heads=config.n_heads,
+        d_head=config.d_model // config.n_heads,
+        causal=True,
+        n_layers=config.n_layers,
+        **config.encoding_options,
+    )
+    return Decoder(config, enc)

@@ -1,0 +1,123 @@
+"""Plugin discovery: installed packages through entry points, and plain `.py` files in local
+plugin folders (loaded by path under a private module name, so a folder called `encodings`
+never shadows Python's codec package). A broken plugin gives one warning; the rest still load."""
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import sys
+import warnings
+from importlib.metadata import entry_points
+from pathlib import Path
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+ENTRY_POINT_GROUPS = ("posbench.encodings", "posbench.tasks")
+
+_loaded_dirs: set[Path] = set()
+_loaded_entry_points = False
+
+
+class PluginWarning(UserWarning):
+    """A plugin that could not be loaded."""
+
+
+def configured_plugin_dirs(cwd: Path | None = None) -> list[Path]:
+    """Folders named in `[tool.posbench] plugin-dirs` of ./pyproject.toml (relative to it)."""
+    root = Path.cwd() if cwd is None else cwd
+    pyproject = root / "pyproject.toml"
+    if not pyproject.is_file():
+        return []
+    try:
+        data = tomllib.loads(pyproject.read_text(encoding="utf-8"))
+    except (tomllib.TOMLDecodeError, OSError) as err:
+        warnings.warn(f"posbench: could not read plugin-dirs from {pyproject}: {err}", PluginWarning)
+        return []
+    dirs = data.get("tool", {}).get("posbench", {}).get("plugin-dirs", [])
+    return [(root / d).resolve() for d in dirs]
+
+
+def load_plugin_file(path: Path) -> bool:
+    """Import one plugin file under a private module name; warn and return False on failure."""
+    digest = hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:10]
+    module_name = f"_posbench_plugin_{digest}_{path.stem}"
+    if module_name in sys.modules:
+        return True
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    if spec is None or spec.loader is None:
+        warnings.warn(f"posbench: cannot load plugin {path}", PluginWarning)
+        return False
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module
+    try:
+        spec.loader.exec_module(module)
+    except Exception as err:  # a plugin's bug must not stop the others
+        del sys.modules[module_name]
+        warnings.warn(
+            f"posbench: plugin {path} failed to load ({type(err).__name__}: {err}); skipped.",
+            PluginWarning,
+        )
+        return False
+    return True
+
+
+def load_plugin_dir(directory: Path) -> None:
+    """Load every `*.py` file in `directory` (not recursive; files starting with `_` skipped)."""
+    directory = directory.resolve()
+    if directory in _loaded_dirs:
+        return
+    _loaded_dirs.add(directory)
+    if not directory.is_dir():
+        warnings.warn(f"posbench: plugin folder {directory} does not exist; skipped.", PluginWarning)
+        return
+    for path in sorted(directory.glob("*.py")):
+        if not path.name.startswith("_"):
+            load_plugin_file(path)
+
+
+def load_entry_point_plugins() -> None:
+    """Import every plugin declared under the `posbench.encodings` / `posbench.tasks` groups."""
+    global _loaded_entry_points
+    if _loaded_entry_points:
+        return
+    _loaded_entry_points = True
+    for group in ENTRY_POINT_GROUPS:
+        for ep in entry_points(group=group):
+            try:
+                obj = ep.load()
+            except Exception as err:
+                warnings.warn(
+                    f"posbench: plugin {ep.value!r} ({group}) failed to load "
+                    f"({type(err).__name__}: {err}); skipped.",
+                    PluginWarning,
+                )
+                continue
+            _register_loaded_class(group, ep.name, obj)
+
+
+def _register_loaded_class(group: str, name: str, obj: object) -> None:
+    """An entry point may name a class instead of a module: register it under the point's name."""
+    if not isinstance(obj, type):
+        return
+    from posbench import encodings, tasks
+
+    registry = encodings.REGISTRY if group == "posbench.encodings" else tasks.REGISTRY
+    if name not in registry._entries:
+        registry.register(name)(obj)
+
+
+def load_plugins(extra_dirs: list[Path] | None = None) -> None:
+    """Load entry-point plugins, the configured plugin folders and any extra folders."""
+    load_entry_point_plugins()
+    for directory in configured_plugin_dirs() + list(extra_dirs or []):
+        load_plugin_dir(directory)
+
+
+def reset_for_tests() -> None:
+    """Forget which plugin sources were loaded, so a test can load them again."""
+    global _loaded_entry_points
+    _loaded_entry_points = False
+    _loaded_dirs.clear()

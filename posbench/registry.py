@@ -1,0 +1,112 @@
+"""One generic registry for encodings and tasks: register by name, list with wildcards, create
+with a helpful error for unknown names and options (after timm and lm-evaluation-harness)."""
+from __future__ import annotations
+
+import difflib
+import fnmatch
+import inspect
+from typing import Callable, Generic, Iterable, TypeVar
+
+from posbench.errors import OptionError, UnknownNameError
+
+T = TypeVar("T")
+
+
+class Registry(Generic[T]):
+    """Maps names to classes (or factories) of one kind, e.g. encodings or tasks."""
+
+    def __init__(self, kind: str, before_lookup: Callable[[], None] | None = None) -> None:
+        self.kind = kind
+        self._entries: dict[str, T] = {}
+        self._before_lookup = before_lookup
+
+    def register(self, name: str) -> Callable[[T], T]:
+        """Decorator that registers a class under `name`; a name may be registered once."""
+
+        def decorator(obj: T) -> T:
+            existing = self._entries.get(name)
+            if existing is not None and existing is not obj:
+                qualname = getattr(existing, "__qualname__", existing)
+                raise ValueError(f"{self.kind} {name!r} is already registered (by {qualname}).")
+            self._entries[name] = obj
+            if isinstance(obj, type):
+                obj.name = name  # type: ignore[attr-defined]
+            return obj
+
+        return decorator
+
+    def _prepare(self) -> None:
+        if self._before_lookup is not None:
+            self._before_lookup()
+
+    def names(self, pattern: str | None = None) -> list[str]:
+        """Registered names, sorted, optionally filtered by a shell-style wildcard."""
+        self._prepare()
+        names = sorted(self._entries)
+        return [n for n in names if pattern is None or fnmatch.fnmatchcase(n, pattern)]
+
+    def get(self, name: str) -> T:
+        """The entry for `name`; an unknown name raises with suggestions and the full list."""
+        self._prepare()
+        if name in self._entries:
+            return self._entries[name]
+        close = difflib.get_close_matches(name, list(self._entries), n=3, cutoff=0.5)
+        hint = f" Did you mean {', '.join(close)}?" if close else ""
+        raise UnknownNameError(
+            f"Unknown {self.kind} {name!r}.{hint} Available: {', '.join(sorted(self._entries))}."
+        )
+
+    def select(self, patterns: str | Iterable[str]) -> list[str]:
+        """Expand comma-separated names and wildcards into registered names, in given order."""
+        if isinstance(patterns, str):
+            patterns = patterns.split(",")
+        selected: list[str] = []
+        for pattern in (p.strip() for p in patterns):
+            if not pattern:
+                continue
+            if any(ch in pattern for ch in "*?["):
+                matches = self.names(pattern)
+                if not matches:
+                    raise UnknownNameError(
+                        f"No {self.kind} matches {pattern!r}. Available: {', '.join(self.names())}."
+                    )
+            else:
+                self.get(pattern)
+                matches = [pattern]
+            selected.extend(m for m in matches if m not in selected)
+        return selected
+
+    def create(self, name: str, *args: object, **options: object) -> object:
+        """Instantiate `name`, naming any option its constructor does not accept."""
+        factory = self.get(name)
+        check_options(factory, options, f"{self.kind} {name!r}")
+        return factory(*args, **options)  # type: ignore[operator]
+
+    def description(self, name: str) -> str:
+        """First line of the entry's docstring."""
+        doc = inspect.getdoc(self.get(name)) or ""
+        return doc.strip().splitlines()[0] if doc.strip() else ""
+
+
+def accepted_options(factory: object, skip: tuple[str, ...] = ()) -> list[str]:
+    """Keyword options a constructor accepts (its positional core arguments skipped)."""
+    params = inspect.signature(factory).parameters  # type: ignore[arg-type]
+    return [
+        n
+        for n, p in params.items()
+        if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD) and n not in skip and n != "self"
+    ]
+
+
+def check_options(factory: object, options: dict[str, object], what: str) -> None:
+    """Raise OptionError naming each option that `factory` does not accept."""
+    params = inspect.signature(factory).parameters  # type: ignore[arg-type]
+    if any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        return
+    unknown = [k for k in options if k not in params]
+    if unknown:
+        known = [n for n, p in params.items() if p.kind is p.KEYWORD_ONLY]
+        accepted = ", ".join(known) if known else "no options"
+        raise OptionError(
+            f"Unknown option {', '.join(repr(u) for u in unknown)} for {what}; it accepts: {accepted}."
+        )

@@ -1,0 +1,87 @@
+"""The task interface: a seeded generator of token sequences whose answers carry the loss."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar, Sequence
+
+import torch
+from torch import Tensor
+
+from posbench.errors import OptionError
+
+IGNORE = -100  # target value with no loss (cross_entropy's ignore_index)
+
+
+@dataclass
+class Batch:
+    """Model inputs and next-token targets; targets are IGNORE outside the answers."""
+
+    tokens: Tensor  # (B, T)
+    targets: Tensor  # (B, T)
+
+    def to(self, device: torch.device | str) -> "Batch":
+        return Batch(self.tokens.to(device), self.targets.to(device))
+
+
+class Task:
+    """Base class for synthetic tasks.
+
+    A task's *length* is its own size parameter (symbols to copy, key-value pairs, distance to
+    the needle); :meth:`sequence_length` says how many tokens the model sees for it.
+    Subclasses implement :meth:`generate` and set the class defaults below.
+    """
+
+    name: ClassVar[str] = ""
+    default_train_lengths: ClassVar[tuple[int, int]] = (1, 8)
+    default_eval_lengths: ClassVar[tuple[int, ...]] = (4, 8, 16, 32)
+    #: What a length counts, for axis labels.
+    length_unit: ClassVar[str] = "symbols"
+    min_length: ClassVar[int] = 1
+
+    def __init__(
+        self,
+        *,
+        train_lengths: Sequence[int] | None = None,
+        eval_lengths: Sequence[int] | None = None,
+    ) -> None:
+        lo, hi = tuple(train_lengths) if train_lengths is not None else self.default_train_lengths
+        evals = tuple(eval_lengths) if eval_lengths is not None else self.default_eval_lengths
+        if lo < self.min_length or hi < lo:
+            raise OptionError(
+                f"task {self.name!r}: train_lengths must be a range lo..hi with "
+                f"{self.min_length} <= lo <= hi, got {lo}..{hi}."
+            )
+        if not evals or min(evals) < self.min_length:
+            raise OptionError(
+                f"task {self.name!r}: eval_lengths must be non-empty and each >= {self.min_length}, "
+                f"got {list(evals)}."
+            )
+        self.train_lengths = (int(lo), int(hi))
+        self.eval_lengths = tuple(sorted(int(e) for e in evals))
+
+    @property
+    def vocab_size(self) -> int:
+        raise NotImplementedError
+
+    def sequence_length(self, length: int) -> int:
+        """Number of input tokens the model sees for a task of size `length`."""
+        raise NotImplementedError
+
+    def generate(self, length: int, batch_size: int, generator: torch.Generator) -> tuple[Tensor, Tensor]:
+        """Full sequences (B, T + 1) and a bool mask (B, T + 1) of the answer tokens."""
+        raise NotImplementedError
+
+    def batch(self, length: int, batch_size: int, generator: torch.Generator) -> Batch:
+        """A batch of inputs and targets: targets are the next tokens, IGNORE off-answer."""
+        seq, answer = self.generate(length, batch_size, generator)
+        targets = seq[:, 1:].masked_fill(~answer[:, 1:], IGNORE)
+        return Batch(seq[:, :-1].contiguous(), targets.contiguous())
+
+    def describe(self) -> dict[str, object]:
+        """The resolved settings of this task, for stored configs."""
+        return {"train_lengths": list(self.train_lengths), "eval_lengths": list(self.eval_lengths)}
+
+
+def random_symbols(batch_size: int, length: int, n_symbols: int, generator: torch.Generator) -> Tensor:
+    """Uniform symbols 0..n_symbols-1, (B, length)."""
+    return torch.randint(0, n_symbols, (batch_size, length), generator=generator)

@@ -1,0 +1,152 @@
+"""Conformance kit: checks every encoding must pass. Public, so plugin authors can run it.
+
+Each ``check_*`` takes an encoding name (built-in or plugin) and its options, builds a tiny
+decoder, and raises AssertionError with a precise message when the encoding misbehaves::
+
+    from posbench.testing import run_conformance
+    run_conformance("my_encoding", my_option=3)
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+
+from posbench.encodings import REGISTRY, create_encoding
+from posbench.encodings.base import LayerContext, PositionalEncoding, Span
+from posbench.errors import PositionOutOfRangeError
+from posbench.model import Decoder, build_model
+
+VOCAB = 13
+SEQ_LEN = 24
+
+
+def tiny_model(encoding: str, seed: int = 0, **options: Any) -> Decoder:
+    """A 2-layer, 4-head, d_model=32 decoder, seeded."""
+    torch.manual_seed(seed)
+    return build_model(encoding, vocab_size=VOCAB, d_model=32, n_layers=2, n_heads=4, encoding_options=options)
+
+
+def _tokens(batch: int = 2, length: int = SEQ_LEN, seed: int = 1) -> torch.Tensor:
+    return torch.randint(0, VOCAB, (batch, length), generator=torch.Generator().manual_seed(seed))
+
+
+def check_shapes_and_gradients(encoding: str, **options: Any) -> None:
+    """Logits are (B, L, V) and finite; every parameter gets a finite, non-zero gradient."""
+    model = tiny_model(encoding, **options)
+    tokens = _tokens()
+    logits = model(tokens)
+    assert logits.shape == (2, SEQ_LEN, VOCAB), f"{encoding}: logits shape {tuple(logits.shape)}"
+    assert torch.isfinite(logits).all(), f"{encoding}: non-finite logits"
+    logits.logsumexp(-1).mean().backward()
+    for name, param in model.named_parameters():
+        assert param.grad is not None, f"{encoding}: parameter {name} received no gradient"
+        assert torch.isfinite(param.grad).all(), f"{encoding}: non-finite gradient in {name}"
+        assert param.grad.abs().sum() > 0, f"{encoding}: parameter {name} has an all-zero gradient"
+
+
+def check_causality(encoding: str, **options: Any) -> None:
+    """Changing tokens after position t leaves the logits up to t unchanged."""
+    model = tiny_model(encoding, **options).eval()
+    tokens = _tokens()
+    changed = tokens.clone()
+    cut = SEQ_LEN // 2
+    changed[:, cut:] = (changed[:, cut:] + 1) % VOCAB
+    with torch.no_grad():
+        a, b = model(tokens), model(changed)
+    diff = (a[:, :cut] - b[:, :cut]).abs().max().item()
+    assert diff < 1e-6, f"{encoding}: future tokens changed earlier logits by {diff:.2e}"
+
+
+def check_chunked_equals_whole(encoding: str, chunk_sizes: tuple[int, ...] = (1, 5, 8), **options: Any) -> None:
+    """A sequence fed in chunks through an unbounded cache gives the logits of the whole."""
+    model = tiny_model(encoding, **options).eval()
+    tokens = _tokens()
+    with torch.no_grad():
+        whole = model(tokens)
+        for size in chunk_sizes:
+            cache = model.new_cache(mem_len=None)
+            parts = [model(tokens[:, s : s + size], cache=cache) for s in range(0, SEQ_LEN, size)]
+            chunked = torch.cat(parts, dim=1)
+            err = (chunked - whole).abs().max().item()
+            assert err < 1e-5, f"{encoding}: chunks of {size} differ from the whole by {err:.2e}"
+            assert cache.seen == SEQ_LEN, f"{encoding}: cache counted {cache.seen} positions"
+
+
+def attention_logits(enc: PositionalEncoding, q: torch.Tensor, k: torch.Tensor, q_span: Span, k_span: Span) -> torch.Tensor:
+    """Dense pre-mask logits (B, H, Lq, Lk) of one layer for given queries and keys, through
+    the encoding's rotate and score hooks (keys rotated at their own positions)."""
+    identity = LayerContext(0, _split_heads(enc), _split_heads(enc))
+    q_rot, _ = enc.rotate(q, q, q_span, identity)
+    _, k_rot = enc.rotate(k, k, k_span, identity)
+    return enc.score(q_rot, k_rot, q_span, k_span, identity).logits()
+
+
+def _split_heads(enc: PositionalEncoding) -> Callable[[torch.Tensor], torch.Tensor]:
+    return lambda x: x.view(x.shape[0], enc.n_heads, enc.d_head).transpose(0, 1)
+
+
+def check_shift_invariance(encoding: str, shift: int = 37, **options: Any) -> None:
+    """For relative encodings: the logits are unchanged when all positions shift together."""
+    torch.manual_seed(0)
+    enc = create_encoding(encoding, n_heads=4, d_head=8, causal=True, n_layers=1, **options)
+    if not enc.relative:
+        return
+    q, k = torch.randn(2, 4, 6, 8), torch.randn(2, 4, 10, 8)
+    with torch.no_grad():
+        base = attention_logits(enc, q, k, Span(4, 10), Span(0, 10))
+        moved = attention_logits(enc, q, k, Span(4 + shift, 10 + shift), Span(shift, 10 + shift))
+    mask = torch.ones(6, 10, dtype=torch.bool).tril(4)
+    err = (base - moved)[..., mask].abs().max().item()
+    assert err < 1e-4, f"{encoding}: shifting all positions by {shift} changed the logits by {err:.2e}"
+
+
+def check_max_positions(encoding: str, **options: Any) -> None:
+    """An encoding with a largest position says so clearly past it, before any computation."""
+    model = tiny_model(encoding, **options)
+    limit = model.encoding.max_positions
+    if limit is None:
+        return
+    ok = torch.zeros(1, limit, dtype=torch.long)
+    model(ok)
+    assert model.encoding.supports(Span(0, limit + 1)) is not None
+    try:
+        model(torch.zeros(1, limit + 1, dtype=torch.long))
+    except PositionOutOfRangeError as err:
+        assert str(limit - 1) in str(err), f"{encoding}: error does not name the limit: {err}"
+    else:
+        raise AssertionError(f"{encoding}: no error past max_positions={limit}")
+    cache = model.new_cache(mem_len=0)
+    model(torch.zeros(1, limit, dtype=torch.long), cache=cache)
+    try:
+        model(torch.zeros(1, 1, dtype=torch.long), cache=cache)
+    except PositionOutOfRangeError:
+        pass
+    else:
+        raise AssertionError(f"{encoding}: a cached continuation past max_positions did not raise")
+
+
+def check_determinism(encoding: str, **options: Any) -> None:
+    """The same seed gives the same parameters and outputs."""
+    tokens = _tokens()
+    with torch.no_grad():
+        a = tiny_model(encoding, seed=3, **options)(tokens)
+        b = tiny_model(encoding, seed=3, **options)(tokens)
+    assert torch.equal(a, b), f"{encoding}: same seed, different outputs"
+
+
+CHECKS: dict[str, Callable[..., None]] = {
+    "shapes_and_gradients": check_shapes_and_gradients,
+    "causality": check_causality,
+    "chunked_equals_whole": check_chunked_equals_whole,
+    "shift_invariance": check_shift_invariance,
+    "max_positions": check_max_positions,
+    "determinism": check_determinism,
+}
+
+
+def run_conformance(encoding: str, **options: Any) -> None:
+    """Run every check on `encoding`; raises AssertionError on the first failure."""
+    REGISTRY.get(encoding)
+    for check in CHECKS.values():
+        check(encoding, **options)

@@ -1,0 +1,37 @@
+"""Every registered encoding, built-in or plugin, passes every conformance check."""
+from __future__ import annotations
+
+import pytest
+
+import posbench
+from posbench.testing import CHECKS
+
+ENCODINGS = posbench.list_encodings()
+# Non-default options whose code paths need the same guarantees.
+VARIANTS = [
+    ("txl", {"clamp_len": 5}),
+    ("txl", {"share_uv": True, "scale": False}),
+    ("t5", {"per_layer": True, "num_buckets": 8, "max_distance": 16}),
+    ("deberta", {"position_buckets": 8, "span": 16}),
+    ("deberta", {"share_att_key": True, "span": 4}),
+    ("alibi", {"symmetric": True}),
+    ("rope", {"base": 500.0, "interpolation": 2.0}),
+    ("learned", {"max_positions": 30}),
+]
+
+
+def test_builtins_registered() -> None:
+    builtins = {"sinusoidal", "learned", "nope", "txl", "t5", "deberta", "alibi", "rope"}
+    assert builtins <= set(ENCODINGS)
+
+
+@pytest.mark.parametrize("check", CHECKS)
+@pytest.mark.parametrize("encoding", ENCODINGS)
+def test_conformance(encoding: str, check: str) -> None:
+    CHECKS[check](encoding)
+
+
+@pytest.mark.parametrize("check", CHECKS)
+@pytest.mark.parametrize("encoding,options", VARIANTS, ids=[f"{e}-{sorted(o)}" for e, o in VARIANTS])
+def test_conformance_variants(encoding: str, options: dict, check: str) -> None:
+    CHECKS[check](encoding, **options)

@@ -1,0 +1,246 @@
+"""Each encoding against its reference formulation (shared conventions in REFERENCES.md),
+using deliberately naive implementations written here: explicit loops and dense tensors."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from posbench import create_encoding
+from posbench.encodings.alibi import alibi_slopes
+from posbench.encodings.base import LayerContext, Span
+from posbench.encodings.deberta import log_bucket_position
+from posbench.encodings.t5 import t5_bucket
+from posbench.testing import attention_logits
+
+
+def heads(enc):
+    return lambda x: x.view(x.shape[0], enc.n_heads, enc.d_head).transpose(0, 1)
+
+
+def causal_pairs(q_span: Span, k_span: Span):
+    for a, i in enumerate(range(q_span.start, q_span.stop)):
+        for b, j in enumerate(range(k_span.start, k_span.stop)):
+            if j <= i:
+                yield a, i, b, j
+
+
+# ---- T5 -------------------------------------------------------------------------------------
+def test_t5_causal_bucket_vector() -> None:
+    n = torch.tensor([0, 1, 15, 16, 17, 24, 32, 64, 127, 1000])
+    got = t5_bucket(-n, bidirectional=False, num_buckets=32, max_distance=128)
+    assert got.tolist() == [0, 1, 15, 16, 16, 19, 21, 26, 31, 31]
+    # future keys (j > i) fall in bucket 0 when causal
+    assert t5_bucket(torch.tensor([1, 5, 100]), False, 32, 128).tolist() == [0, 0, 0]
+
+
+def test_t5_bidirectional_buckets() -> None:
+    rel = torch.tensor([-1, 1, -7, 7, -8, 8, -200, 200])
+    got = t5_bucket(rel, bidirectional=True, num_buckets=32, max_distance=128)
+    # 16 buckets per side, exact below 8, keys after the query offset by 16
+    assert got.tolist() == [1, 17, 7, 23, 8, 24, 15, 31]
+
+
+def test_t5_bias_reads_table_by_bucket() -> None:
+    enc = create_encoding("t5", n_heads=3, d_head=4, num_buckets=8, max_distance=16)
+    bias = enc.position_bias(Span(5, 9), Span(0, 9), 0, torch.device("cpu"))
+    table = enc.tables[0].weight
+    for a, i, b, j in causal_pairs(Span(5, 9), Span(0, 9)):
+        bucket = t5_bucket(torch.tensor(j - i), False, 8, 16).item()
+        assert torch.equal(bias[:, a, b], table[bucket])
+
+
+# ---- ALiBi ----------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "n_heads,expected",
+    [
+        (8, [2.0 ** -(h + 1) for h in range(8)]),
+        (6, [1 / 4, 1 / 16, 1 / 64, 1 / 256, 1 / 2, 1 / 8]),
+        (12, [2.0 ** -(h + 1) for h in range(8)] + [2**-0.5, 2**-1.5, 2**-2.5, 2**-3.5]),
+    ],
+)
+def test_alibi_slopes(n_heads: int, expected: list[float]) -> None:
+    assert alibi_slopes(n_heads) == pytest.approx(expected, rel=1e-12)
+
+
+@pytest.mark.parametrize("symmetric", [False, True])
+def test_alibi_bias_values(symmetric: bool) -> None:
+    enc = create_encoding("alibi", n_heads=6, d_head=4, symmetric=symmetric)
+    bias = enc.position_bias(Span(3, 7), Span(0, 7), 0, torch.device("cpu"))
+    slopes = alibi_slopes(6)
+    for a, i in enumerate(range(3, 7)):
+        for b, j in enumerate(range(0, 7)):
+            if j > i and not symmetric:
+                continue
+            dist = abs(i - j) if symmetric else i - j
+            for h in range(6):
+                assert bias[h, a, b].item() == pytest.approx(-slopes[h] * dist, abs=1e-6)
+
+
+# ---- RoPE -----------------------------------------------------------------------------------
+def rotation_matrix(p: int, d: int, base: float) -> torch.Tensor:
+    """Block rotation on pairs (k, k + d/2) by angle p * base^(-2k/d), in float64."""
+    m = torch.zeros(d, d, dtype=torch.float64)
+    for k in range(d // 2):
+        theta = p * base ** (-2 * k / d)
+        c, s = math.cos(theta), math.sin(theta)
+        m[k, k], m[k, k + d // 2] = c, -s
+        m[k + d // 2, k], m[k + d // 2, k + d // 2] = s, c
+    return m
+
+
+@pytest.mark.parametrize("base", [10000.0, 100.0])
+def test_rope_matches_rotation_matrices(base: float) -> None:
+    enc = create_encoding("rope", n_heads=2, d_head=8, base=base)
+    span = Span(17, 23)
+    q, k = torch.randn(1, 2, 6, 8), torch.randn(1, 2, 6, 8)
+    ctx = LayerContext(0, heads(enc), heads(enc))
+    q_rot, k_rot = enc.rotate(q, k, span, ctx)
+    for t, p in enumerate(range(span.start, span.stop)):
+        m = rotation_matrix(p, 8, base)
+        expected_q = (m @ q[0, :, t].double().T).T
+        expected_k = (m @ k[0, :, t].double().T).T
+        assert torch.allclose(q_rot[0, :, t].double(), expected_q, atol=1e-5)
+        assert torch.allclose(k_rot[0, :, t].double(), expected_k, atol=1e-5)
+
+
+def test_rope_logits_depend_on_offset_only() -> None:
+    enc = create_encoding("rope", n_heads=1, d_head=8)
+    q, k = torch.randn(1, 1, 1, 8), torch.randn(1, 1, 1, 8)
+    got = attention_logits(enc, q, k, Span(9, 10), Span(4, 5))
+    expected = q[0, 0, 0].double() @ rotation_matrix(9, 8, 1e4).T @ rotation_matrix(4, 8, 1e4) @ k[0, 0, 0].double()
+    assert got.item() == pytest.approx(expected.item() / math.sqrt(8), abs=1e-5)
+
+
+# ---- sinusoidal -----------------------------------------------------------------------------
+def test_sinusoidal_table() -> None:
+    enc = create_encoding("sinusoidal", n_heads=2, d_head=4)
+    table = enc.table(Span(0, 50), torch.device("cpu"))
+    for p in (0, 1, 7, 49):
+        for i in range(8):
+            angle = p / 10000 ** (2 * (i // 2) / 8)
+            expected = math.sin(angle) if i % 2 == 0 else math.cos(angle)
+            assert table[p, i].item() == pytest.approx(expected, abs=1e-6)
+
+
+def test_sinusoidal_restart_variant_resets_positions() -> None:
+    enc = create_encoding("sinusoidal", n_heads=2, d_head=4, restart_per_segment=True)
+    x = torch.zeros(1, 3, 8)
+    assert torch.equal(enc.embed(x, Span(10, 13)), enc.embed(x, Span(0, 3)))
+
+
+# ---- Transformer-XL -------------------------------------------------------------------------
+def naive_txl(enc, q, k, q_span: Span, k_span: Span, layer: int = 0) -> torch.Tensor:
+    """The four terms by explicit loops: (a) q.k (b) q.W_kR R (c) u.k_j (d) v.W_kR R."""
+    B, H, Lq, d = q.shape
+    D = enc.d_model
+    w = enc.w_kr[layer].weight.double()  # (D, D)
+    u, v = enc.u[0 if enc.share_uv else layer].double(), enc.v[0 if enc.share_uv else layer].double()
+    out = torch.full((B, H, Lq, k.shape[2]), float("nan"), dtype=torch.float64)
+    scale = 1 / math.sqrt(d) if enc.scale else 1.0
+    for a, i, b, j in causal_pairs(q_span, k_span):
+        dist = i - j if enc.clamp_len is None else min(i - j, enc.clamp_len)
+        freqs = [dist / 10000 ** (2 * t / D) for t in range(D // 2)]
+        r = torch.tensor([math.sin(f) for f in freqs] + [math.cos(f) for f in freqs], dtype=torch.float64)
+        wr = (w @ r).view(H, d)
+        for bb in range(B):
+            for h in range(H):
+                qi, kj = q[bb, h, a].double(), k[bb, h, b].double()
+                term_a = qi @ kj
+                term_b = qi @ wr[h]
+                term_c = u[h] @ kj
+                term_d = v[h] @ wr[h]
+                out[bb, h, a, b] = (term_a + term_b + term_c + term_d) * scale
+    return out
+
+
+@pytest.mark.parametrize("memory", [0, 5])
+@pytest.mark.parametrize("options", [{}, {"clamp_len": 3}, {"scale": False, "share_uv": True}])
+def test_txl_matches_naive_four_terms(memory: int, options: dict) -> None:
+    torch.manual_seed(0)
+    enc = create_encoding("txl", n_heads=2, d_head=4, n_layers=2, **options)
+    with torch.no_grad():
+        for p in enc.parameters():
+            p.normal_(std=0.5)
+    q_span, k_span = Span(memory, memory + 4), Span(0, memory + 4)
+    q, k = torch.randn(2, 2, 4, 4), torch.randn(2, 2, memory + 4, 4)
+    ctx = LayerContext(1, heads(enc), heads(enc))
+    got = enc.score(q, k, q_span, k_span, ctx).logits().double()
+    expected = naive_txl(enc, q, k, q_span, k_span, layer=1)
+    valid = ~expected.isnan()
+    assert torch.allclose(got[valid], expected[valid], atol=1e-5)
+
+
+def test_txl_term_c_varies_with_key_not_query() -> None:
+    """u.k_j: with q = 0 and W_kR = 0, logits differ across keys and agree across queries."""
+    enc = create_encoding("txl", n_heads=1, d_head=4)
+    with torch.no_grad():
+        enc.w_kr[0].weight.zero_()
+        enc.u.normal_()
+    q, k = torch.zeros(1, 1, 3, 4), torch.randn(1, 1, 3, 4)
+    logits = enc.score(q, k, Span(0, 3), Span(0, 3), LayerContext(0, heads(enc), heads(enc))).logits()[0, 0]
+    assert torch.allclose(logits[0], logits[2]) and not torch.allclose(logits[2, 0], logits[2, 1])
+
+
+# ---- DeBERTa --------------------------------------------------------------------------------
+def naive_deberta(enc, q, k, q_span: Span, k_span: Span, layer: int, proj_q, proj_k) -> torch.Tensor:
+    """Three terms by explicit loops: Qc.Kc + Qc.Kr[δ] + Kc.Qr[δ], over sqrt(3d)."""
+    B, H, Lq, d = q.shape
+    p = enc.rel_embeddings.weight.double()
+    if enc.share_att_key:
+        kr_all, qr_all = proj_k(p), proj_q(p)  # (H, 2k, d)
+    else:
+        kr_all = torch.nn.functional.linear(p, enc.pos_key_proj[layer].weight.double(), enc.pos_key_proj[layer].bias.double())
+        qr_all = torch.nn.functional.linear(p, enc.pos_query_proj[layer].weight.double(), enc.pos_query_proj[layer].bias.double())
+        kr_all, qr_all = kr_all.view(-1, H, d).transpose(0, 1), qr_all.view(-1, H, d).transpose(0, 1)
+    k_span_len = enc.att_span
+    out = torch.full((B, H, Lq, k.shape[2]), float("nan"), dtype=torch.float64)
+    for a, i, b, j in causal_pairs(q_span, k_span):
+        rel = i - j
+        if enc.position_buckets > 0:
+            rel = hf_log_bucket(rel, enc.position_buckets, enc.span)
+        delta = min(max(rel + k_span_len, 0), 2 * k_span_len - 1)
+        for bb in range(B):
+            for h in range(H):
+                qi, kj = q[bb, h, a].double(), k[bb, h, b].double()
+                out[bb, h, a, b] = (qi @ kj + qi @ kr_all[h, delta] + kj @ qr_all[h, delta]) / math.sqrt(3 * d)
+    return out
+
+
+def hf_log_bucket(rel: int, bucket_size: int, max_position: int) -> int:
+    mid = bucket_size // 2
+    if -mid < rel < mid:
+        return rel
+    abs_pos = abs(rel)
+    if abs_pos <= mid:
+        return rel
+    log_pos = math.ceil(math.log(abs_pos / mid) / math.log((max_position - 1) / mid) * (mid - 1)) + mid
+    return int(log_pos * (1 if rel > 0 else -1))
+
+
+def test_deberta_log_buckets_match_hf_formula() -> None:
+    rel = torch.arange(-300, 301)
+    got = log_bucket_position(rel, 32, 128)
+    assert got.tolist() == [hf_log_bucket(int(r), 32, 128) for r in rel]
+
+
+@pytest.mark.parametrize("memory", [0, 6])
+@pytest.mark.parametrize(
+    "options", [{"span": 3}, {"span": 64}, {"span": 12, "position_buckets": 4}, {"span": 3, "share_att_key": True}]
+)
+def test_deberta_matches_naive_three_terms(memory: int, options: dict) -> None:
+    torch.manual_seed(0)
+    enc = create_encoding("deberta", n_heads=2, d_head=4, n_layers=2, **options).double()
+    with torch.no_grad():
+        for p in enc.parameters():
+            p.normal_(std=0.5)
+    w_q, w_k = torch.randn(8, 8, dtype=torch.float64), torch.randn(8, 8, dtype=torch.float64)
+    proj_q = lambda x: (x @ w_q.T).view(-1, 2, 4).transpose(0, 1)  # noqa: E731
+    proj_k = lambda x: (x @ w_k.T).view(-1, 2, 4).transpose(0, 1)  # noqa: E731
+    q_span, k_span = Span(memory, memory + 7), Span(0, memory + 7)
+    q, k = torch.randn(2, 2, 7, 4, dtype=torch.float64), torch.randn(2, 2, memory + 7, 4, dtype=torch.float64)
+    got = enc.score(q, k, q_span, k_span, LayerContext(1, proj_q, proj_k)).logits()
+    expected = naive_deberta(enc, q, k, q_span, k_span, 1, proj_q, proj_k)
+    valid = ~expected.isnan()
+    assert torch.allclose(got[valid], expected[valid], atol=1e-9)
