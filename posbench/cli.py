@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from posbench.errors import PosbenchError
+from posbench.errors import ConfigError, PosbenchError
 
 app = typer.Typer(
     help="Compare positional encodings for Transformer attention, side by side.",
@@ -32,7 +32,7 @@ def user_errors(fn: Callable[..., T]) -> Callable[..., T]:
         try:
             return fn(*args, **kwargs)
         except PosbenchError as err:
-            err_console.print(f"[bold red]error:[/] {err}", highlight=False, markup=True)
+            err_console.print(Text.assemble(("error: ", "bold red"), str(err)), soft_wrap=True)
             raise typer.Exit(2) from None
 
     return wrapper
@@ -66,6 +66,50 @@ def list_command(
         for name in registry.names(pattern):
             table.add_row(Text(name), Text(registry.description(name).replace("``", "")))
         console.print(table)
+
+
+def _int_list(value: str, flag: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(v) for v in value.split(",") if v.strip())
+    except ValueError:
+        raise ConfigError(f"{flag} takes comma-separated integers, got {value!r}.") from None
+
+
+@app.command("run")
+@user_errors
+def run_command(
+    encodings: Optional[str] = typer.Option(None, help="Encodings, commas and wildcards: 'txl,t5', 'rope*'. Default: every built-in."),
+    tasks: Optional[str] = typer.Option(None, help="Tasks, commas and wildcards. Default: copy,mqar."),
+    seeds: Optional[str] = typer.Option(None, help="Seeds, e.g. 0,1,2. Default: 0."),
+    steps: Optional[int] = typer.Option(None, help="Training steps per run."),
+    device: Optional[str] = typer.Option(None, help="cpu (default) or cuda."),
+    out: Optional[Path] = typer.Option(None, help="Sweep folder. Default: results/<config name>, results/default or results/quick."),
+    config: Optional[Path] = typer.Option(None, "--config", help="A TOML file describing the sweep; flags override it."),
+    train_mem_len: Optional[int] = typer.Option(None, help="Train Transformer-XL style through a cache of this many positions."),
+    threads: Optional[int] = typer.Option(None, help="torch threads per run (recorded with the results)."),
+    quick: bool = typer.Option(False, "--quick", help="A first look in about a minute: far fewer steps, a small evaluation sample."),
+    force: bool = typer.Option(False, "--force", help="Redo finished runs too."),
+    profile: Optional[bool] = typer.Option(None, "--profile/--no-profile", help="Include a small latency/memory profile."),
+) -> None:
+    """Train a tiny decoder per encoding and task, evaluate it at and beyond the training
+    length and through caches, and store tidy, resumable results."""
+    from posbench.config import SweepConfig, apply_overrides, load_config_file
+    from posbench.progress import RichReporter, print_outcome
+
+    sweep, name = load_config_file(config) if config else (SweepConfig(), None)
+    sweep = apply_overrides(
+        sweep, encodings=encodings, tasks=tasks,
+        seeds=_int_list(seeds, "--seeds") if seeds is not None else None,
+        steps=steps, device=device, train_mem_len=train_mem_len, threads=threads, quick=quick, profile=profile,
+    )
+    out_dir = out or Path("results") / (name or ("quick" if sweep.quick else "default"))
+    from posbench.runner import run_sweep
+
+    with RichReporter(console, quick=sweep.quick) as reporter:
+        outcome = run_sweep(sweep, out_dir, force=force, reporter=reporter)
+    print_outcome(console, outcome)
+    if outcome.failures:
+        raise typer.Exit(1)
 
 
 def main() -> None:

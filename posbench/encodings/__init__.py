@@ -31,6 +31,9 @@ def create_encoding(
     return REGISTRY.create(name, n_heads, d_head, causal, n_layers, **options)  # type: ignore[return-value]
 
 
+#: The built-in encodings, in the order sweeps and reports show them.
+BUILTINS = ("sinusoidal", "learned", "nope", "txl", "t5", "deberta", "alibi", "rope")
+
 # Built-ins register themselves on import; the order here is the order `posbench list` shows.
 from posbench.encodings import (  # noqa: E402,F401
     alibi,
@@ -44,6 +47,7 @@ from posbench.encodings import (  # noqa: E402,F401
 )
 
 __all__ = [
+    "BUILTINS",
     "REGISTRY",
     "LayerContext",
     "PositionalEncoding",

@@ -1,0 +1,298 @@
+"""Sweep configuration: frozen dataclasses, loaded from TOML with unknown keys rejected, and
+resolved into one RunConfig per (task, encoding, seed)."""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+from posbench.errors import ConfigError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+DEFAULT_TASKS = ("copy", "mqar")
+
+
+@dataclass(frozen=True)
+class ModelSize:
+    """Decoder size shared by every run of a sweep."""
+
+    d_model: int = 64
+    n_layers: int = 2
+    n_heads: int = 4
+    d_ff: int | None = None
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """One training loop for every encoding: AdamW, warmup then cosine decay, clipping."""
+
+    steps: int = 2000
+    batch_size: int = 32
+    lr: float = 3e-3
+    warmup_steps: int = 100
+    weight_decay: float = 0.01
+    grad_clip: float = 1.0
+    #: Transformer-XL recurrence: feed each sequence in segments through a cache of this many
+    #: positions, gradients stopped at the memory. None trains on whole sequences.
+    train_mem_len: int | None = None
+    #: Segment length for recurrent training (default: train_mem_len, as in Transformer-XL).
+    train_segment_len: int | None = None
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    """Held-out evaluation at each length, whole and through caches of several sizes."""
+
+    n_samples: int = 256
+    batch_size: int = 128
+    #: Segment length S for the cache sweep (default: half the longest training sequence).
+    segment_len: int | None = None
+    #: Memory lengths M as multiples of S; "inf" (or -1 in TOML) means unbounded.
+    mem_len_factors: tuple[float, ...] = (0.0, 0.5, 1.0, 2.0, float("inf"))
+    #: Evaluate through the cache at these task lengths (default: every evaluation length).
+    cache_eval_lengths: tuple[int, ...] | None = None
+
+
+@dataclass(frozen=True)
+class EncodingSpec:
+    """An encoding with its options, and the label results and reports show for it."""
+
+    name: str
+    options: Mapping[str, Any] = field(default_factory=dict)
+    label: str = ""
+
+    def display(self) -> str:
+        if self.label:
+            return self.label
+        if not self.options:
+            return self.name
+        opts = ",".join(f"{k}={v}" for k, v in sorted(self.options.items()))
+        return f"{self.name}({opts})"
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """A task with its options (train_lengths, eval_lengths and task-specific ones)."""
+
+    name: str
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class SweepConfig:
+    """Everything a sweep runs; command-line flags override a TOML file, which overrides defaults."""
+
+    tasks: tuple[TaskSpec, ...] = tuple(TaskSpec(t) for t in DEFAULT_TASKS)
+    encodings: tuple[EncodingSpec, ...] = ()  # empty: every built-in encoding
+    seeds: tuple[int, ...] = (0,)
+    model: ModelSize = ModelSize()
+    train: TrainConfig = TrainConfig()
+    eval: EvalConfig = EvalConfig()
+    device: str = "cpu"
+    threads: int | None = None  # torch threads per run (None: torch's default)
+    quick: bool = False
+    profile: bool = True
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """One run: a task, an encoding with its options, a seed and the training/eval settings."""
+
+    task: TaskSpec
+    encoding: EncodingSpec
+    seed: int
+    model: ModelSize
+    train: TrainConfig
+    eval: EvalConfig
+    device: str = "cpu"
+    quick: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return to_jsonable(dataclasses.asdict(self))
+
+    @property
+    def run_id(self) -> str:
+        """A hash of everything that changes the numbers (the device included, the label not)."""
+        data = self.to_dict()
+        data["encoding"].pop("label", None)
+        blob = json.dumps(data, sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "RunConfig":
+        return cls(
+            task=TaskSpec(data["task"]["name"], dict(data["task"]["options"])),
+            encoding=EncodingSpec(data["encoding"]["name"], dict(data["encoding"]["options"]), data["encoding"].get("label", "")),
+            seed=int(data["seed"]),
+            model=ModelSize(**data["model"]),
+            train=TrainConfig(**data["train"]),
+            eval=_eval_from(data["eval"]),
+            device=data.get("device", "cpu"),
+            quick=bool(data.get("quick", False)),
+        )
+
+
+def _eval_from(data: Mapping[str, Any]) -> EvalConfig:
+    data = dict(data)
+    if "mem_len_factors" in data:
+        data["mem_len_factors"] = tuple(float("inf") if f in ("inf", -1, None) else float(f) for f in data["mem_len_factors"])
+    if data.get("cache_eval_lengths") is not None:
+        data["cache_eval_lengths"] = tuple(int(x) for x in data["cache_eval_lengths"])
+    return EvalConfig(**data)
+
+
+def to_jsonable(value: Any) -> Any:
+    """Dataclass dicts to JSON-ready values (inf becomes "inf")."""
+    if isinstance(value, float) and value == float("inf"):
+        return "inf"
+    if isinstance(value, Mapping):
+        return {str(k): to_jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [to_jsonable(v) for v in value]
+    return value
+
+
+def expand_runs(sweep: SweepConfig) -> list[RunConfig]:
+    """The grid: every task x encoding x seed, in that nesting order."""
+    return [
+        RunConfig(task, enc, seed, sweep.model, sweep.train, sweep.eval, sweep.device, sweep.quick)
+        for task in sweep.tasks
+        for enc in sweep.encodings
+        for seed in sweep.seeds
+    ]
+
+
+# ---- loading TOML --------------------------------------------------------------------------
+_TOP_KEYS = {"name", "tasks", "encodings", "seeds", "model", "train", "eval", "device", "threads", "quick", "profile"}
+
+
+def load_config_file(path: Path) -> tuple[SweepConfig, str | None]:
+    """Parse a sweep TOML file; returns the config and its optional `name`."""
+    try:
+        data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"Config file {path} does not exist; check the path given to --config.") from None
+    except tomllib.TOMLDecodeError as err:
+        raise ConfigError(f"Config file {path} is not valid TOML ({err}); fix the syntax and rerun.") from None
+    return config_from_mapping(data, str(path)), data.get("name")
+
+
+def config_from_mapping(data: Mapping[str, Any], source: str = "config") -> SweepConfig:
+    """Build a SweepConfig from parsed TOML, rejecting unknown keys and bad values."""
+    _reject_unknown(data, _TOP_KEYS, source)
+    kwargs: dict[str, Any] = {}
+    try:
+        if "tasks" in data:
+            kwargs["tasks"] = tuple(_spec(entry, TaskSpec, source, "tasks") for entry in _as_list(data["tasks"]))
+        if "encodings" in data:
+            kwargs["encodings"] = tuple(_spec(entry, EncodingSpec, source, "encodings") for entry in _as_list(data["encodings"]))
+        if "seeds" in data:
+            kwargs["seeds"] = tuple(int(s) for s in _as_list(data["seeds"]))
+        for key, cls in (("model", ModelSize), ("train", TrainConfig)):
+            if key in data:
+                _reject_unknown(data[key], {f.name for f in dataclasses.fields(cls)}, f"{source} [{key}]")
+                kwargs[key] = cls(**data[key])
+        if "eval" in data:
+            _reject_unknown(data["eval"], {f.name for f in dataclasses.fields(EvalConfig)}, f"{source} [eval]")
+            kwargs["eval"] = _eval_from(data["eval"])
+        for key in ("device", "threads", "quick", "profile"):
+            if key in data:
+                kwargs[key] = data[key]
+    except (TypeError, ValueError) as err:
+        if isinstance(err, ConfigError):
+            raise
+        raise ConfigError(f"{source}: a value has the wrong type ({err}); see README's config example.") from None
+    return SweepConfig(**kwargs)
+
+
+def _as_list(value: Any) -> list[Any]:
+    return list(value) if isinstance(value, (list, tuple)) else [value]
+
+
+def _spec(entry: Any, cls: type, source: str, key: str) -> Any:
+    if isinstance(entry, str):
+        return cls(entry)
+    if isinstance(entry, Mapping) and isinstance(entry.get("name"), str):
+        options = {k: v for k, v in entry.items() if k not in ("name", "label")}
+        if cls is EncodingSpec:
+            return EncodingSpec(entry["name"], options, entry.get("label", ""))
+        if "label" in entry:
+            raise ConfigError(f"{source}: tasks take no 'label'; remove it.")
+        return TaskSpec(entry["name"], options)
+    raise ConfigError(f"{source}: each entry of '{key}' must be a name or a table with a 'name' key, got {entry!r}.")
+
+
+def _reject_unknown(data: Any, allowed: set[str], where: str) -> None:
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"{where} must be a table, got {type(data).__name__}.")
+    unknown = sorted(set(data) - allowed)
+    if unknown:
+        raise ConfigError(
+            f"Unknown key {', '.join(repr(u) for u in unknown)} in {where}; allowed: {', '.join(sorted(allowed))}."
+        )
+
+
+QUICK_STEPS = 200
+QUICK_SAMPLES = 64
+
+
+def apply_overrides(
+    sweep: SweepConfig,
+    *,
+    encodings: str | None = None,
+    tasks: str | None = None,
+    seeds: tuple[int, ...] | None = None,
+    steps: int | None = None,
+    device: str | None = None,
+    train_mem_len: int | None = None,
+    threads: int | None = None,
+    quick: bool = False,
+    profile: bool | None = None,
+) -> SweepConfig:
+    """Command-line flags over a config: names (commas, wildcards) replace the lists, keeping
+    any options the config gave a name; --quick shrinks steps and the evaluation sample."""
+    from posbench.encodings import REGISTRY as ENCODINGS
+    from posbench.tasks import REGISTRY as TASKS
+
+    changes: dict[str, Any] = {}
+    if encodings is not None:
+        known = {spec.name: spec for spec in sweep.encodings}
+        changes["encodings"] = tuple(known.get(n, EncodingSpec(n)) for n in ENCODINGS.select(encodings))
+        if not changes["encodings"]:
+            raise ConfigError("--encodings names no encoding; give at least one, e.g. --encodings txl,t5.")
+    if tasks is not None:
+        known_tasks = {spec.name: spec for spec in sweep.tasks}
+        changes["tasks"] = tuple(known_tasks.get(n, TaskSpec(n)) for n in TASKS.select(tasks))
+        if not changes["tasks"]:
+            raise ConfigError("--tasks names no task; give at least one, e.g. --tasks copy.")
+    if seeds is not None:
+        changes["seeds"] = seeds
+    train = sweep.train
+    if quick:
+        changes["quick"] = True
+        train = dataclasses.replace(train, steps=min(train.steps, QUICK_STEPS), warmup_steps=min(train.warmup_steps, QUICK_STEPS // 10))
+        changes["eval"] = dataclasses.replace(sweep.eval, n_samples=min(sweep.eval.n_samples, QUICK_SAMPLES))
+    if steps is not None:
+        if steps < 1:
+            raise ConfigError(f"--steps must be at least 1, got {steps}.")
+        train = dataclasses.replace(train, steps=steps, warmup_steps=min(train.warmup_steps, max(1, steps // 10)))
+    if train_mem_len is not None:
+        train = dataclasses.replace(train, train_mem_len=train_mem_len)
+    changes["train"] = train
+    if device is not None:
+        changes["device"] = device
+    if threads is not None:
+        if threads < 1:
+            raise ConfigError(f"--threads must be at least 1, got {threads}.")
+        changes["threads"] = threads
+    if profile is not None:
+        changes["profile"] = profile
+    return dataclasses.replace(sweep, **changes)

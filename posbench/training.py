@@ -1,0 +1,101 @@
+"""One training loop for every encoding: AdamW, linear warmup then cosine decay, clipping,
+a fixed number of steps, one length drawn per batch from the task's training range."""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from posbench.config import TrainConfig
+from posbench.model import Decoder
+from posbench.tasks.base import IGNORE, Batch, Task
+
+StepCallback = Callable[[int, float], None]
+
+
+class Diverged(RuntimeError):
+    """Training produced a NaN or infinite loss."""
+
+
+@dataclass
+class TrainResult:
+    """What training measured: the loss curve (every `log_every` steps) and timing."""
+
+    losses: list[tuple[int, float]]
+    final_loss: float
+    seconds: float
+    steps_done: int
+
+
+def learning_rate(step: int, config: TrainConfig) -> float:
+    """Linear warmup over warmup_steps, then cosine decay to 0 at the last step."""
+    if step < config.warmup_steps:
+        return config.lr * (step + 1) / config.warmup_steps
+    progress = (step - config.warmup_steps) / max(1, config.steps - config.warmup_steps)
+    return config.lr * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def sequence_loss(model: Decoder, batch: Batch) -> torch.Tensor:
+    """Mean cross-entropy over the answer tokens of a batch, whole sequences at once."""
+    logits = model(batch.tokens)  # (B, T, V)
+    return F.cross_entropy(logits.flatten(0, 1), batch.targets.flatten(), ignore_index=IGNORE)
+
+
+def recurrent_loss(model: Decoder, batch: Batch, segment_len: int, mem_len: int) -> torch.Tensor:
+    """Transformer-XL training: segments through a cache of mem_len detached positions."""
+    cache = model.new_cache(mem_len=mem_len)
+    total, count = batch.tokens.new_zeros((), dtype=torch.float32), 0
+    for start in range(0, batch.tokens.shape[1], segment_len):
+        tokens = batch.tokens[:, start : start + segment_len]
+        targets = batch.targets[:, start : start + segment_len]
+        logits = model(tokens, cache=cache)
+        n = int((targets != IGNORE).sum())
+        if n:
+            total = total + F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=IGNORE, reduction="sum")
+            count += n
+    return total / max(count, 1)
+
+
+def train(
+    model: Decoder,
+    task: Task,
+    config: TrainConfig,
+    seed: int,
+    device: torch.device | str = "cpu",
+    on_step: StepCallback | None = None,
+    log_every: int = 50,
+) -> TrainResult:
+    """Train `model` on `task` for config.steps steps; raises Diverged on a non-finite loss."""
+    model.to(device).train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+    generator = torch.Generator().manual_seed(seed)
+    lo, hi = task.train_lengths
+    segment = config.train_segment_len or config.train_mem_len
+    losses: list[tuple[int, float]] = []
+    start_time = time.perf_counter()
+    loss_value = float("nan")
+    for step in range(config.steps):
+        length = int(torch.randint(lo, hi + 1, (1,), generator=generator))
+        batch = task.batch(length, config.batch_size, generator).to(device)
+        for group in optimizer.param_groups:
+            group["lr"] = learning_rate(step, config)
+        if config.train_mem_len is not None:
+            loss = recurrent_loss(model, batch, segment, config.train_mem_len)
+        else:
+            loss = sequence_loss(model, batch)
+        loss_value = loss.item()
+        if not math.isfinite(loss_value):
+            raise Diverged(f"loss became {loss_value} at step {step}")
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
+        optimizer.step()
+        if step % log_every == 0 or step == config.steps - 1:
+            losses.append((step, loss_value))
+        if on_step is not None:
+            on_step(step, loss_value)
+    return TrainResult(losses, loss_value, time.perf_counter() - start_time, config.steps)

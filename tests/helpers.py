@@ -1,0 +1,38 @@
+"""Tiny sweeps that train in a second, for tests."""
+from __future__ import annotations
+
+from posbench.config import EncodingSpec, EvalConfig, ModelSize, SweepConfig, TaskSpec, TrainConfig
+
+
+def tiny_sweep(*encodings: str, steps: int = 3, seeds: tuple[int, ...] = (0,)) -> SweepConfig:
+    return SweepConfig(
+        tasks=(TaskSpec("copy", {"train_lengths": [1, 3], "eval_lengths": [2, 3, 6]}),),
+        encodings=tuple(EncodingSpec(e) for e in (encodings or ("nope", "rope"))),
+        seeds=seeds,
+        model=ModelSize(d_model=16, n_layers=1, n_heads=2),
+        train=TrainConfig(steps=steps, batch_size=4, warmup_steps=1),
+        eval=EvalConfig(n_samples=8, batch_size=8),
+        profile=False,
+    )
+
+
+TINY_TOML = """
+tasks = [{ name = "copy", train_lengths = [1, 3], eval_lengths = [2, 3, 6] }]
+encodings = ["nope", { name = "t5", num_buckets = 8, max_distance = 16 }]
+seeds = [0]
+profile = false
+
+[model]
+d_model = 16
+n_layers = 1
+n_heads = 2
+
+[train]
+steps = 3
+batch_size = 4
+warmup_steps = 1
+
+[eval]
+n_samples = 8
+batch_size = 8
+"""

@@ -1,0 +1,117 @@
+"""Sweeps: tidy results, resume, atomic writes, failures that do not stop the sweep."""
+from __future__ import annotations
+
+import math
+import textwrap
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+
+from posbench.config import RunConfig, expand_runs
+from posbench.plugins import load_plugin_dir
+from posbench.results import COLUMNS, RunFolder, read_json
+from posbench.runner import load_run, run_sweep
+
+from helpers import tiny_sweep
+
+
+def test_sweep_writes_tidy_results_and_run_folders(tmp_path: Path) -> None:
+    outcome = run_sweep(tiny_sweep("nope", "rope"), tmp_path / "sw")
+    assert len(outcome.ran) == 2 and not outcome.failures
+    frame = pd.read_csv(outcome.results_csv)
+    assert list(frame.columns) == COLUMNS
+    assert set(frame["encoding"]) == {"nope", "rope"}
+    assert set(frame["train_len_max"]) == {3}
+    full = frame[(frame["metric"] == "exact_match") & frame["mem_len"].isna() & frame["eval_len"].notna()]
+    assert sorted(full["eval_len"].unique()) == [2, 3, 6]
+    assert full["value"].between(0, 1).all()
+    assert math.inf in set(frame["mem_len"].dropna())
+    for run_id in outcome.ran:
+        folder = tmp_path / "sw" / run_id
+        for name in ("config.json", "measurements.csv", "env.json", "log.txt", "model.pt", "result.json"):
+            assert (folder / name).is_file(), name
+        config = RunConfig.from_dict(read_json(folder / "config.json"))
+        assert config.run_id == run_id  # the folder name is the hash of the stored config
+        assert read_json(folder / "env.json")["torch"] == torch.__version__
+
+
+def test_rerun_skips_and_reproduces_results(tmp_path: Path) -> None:
+    out = tmp_path / "sw"
+    first = run_sweep(tiny_sweep(), out)
+    csv = first.results_csv.read_text()
+    again = run_sweep(tiny_sweep(), out)
+    assert again.ran == [] and sorted(again.skipped) == sorted(first.ran)
+    assert again.results_csv.read_text() == csv
+    forced = run_sweep(tiny_sweep(), out, force=True)
+    assert sorted(forced.ran) == sorted(first.ran)
+    assert forced.results_csv.read_text() == csv  # same config and seed, same numbers
+
+
+def test_resume_after_a_kill_redoes_only_unfinished_runs(tmp_path: Path) -> None:
+    out = tmp_path / "sw"
+    first = run_sweep(tiny_sweep("nope", "rope", "alibi"), out)
+    killed = first.ran[1]
+    # a kill mid-run leaves no result.json (written last) and maybe a stray temp file
+    (out / killed / "result.json").unlink()
+    (out / killed / ".measurements.csv.123.tmp").write_text("half a fi")
+    (out / killed / "measurements.csv").write_text("truncated")
+    resumed = run_sweep(tiny_sweep("nope", "rope", "alibi"), out)
+    assert resumed.ran == [killed]
+    assert pd.read_csv(resumed.results_csv).equals(pd.read_csv(first.results_csv))
+
+
+def test_run_is_reproducible_from_its_stored_config(tmp_path: Path) -> None:
+    outcome = run_sweep(tiny_sweep("t5"), tmp_path / "sw")
+    run, model = load_run(tmp_path / "sw" / outcome.ran[0])
+    assert run.encoding.name == "t5" and run.seed == 0
+    tokens = torch.randint(0, 11, (2, 6))
+    assert model(tokens).shape == (2, 6, 11)
+
+
+def test_failing_run_is_recorded_and_sweep_carries_on(tmp_path: Path) -> None:
+    plugin_dir = tmp_path / "plugins"
+    plugin_dir.mkdir()
+    (plugin_dir / "exploding.py").write_text(
+        textwrap.dedent(
+            '''
+            from posbench import PositionalEncoding, register_encoding
+
+            @register_encoding("test_exploding")
+            class Exploding(PositionalEncoding):
+                """Raises during training."""
+
+                def embed(self, x, span):
+                    if self.training:
+                        raise RuntimeError("boom in embed")
+                    return x
+            '''
+        )
+    )
+    load_plugin_dir(plugin_dir)
+    outcome = run_sweep(tiny_sweep("nope", "test_exploding", "rope"), tmp_path / "sw")
+    assert len(outcome.ran) == 3
+    assert list(outcome.failures) == ["copy / test_exploding / seed 0"]
+    assert "boom in embed" in next(iter(outcome.failures.values()))
+    frame = pd.read_csv(outcome.results_csv)
+    assert set(frame["encoding"]) == {"nope", "rope"}
+    failed = [r for r in outcome.ran if RunFolder(tmp_path / "sw" / r).result()["status"] == "error"]
+    assert "Traceback" in (tmp_path / "sw" / failed[0] / "log.txt").read_text()
+    # an errored run is redone on the next invocation, finished ones are not
+    again = run_sweep(tiny_sweep("nope", "test_exploding", "rope"), tmp_path / "sw")
+    assert again.ran == failed
+
+
+def test_grid_expansion_and_distinct_ids() -> None:
+    runs = expand_runs(tiny_sweep("nope", "rope", seeds=(0, 1)))
+    assert len(runs) == 4 and len({r.run_id for r in runs}) == 4
+
+
+def test_foreign_output_folder_is_refused(tmp_path: Path) -> None:
+    from posbench.errors import ResultsError
+
+    (tmp_path / "mine.txt").write_text("someone's notes")
+    with pytest.raises(ResultsError, match="not a posbench sweep"):
+        run_sweep(tiny_sweep(), tmp_path)
+    assert [p.name for p in tmp_path.iterdir()] == ["mine.txt"]
