@@ -79,7 +79,7 @@ def _int_list(value: str, flag: str) -> tuple[int, ...]:
 @user_errors
 def run_command(
     encodings: Optional[str] = typer.Option(None, help="Encodings, commas and wildcards: 'txl,t5', 'rope*'. Default: every built-in."),
-    tasks: Optional[str] = typer.Option(None, help="Tasks, commas and wildcards. Default: copy,mqar."),
+    tasks: Optional[str] = typer.Option(None, help="Tasks, commas and wildcards. Default: copy."),
     seeds: Optional[str] = typer.Option(None, help="Seeds, e.g. 0,1,2. Default: 0."),
     steps: Optional[int] = typer.Option(None, help="Training steps per run."),
     device: Optional[str] = typer.Option(None, help="cpu (default) or cuda."),
@@ -110,6 +110,58 @@ def run_command(
     print_outcome(console, outcome)
     if outcome.failures:
         raise typer.Exit(1)
+
+
+@app.command("bench")
+@user_errors
+def bench_command(
+    encodings: Optional[str] = typer.Option(None, help="Encodings, commas and wildcards. Default: every built-in."),
+    seq_lens: Optional[str] = typer.Option(None, help="Sequence lengths, e.g. 128,256,512 (default up to 4096)."),
+    cache_lens: Optional[str] = typer.Option(None, help="Cache lengths for decoding, e.g. 0,128,1024 (default up to 4096)."),
+    window_lens: Optional[str] = typer.Option(None, help="Sequence lengths for segment-with-cache vs sliding-window evaluation."),
+    batch_size: int = typer.Option(8, help="Batch size B."),
+    device: str = typer.Option("cpu", help="cpu or cuda."),
+    threads: int = typer.Option(2, help="torch threads (fixed and recorded)."),
+    min_run_time: float = typer.Option(0.2, help="Seconds of timing per measurement (blocked autorange)."),
+    memory: bool = typer.Option(True, "--memory/--no-memory", help="Measure peak memory too."),
+    out: Path = typer.Option(Path("results/bench"), help="Folder for the tidy results."),
+    force: bool = typer.Option(False, "--force", help="Measure again even where results exist."),
+    plugins: List[Path] = typer.Option([], "--plugins", help="Plugin folders (also passed to the memory probe)."),
+) -> None:
+    """Latency and peak memory of one attention layer per encoding, across sequence and cache
+    lengths, each beside the `nope` baseline in the same run."""
+    import dataclasses
+
+    import torch
+
+    from posbench.config import EncodingSpec
+    from posbench.encodings import BUILTINS, REGISTRY
+    from posbench.profiling import BenchConfig, run_profile
+    from posbench.progress import print_bench
+    from posbench.runner import prepare_out_dir
+    from posbench.results import write_results_csv
+
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ConfigError(f"--device {device} was asked for but CUDA is not available here; use --device cpu.")
+    names = REGISTRY.select(encodings) if encodings else list(BUILTINS)
+    config = BenchConfig(batch_size=batch_size, device=device, threads=threads, min_run_time=min_run_time,
+                         memory=memory, plugin_dirs=tuple(str(p.resolve()) for p in plugins))
+    for flag, value, name in (("--seq-lens", seq_lens, "seq_lens"), ("--cache-lens", cache_lens, "cache_lens"),
+                              ("--window-lens", window_lens, "window_lens")):
+        if value is not None:
+            lengths = _int_list(value, flag)
+            if not lengths or min(lengths) < (0 if name == "cache_lens" else 1):
+                raise ConfigError(f"{flag} needs lengths of at least {0 if name == 'cache_lens' else 1}, got {value!r}.")
+            config = dataclasses.replace(config, **{name: lengths})
+    from posbench.config import SweepConfig
+
+    prepare_out_dir(out, SweepConfig(encodings=tuple(EncodingSpec(n) for n in names)))
+    with console.status("") as status:
+        for name in names:
+            status.update(f"profiling {name} ...")
+            run_profile(EncodingSpec(name), config, out, force)
+            write_results_csv(out)
+    print_bench(console, out)
 
 
 def main() -> None:

@@ -17,7 +17,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-DEFAULT_TASKS = ("copy", "mqar")
+DEFAULT_TASKS = ("copy",)
 
 
 @dataclass(frozen=True)
@@ -34,8 +34,8 @@ class ModelSize:
 class TrainConfig:
     """One training loop for every encoding: AdamW, warmup then cosine decay, clipping."""
 
-    steps: int = 2000
-    batch_size: int = 32
+    steps: int = 2500
+    batch_size: int = 64
     lr: float = 3e-3
     warmup_steps: int = 100
     weight_decay: float = 0.01

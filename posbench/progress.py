@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import time
+from pathlib import Path
 from types import TracebackType
 
 from rich.console import Console
@@ -74,6 +75,9 @@ class RichReporter:
         if self._sweep is not None:
             self.progress.advance(self._sweep)
 
+    def note(self, message: str) -> None:
+        self.progress.console.print(Text(message, style="dim"))
+
 
 def _cell(value: float) -> str:
     return "n/a" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.2f}"
@@ -94,3 +98,26 @@ def print_outcome(console: Console, outcome: SweepOutcome) -> None:
     console.print(f"results: {outcome.results_csv}")
     for label, error in outcome.failures.items():
         console.print(Text(f"FAILED {label}: {error}", style="bold red"), soft_wrap=True)
+
+
+def print_bench(console: Console, out_dir: Path) -> None:
+    """Latency ratios to `nope` (forward+backward) and peak memory, encoding x length."""
+    frame = collect(out_dir)
+    rows = frame[frame["seq_len"].notna()]
+    if rows.empty:
+        console.print("no latency rows were measured")
+        return
+    table = Table(title="fwd+bwd latency vs nope (median ratio) | peak memory MiB", title_justify="left")
+    table.add_column("encoding")
+    lengths = sorted(rows["seq_len"].dropna().unique())
+    for L in lengths:
+        table.add_column(f"L={int(L)}", justify="right")
+    for label, group in rows.groupby("encoding_label", sort=False):
+        cells = []
+        for L in lengths:
+            at = group[group["seq_len"] == L].set_index("metric")["value"]
+            ratio, mem = at.get("latency_fwdbwd_ratio", math.nan), at.get("peak_mem_mb", math.nan)
+            cells.append(f"{_cell(ratio)}x | {_cell(mem)}" if not math.isnan(ratio) else "n/a")
+        table.add_row(Text(str(label)), *cells)
+    console.print(table)
+    console.print(f"results: {out_dir / 'results.csv'}")

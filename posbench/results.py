@@ -149,12 +149,13 @@ def collect(sweep_dir: Path) -> pd.DataFrame:
             continue
         config = read_json(folder.path / "config.json")
         frame = folder.measurements()
+        profile = config.get("kind") == "profile"  # latency/memory rows: no task, seed or training
         frame.insert(0, "run_id", folder.run_id)
-        frame.insert(1, "task", config["task"]["name"])
+        frame.insert(1, "task", None if profile else config["task"]["name"])
         frame.insert(2, "encoding", config["encoding"]["name"])
         frame.insert(3, "encoding_label", result.get("encoding_label", config["encoding"]["name"]))
-        frame.insert(4, "seed", config["seed"])
-        frame.insert(5, "train_len_max", result["train_len_max"])
+        frame.insert(4, "seed", None if profile else config["seed"])
+        frame.insert(5, "train_len_max", None if profile else result["train_len_max"])
         frames.append(frame)
     if not frames:
         return pd.DataFrame(columns=COLUMNS)

@@ -42,6 +42,7 @@ class Reporter(Protocol):
     def run_started(self, run: RunConfig, steps: int) -> None: ...
     def step(self, step: int, loss: float) -> None: ...
     def run_finished(self, run: RunConfig, status: str) -> None: ...
+    def note(self, message: str) -> None: ...
 
 
 class SilentReporter:
@@ -57,6 +58,9 @@ class SilentReporter:
         pass
 
     def run_finished(self, run: RunConfig, status: str) -> None:
+        pass
+
+    def note(self, message: str) -> None:
         pass
 
 
@@ -143,8 +147,24 @@ def run_sweep(sweep: SweepConfig, out_dir: Path, force: bool = False, reporter: 
         result = folder.result() or {}
         if result.get("status") in ("diverged", "error"):
             outcome.failures[_label(run)] = result.get("error", "unknown error")
+    if sweep.profile:
+        _profile_encodings(sweep, out_dir, force, reporter, outcome)
     outcome.results_csv = write_results_csv(out_dir)
     return outcome
+
+
+def _profile_encodings(sweep: SweepConfig, out_dir: Path, force: bool, reporter: Reporter, outcome: SweepOutcome) -> None:
+    """The small default latency/memory profile, one stored folder per encoding."""
+    from posbench.profiling import SMALL_PROFILE, run_profile
+
+    config = dataclasses.replace(SMALL_PROFILE, device=sweep.device, threads=sweep.threads or torch.get_num_threads())
+    for spec in sweep.encodings:
+        reporter.note(f"profiling {spec.display()} (latency and memory, small sizes)")
+        run_id, ran = run_profile(spec, config, out_dir, force)
+        (outcome.ran if ran else outcome.skipped).append(run_id)
+        result = RunFolder(out_dir / run_id).result() or {}
+        if result.get("status") == "error":
+            outcome.failures[f"profile / {spec.display()}"] = result.get("error", "unknown error")
 
 
 def _label(run: RunConfig) -> str:

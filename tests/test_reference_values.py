@@ -65,9 +65,13 @@ def test_alibi_slopes(n_heads: int, expected: list[float]) -> None:
 
 
 @pytest.mark.parametrize("symmetric", [False, True])
-def test_alibi_bias_values(symmetric: bool) -> None:
+def test_alibi_logits_are_content_minus_slope_times_distance(symmetric: bool) -> None:
+    """Logits minus the content term equal -m_h (i - j) (or -m_h |i - j|) up to a constant per
+    query row, which softmax ignores (causal ALiBi is folded into q and k)."""
     enc = create_encoding("alibi", n_heads=6, d_head=4, symmetric=symmetric)
-    bias = enc.position_bias(Span(3, 7), Span(0, 7), 0, torch.device("cpu"))
+    q, k = torch.randn(1, 6, 4, 4), torch.randn(1, 6, 7, 4)
+    q_span, k_span = Span(3, 7), Span(0, 7)
+    position_part = attention_logits(enc, q, k, q_span, k_span) - (q @ k.transpose(-1, -2)) / 2.0
     slopes = alibi_slopes(6)
     for a, i in enumerate(range(3, 7)):
         for b, j in enumerate(range(0, 7)):
@@ -75,7 +79,8 @@ def test_alibi_bias_values(symmetric: bool) -> None:
                 continue
             dist = abs(i - j) if symmetric else i - j
             for h in range(6):
-                assert bias[h, a, b].item() == pytest.approx(-slopes[h] * dist, abs=1e-6)
+                got = position_part[0, h, a, b].item() - (position_part[0, h, a, 0].item())
+                assert got == pytest.approx(-slopes[h] * dist + slopes[h] * i, abs=1e-4)
 
 
 # ---- RoPE -----------------------------------------------------------------------------------
@@ -155,7 +160,7 @@ def naive_txl(enc, q, k, q_span: Span, k_span: Span, layer: int = 0) -> torch.Te
     return out
 
 
-@pytest.mark.parametrize("memory", [0, 5])
+@pytest.mark.parametrize("memory", [0, 5, 300])
 @pytest.mark.parametrize("options", [{}, {"clamp_len": 3}, {"scale": False, "share_uv": True}])
 def test_txl_matches_naive_four_terms(memory: int, options: dict) -> None:
     torch.manual_seed(0)
@@ -165,8 +170,7 @@ def test_txl_matches_naive_four_terms(memory: int, options: dict) -> None:
             p.normal_(std=0.5)
     q_span, k_span = Span(memory, memory + 4), Span(0, memory + 4)
     q, k = torch.randn(2, 2, 4, 4), torch.randn(2, 2, memory + 4, 4)
-    ctx = LayerContext(1, heads(enc), heads(enc))
-    got = enc.score(q, k, q_span, k_span, ctx).logits().double()
+    got = attention_logits(enc, q, k, q_span, k_span, layer=1).double()
     expected = naive_txl(enc, q, k, q_span, k_span, layer=1)
     valid = ~expected.isnan()
     assert torch.allclose(got[valid], expected[valid], atol=1e-5)
@@ -179,7 +183,7 @@ def test_txl_term_c_varies_with_key_not_query() -> None:
         enc.w_kr[0].weight.zero_()
         enc.u.normal_()
     q, k = torch.zeros(1, 1, 3, 4), torch.randn(1, 1, 3, 4)
-    logits = enc.score(q, k, Span(0, 3), Span(0, 3), LayerContext(0, heads(enc), heads(enc))).logits()[0, 0]
+    logits = attention_logits(enc, q, k, Span(0, 3), Span(0, 3))[0, 0]
     assert torch.allclose(logits[0], logits[2]) and not torch.allclose(logits[2, 0], logits[2, 1])
 
 

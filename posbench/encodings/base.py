@@ -6,8 +6,8 @@ The attention module calls an encoding's hooks in one fixed order and never name
 2. ``rotate(q, k, span, layer)`` on the new queries and keys, before keys enter the cache (RoPE).
 3. ``score(q, k, q_span, k_span, layer)`` returns :class:`Scores`: the (possibly augmented)
    q and k, an additive bias on the scaled logits, and the logit scale. The default asks
-   ``position_bias`` for a static bias that depends on positions only (ALiBi, T5), cached per
-   shape and offset; content-dependent encodings (Transformer-XL, DeBERTa) override ``score``.
+   ``position_bias`` for a static bias that depends on positions only (ALiBi, T5), read from
+   tables that grow by doubling; content-dependent encodings (Transformer-XL, DeBERTa) override ``score``.
 
 The attention logits are ``scale * q' @ k'^T + bias``, masked causally, fed to
 ``scaled_dot_product_attention``. Positions are absolute integers given as :class:`Span`s, so a
@@ -16,7 +16,6 @@ continuation through a cache is just a later span.
 from __future__ import annotations
 
 import math
-from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Callable, ClassVar, Hashable
 
@@ -80,7 +79,9 @@ class PositionalEncoding(nn.Module):
         self.d_model = n_heads * d_head
         self.causal = causal
         self.n_layers = n_layers
-        self._static: OrderedDict[Hashable, Tensor] = OrderedDict()
+        self._tables: dict[Hashable, Tensor] = {}
+        #: How many static tables were built (tests check that decoding reuses them).
+        self.table_builds = 0
 
     # ---- capabilities -------------------------------------------------------------------
     def supports(self, span: Span) -> str | None:
@@ -119,23 +120,39 @@ class PositionalEncoding(nn.Module):
         return None
 
     # ---- helpers for subclasses ---------------------------------------------------------
-    def cached(self, key: Hashable, build: Callable[[], Tensor], max_entries: int = 16) -> Tensor:
-        """Memoise a static, parameter-free tensor (e.g. bucket indices) per shape and offset."""
-        if key in self._static:
-            self._static.move_to_end(key)
-            return self._static[key]
-        value = build()
-        self._static[key] = value
-        if len(self._static) > max_entries:
-            self._static.popitem(last=False)
-        return value
+    def position_table(self, name: str, stop: int, device: torch.device, build: Callable[[int], Tensor]) -> Tensor:
+        """A table indexed by position 0..stop-1, built for a capacity that doubles as needed,
+        so decoding token by token never rebuilds it for the whole prefix. build(n) -> (n, ...)."""
+        key = (name, str(device))
+        table = self._tables.get(key)
+        if table is None or table.shape[0] < stop:
+            capacity = max(64, 1 << max(0, stop - 1).bit_length())
+            table = build(capacity)
+            self.table_builds += 1
+            self._tables[key] = table
+        return table[:stop]
 
-    def relative_positions(self, q_span: Span, k_span: Span, device: torch.device) -> Tensor:
-        """i - j for every (query, key) pair, (Lq, Lk), cached per spans."""
-        return self.cached(
-            ("rel", q_span, k_span, str(device)),
-            lambda: q_span.arange(device)[:, None] - k_span.arange(device)[None, :],
-        )
+    def distance_lookup(
+        self, name: str, q_span: Span, k_span: Span, device: torch.device, build: Callable[[Tensor], Tensor]
+    ) -> Tensor:
+        """f(i - j) for every (query, key) pair, (Lq, Lk, ...), read from a table of f over the
+        distances -(C-1)..C-1 whose capacity C doubles as needed: a call costs one index, and
+        decoding token by token never rebuilds the table. build(distances) -> f(distances)."""
+        reach = max(q_span.stop - 1 - k_span.start, k_span.stop - 1 - q_span.start, 0) + 1
+        key = (name, str(device))
+        table = self._tables.get(key)
+        if table is None or (table.shape[0] + 1) // 2 < reach:
+            capacity = max(64, 1 << (reach - 1).bit_length())
+            table = build(torch.arange(-(capacity - 1), capacity, device=device))
+            self.table_builds += 1
+            self._tables[key] = table
+        capacity = (table.shape[0] + 1) // 2
+        return table[self.relative_positions(q_span, k_span, device) + (capacity - 1)]
+
+    @staticmethod
+    def relative_positions(q_span: Span, k_span: Span, device: torch.device) -> Tensor:
+        """i - j for every (query, key) pair, (Lq, Lk)."""
+        return q_span.arange(device)[:, None] - k_span.arange(device)[None, :]
 
 
 def sinusoid(positions: Tensor, dim: int, base: float = 10000.0) -> tuple[Tensor, Tensor]:

@@ -67,15 +67,14 @@ class DeBERTa(PositionalEncoding):
             self.pos_query_proj = nn.ModuleList(nn.Linear(self.d_model, self.d_model) for _ in range(n_layers))
 
     def delta(self, q_span: Span, k_span: Span, device: torch.device) -> Tensor:
-        """δ(i, j) = clamp(i - j + k, 0, 2k - 1), (Lq, Lk), cached per spans."""
+        """δ(i, j) = clamp(i - j + k, 0, 2k - 1), (Lq, Lk), from a per-distance table."""
 
-        def build() -> Tensor:
-            rel = self.relative_positions(q_span, k_span, device)
+        def build(rel: Tensor) -> Tensor:
             if self.position_buckets > 0:
                 rel = log_bucket_position(rel, self.position_buckets, self.span)
             return (rel + self.att_span).clamp(0, 2 * self.att_span - 1)
 
-        return self.cached(("delta", q_span, k_span, str(device)), build)
+        return self.distance_lookup("delta", q_span, k_span, device, build)
 
     def projected_positions(self, layer: LayerContext, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
         """Kr and Qr, each (H, 2k, d)."""

@@ -44,13 +44,13 @@ class RoPE(PositionalEncoding):
     def cos_sin(self, span: Span, device: torch.device) -> tuple[Tensor, Tensor]:
         """cos and sin for `span`, each (L, d_head), repeated over both halves."""
 
-        def build() -> Tensor:
-            positions = span.arange(device).double() / self.interpolation
+        def build(n: int) -> Tensor:
+            positions = torch.arange(n, device=device, dtype=torch.float64) / self.interpolation
             sin, cos = sinusoid(positions, self.d_head, self.base)
-            return torch.stack((cos.repeat(1, 2), sin.repeat(1, 2)))  # (2, L, d_head)
+            return torch.stack((cos.repeat(1, 2), sin.repeat(1, 2)), dim=1)  # (n, 2, d_head)
 
-        table = self.cached(("cos_sin", span, str(device)), build)
-        return table[0], table[1]
+        table = self.position_table("cos_sin", span.stop, device, build)[span.start :]
+        return table[:, 0], table[:, 1]
 
     def rotate(self, q: Tensor, k: Tensor, span: Span, layer: LayerContext) -> tuple[Tensor, Tensor]:
         cos, sin = self.cos_sin(span, q.device)

@@ -36,7 +36,10 @@ def t5_bucket(relative_position: Tensor, bidirectional: bool, num_buckets: int, 
 
 @register_encoding("t5")
 class T5Bias(PositionalEncoding):
-    """T5 bias: bias[h, i, j] = table[bucket(j - i), h]; one table shared by all layers."""
+    """T5 bias: bias[h, i, j] = table[bucket(j - i), h]; one table shared by all layers.
+
+    Buckets come from a per-distance table that grows by doubling, so decoding through the
+    cache never recomputes them for the whole prefix."""
 
     relative = True
 
@@ -63,15 +66,10 @@ class T5Bias(PositionalEncoding):
             nn.init.normal_(table.weight, std=0.02)
 
     def buckets(self, q_span: Span, k_span: Span, device: torch.device) -> Tensor:
-        """Bucket index per (query, key), (Lq, Lk), cached per spans."""
-        return self.cached(
-            ("buckets", q_span, k_span, str(device)),
-            lambda: t5_bucket(
-                -self.relative_positions(q_span, k_span, device),
-                self.bidirectional,
-                self.num_buckets,
-                self.max_distance,
-            ),
+        """Bucket index per (query, key), (Lq, Lk), from a per-distance table."""
+        return self.distance_lookup(
+            "buckets", q_span, k_span, device,
+            lambda distance: t5_bucket(-distance, self.bidirectional, self.num_buckets, self.max_distance),
         )
 
     def position_bias(self, q_span: Span, k_span: Span, layer: int, device: torch.device) -> Tensor:

@@ -21,8 +21,9 @@ class TransformerXL(PositionalEncoding):
     R is [sin | cos] concatenated (not interleaved). Distances above ``clamp_len`` use
     R_clamp_len. u and v are per layer ("untied", the original default) unless ``share_uv``.
     ``scale=False`` drops the 1/sqrt(d) the original code applies to the whole sum.
-    Terms (b)+(d) are one matmul of (q + v) against the projected table of the distances the
-    spans need, then a gather: no (Lq, Lk, d) tensor is ever built.
+    Without clamp_len, terms (b)+(d) become a dot product of augmented q and k (REFERENCES'
+    sin/cos identity), keeping fused attention. With clamp_len they are one matmul of (q + v)
+    against the projected distance table, then a gather. No (Lq, Lk, d) tensor is ever built.
     """
 
     relative = True
@@ -56,19 +57,59 @@ class TransformerXL(PositionalEncoding):
         sin, cos = sinusoid(distances, self.d_model)
         return torch.cat((sin, cos), dim=-1)
 
+    def key_positions(self, span: Span, device: torch.device) -> Tensor:
+        """[cos(j w) | sin(j w)] for the keys' absolute positions, (L, d_model), from a table
+        that grows by doubling (never rebuilt per decoding step)."""
+
+        def build(n: int) -> Tensor:
+            sin, cos = sinusoid(torch.arange(n, device=device), self.d_model)
+            return torch.cat((cos, sin), dim=-1)
+
+        return self.position_table("key_positions", span.stop, device, build)[span.start :]
+
+    def rotate(self, q: Tensor, k: Tensor, span: Span, layer: LayerContext) -> tuple[Tensor, Tensor]:
+        """Without clamp_len, append [cos(j w) | sin(j w)] to every key before it is cached
+        (see ``score``); with clamp_len the keys stay as they are."""
+        if self.clamp_len is not None:
+            return q, k
+        B, H, L, _ = k.shape
+        extra = self.key_positions(span, k.device).to(k.dtype)  # (L, d_model)
+        return q, torch.cat((k, extra.expand(B, H, L, self.d_model)), dim=-1)
+
     def score(self, q: Tensor, k: Tensor, q_span: Span, k_span: Span, layer: LayerContext) -> Scores:
-        B, H, Lq, d = q.shape
-        Lk = k.shape[2]
         uv = 0 if self.share_uv else layer.index
         u, v = self.u[uv][:, None, :], self.v[uv][:, None, :]  # (H, 1, d)
-        scale = 1.0 / math.sqrt(d) if self.scale else 1.0
+        scale = 1.0 / math.sqrt(self.d_head) if self.scale else 1.0
+        if self.clamp_len is not None:
+            return self._score_gather(q, k, q_span, k_span, layer.index, u, v, scale)
+        # Terms (b) + (d) as a dot product. With a_i = q_i + v and W_kR's head block split
+        # into its sin and cos columns [A | B]: alpha = A^T a_i, beta = B^T a_i, and
+        #   a_i . W_kR R_{i-j} = sum_k alpha_k sin((i-j)w_k) + beta_k cos((i-j)w_k)
+        #   = [alpha sin(iw) + beta cos(iw) | beta sin(iw) - alpha cos(iw)] . [cos(jw) | sin(jw)]
+        # so queries get that vector appended and keys carry [cos(jw) | sin(jw)] (rotate):
+        # no bias tensor, and attention keeps its fused causal path.
+        H, d, half = self.n_heads, self.d_head, self.d_model // 2
+        w = self.w_kr[layer.index].weight.view(H, d, self.d_model)  # (H, d, d_model)
+        ab = (q + v) @ w  # (B, H, Lq, d_model) = [alpha | beta]
+        alpha, beta = ab[..., :half], ab[..., half:]
+        cos_i, sin_i = self.key_positions(q_span, q.device).to(q.dtype).split(half, dim=-1)  # (Lq, half)
+        q_pos = torch.cat((alpha * sin_i + beta * cos_i, beta * sin_i - alpha * cos_i), dim=-1)
+        return Scores(torch.cat((q + u, q_pos), dim=-1), k, None, scale)
 
-        d_min = q_span.start - (k_span.stop - 1)
-        d_max = q_span.stop - 1 - k_span.start
-        distances = torch.arange(d_min, d_max + 1, device=q.device)  # (T,), T = Lq + Lk - 1
-        r = self.w_kr[layer.index](self.distance_embedding(distances).to(q.dtype))  # (T, d_model)
+    def _score_gather(
+        self, q: Tensor, k: Tensor, q_span: Span, k_span: Span, layer: int, u: Tensor, v: Tensor, scale: float
+    ) -> Scores:
+        """clamp_len breaks the dot-product identity: (q + v) against the projected table of
+        the distinct distances the spans need (at most clamp_len + 1 of them when causal), one
+        matmul, then a gather."""
+        B, H, Lq, d = q.shape
+        Lk = k.shape[2]
+        lo = max(q_span.start - (k_span.stop - 1), 0 if self.causal else -self.clamp_len)
+        hi = min(q_span.stop - 1 - k_span.start, self.clamp_len)
+        distances = torch.arange(lo, hi + 1, device=q.device)  # (T,)
+        r = self.w_kr[layer](self.distance_embedding(distances).to(q.dtype))  # (T, d_model)
         r = r.view(-1, H, d).transpose(0, 1)  # (H, T, d)
         bd_table = (q + v) @ r.transpose(-1, -2)  # (B, H, Lq, T): terms (b) + (d)
-        index = self.relative_positions(q_span, k_span, q.device) - d_min  # (Lq, Lk)
+        index = self.relative_positions(q_span, k_span, q.device).clamp(lo, hi) - lo  # (Lq, Lk)
         bd = bd_table.gather(-1, index.expand(B, H, Lq, Lk))  # (B, H, Lq, Lk)
         return Scores(q + u, k, bd * scale, scale)  # terms (a) + (c) in the dot product

@@ -18,7 +18,7 @@ class Copy(Task):
     """
 
     default_train_lengths = (1, 8)
-    default_eval_lengths = (4, 8, 12, 16, 24, 32)
+    default_eval_lengths = (2, 4, 6, 8, 12, 16, 24, 32)
 
     def __init__(self, *, train_lengths=None, eval_lengths=None, n_symbols: int = 10) -> None:
         super().__init__(train_lengths=train_lengths, eval_lengths=eval_lengths)

@@ -1,0 +1,393 @@
+"""Latency and peak memory of one attention layer per encoding (the same attention code that
+training uses), across sequence lengths and cache lengths, each encoding timed side by side
+with the `nope` baseline so ratios come from one run.
+
+Timing uses torch.utils.benchmark (warm-up, blocked autorange; median and IQR) with a fixed,
+recorded thread count. Peak memory is measured, not estimated: on CUDA the allocator's peak;
+on CPU each encoding runs in a fresh child process that resets its resident high-water mark
+(/proc/self/clear_refs) before each measurement and reads VmHWM after it, with glibc's mmap
+threshold fixed so freed tensors leave the resident set."""
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+import torch
+from torch import Tensor, nn
+from torch.utils import benchmark
+
+from posbench.attention import CausalSelfAttention
+from posbench.cache import Cache
+from posbench.config import EncodingSpec, to_jsonable
+from posbench.encodings import create_encoding
+from posbench.encodings.base import LayerContext, Span
+from posbench.results import RunFolder, atomic_write_json, environment
+
+BASELINE = "nope"
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    """What `posbench bench` measures, and at which sizes."""
+
+    seq_lens: tuple[int, ...] = (128, 256, 512, 1024, 2048, 4096)
+    cache_lens: tuple[int, ...] = (0, 128, 512, 1024, 2048, 4096)
+    window_lens: tuple[int, ...] = (512, 1024, 2048)  # segment-with-cache vs sliding window
+    window: int = 128  # segment length S and sliding-window size W for that comparison
+    batch_size: int = 8
+    n_heads: int = 4
+    d_head: int = 32
+    device: str = "cpu"
+    threads: int = 2
+    min_run_time: float = 0.2
+    memory: bool = True
+    plugin_dirs: tuple[str, ...] = field(default_factory=tuple)
+
+
+SMALL_PROFILE = BenchConfig(
+    seq_lens=(64, 128, 256), cache_lens=(0, 64, 256), window_lens=(256,), window=32, batch_size=4, min_run_time=0.05
+)
+
+
+class AttentionUnderTest(nn.Module):
+    """One attention layer with its projections and an encoding, as the decoder runs it."""
+
+    def __init__(self, spec: EncodingSpec, n_heads: int, d_head: int) -> None:
+        super().__init__()
+        self.encoding = create_encoding(spec.name, n_heads, d_head, True, 1, **dict(spec.options))
+        self.attn = CausalSelfAttention(n_heads * d_head, n_heads, 0)
+
+    def forward(self, x: Tensor, cache: Cache | None = None) -> Tensor:
+        L = x.shape[1]
+        span = cache.span_for(L) if cache is not None else Span(0, L)
+        self.encoding.check(span)
+        out = self.attn(self.encoding.embed(x, span), span, self.encoding, cache)
+        if cache is not None:
+            cache.advance(L)
+        return out
+
+    def new_cache(self, mem_len: int | None) -> Cache:
+        return Cache(1, mem_len)
+
+
+def _time(fn: Callable[[], Any], config: BenchConfig) -> tuple[float, float]:
+    """Median and IQR in milliseconds."""
+    timer = benchmark.Timer(stmt="fn()", globals={"fn": fn}, num_threads=config.threads)
+    measurement = timer.blocked_autorange(min_run_time=config.min_run_time)
+    return measurement.median * 1e3, measurement.iqr * 1e3
+
+
+def _sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def _layer(spec: EncodingSpec, config: BenchConfig) -> AttentionUnderTest:
+    torch.manual_seed(0)
+    return AttentionUnderTest(spec, config.n_heads, config.d_head).to(config.device)
+
+
+def _row(metric: str, value: float, seq_len: int | None = None, cache_len: int | None = None, note: str = "") -> dict[str, Any]:
+    return {"eval_len": None, "mem_len": None, "seq_len": seq_len, "cache_len": cache_len,
+            "metric": metric, "value": value, "note": note}
+
+
+def _not_applicable(layer: AttentionUnderTest, stop: int) -> str | None:
+    return layer.encoding.supports(Span(0, stop))
+
+
+def latency_rows(spec: EncodingSpec, config: BenchConfig) -> list[dict[str, Any]]:
+    """Forward and forward+backward latency across sequence lengths, each next to `nope`."""
+    rows = []
+    layers = {"enc": _layer(spec, config), "base": _layer(EncodingSpec(BASELINE), config)}
+    d_model = config.n_heads * config.d_head
+    for L in config.seq_lens:
+        reason = _not_applicable(layers["enc"], L)
+        if reason:
+            rows += [_row(m, math.nan, L, note=reason) for m in ("latency_fwd_ms", "latency_fwdbwd_ms")]
+            continue
+        x = torch.randn(config.batch_size, L, d_model, device=config.device)
+        times: dict[tuple[str, str], tuple[float, float]] = {}
+        for name, layer in layers.items():  # the baseline is timed beside the encoding
+
+            def forward(layer: nn.Module = layer) -> None:
+                with torch.no_grad():
+                    layer(x)
+                _sync(config.device)
+
+            def forward_backward(layer: nn.Module = layer) -> None:
+                layer(x).sum().backward()
+                _sync(config.device)
+
+            times[(name, "fwd")] = _time(forward, config)
+            times[(name, "fwdbwd")] = _time(forward_backward, config)
+        for kind in ("fwd", "fwdbwd"):
+            median, iqr = times[("enc", kind)]
+            rows += [
+                _row(f"latency_{kind}_ms", median, L),
+                _row(f"latency_{kind}_iqr_ms", iqr, L),
+                _row(f"latency_{kind}_ratio", median / times[("base", kind)][0], L),
+            ]
+        rows.append(_row("attention_tensor_mb", attention_tensor_bytes(layers["enc"], config, L) / 2**20, L))
+    return rows
+
+
+def decode_rows(spec: EncodingSpec, config: BenchConfig) -> list[dict[str, Any]]:
+    """Per-token decoding latency through a cache holding `cache_len` positions."""
+    rows = []
+    d_model = config.n_heads * config.d_head
+    for name, layer in (("enc", _layer(spec, config)), ("base", _layer(EncodingSpec(BASELINE), config))):
+        for M in config.cache_lens:
+            reason = _not_applicable(layer, M + 64)
+            if reason:
+                if name == "enc":
+                    rows.append(_row("latency_decode_ms", math.nan, cache_len=M, note=reason))
+                continue
+            cache = layer.new_cache(mem_len=M)
+            with torch.no_grad():
+                for start in range(0, M, 512):  # prefill in chunks through the cache
+                    layer(torch.randn(config.batch_size, min(512, M - start), d_model, device=config.device), cache)
+            token = torch.randn(config.batch_size, 1, d_model, device=config.device)
+
+            def step() -> None:
+                with torch.no_grad():
+                    layer(token, cache)
+                _sync(config.device)
+
+            median, iqr = _time(step, config)
+            if name == "enc":
+                rows += [_row("latency_decode_ms", median, cache_len=M), _row("latency_decode_iqr_ms", iqr, cache_len=M)]
+            else:
+                for row in rows:
+                    if row["metric"] == "latency_decode_ms" and row["cache_len"] == M and not math.isnan(row["value"]):
+                        rows.append(_row("latency_decode_ratio", row["value"] / median, cache_len=M))
+    return rows
+
+
+def window_rows(spec: EncodingSpec, config: BenchConfig) -> list[dict[str, Any]]:
+    """Transformer-XL's speed argument in miniature: a sequence evaluated in segments of S
+    through a cache of S positions, against recomputing a window of S tokens for every token."""
+    rows = []
+    layer = _layer(spec, config)
+    S = config.window
+    d_model = config.n_heads * config.d_head
+    for N in config.window_lens:
+        reason = _not_applicable(layer, N)
+        if reason:
+            rows.append(_row("speedup_segment_vs_window", math.nan, N, S, reason))
+            continue
+        x = torch.randn(1, N, d_model, device=config.device)
+
+        def segments() -> None:
+            cache = layer.new_cache(mem_len=S)
+            with torch.no_grad():
+                for start in range(0, N, S):
+                    layer(x[:, start : start + S], cache)
+            _sync(config.device)
+
+        def sliding() -> None:
+            with torch.no_grad():
+                for t in range(N):
+                    lo = max(0, t + 1 - S)
+                    # positions restart in every window: the usual sliding-window evaluation
+                    layer(x[:, lo : t + 1])
+            _sync(config.device)
+
+        seg = _once(segments)
+        win = _once(sliding)
+        rows += [
+            _row("latency_segment_eval_ms", seg, N, S),
+            _row("latency_sliding_window_ms", win, N, S),
+            _row("speedup_segment_vs_window", win / seg, N, S),
+        ]
+    return rows
+
+
+def _once(fn: Callable[[], None], repeats: int = 3) -> float:
+    """Median wall time of a few whole runs, in ms (for runs too long for autorange)."""
+    fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - start) * 1e3)
+    return sorted(times)[len(times) // 2]
+
+
+def attention_tensor_bytes(layer: AttentionUnderTest, config: BenchConfig, L: int) -> int:
+    """Analytic size of the largest attention-side tensor for sequence length L: the dense
+    (B, H, L, L) score matrix when the encoding adds a bias (the mask SDPA must read), else
+    the largest of the augmented q and k (fused attention never forms the scores). Found by
+    running the hooks on the meta device, which computes shapes only."""
+    B, H, d = config.batch_size, config.n_heads, config.d_head
+    enc = layer.encoding
+    meta = torch.device("meta")
+    q = torch.empty(B, H, L, d, device=meta)
+    ctx = LayerContext(0, lambda t: t.new_empty(H, t.shape[0], d), lambda t: t.new_empty(H, t.shape[0], d))
+    try:
+        on_meta = copy.deepcopy(enc).to(meta)
+        q2, k2 = on_meta.rotate(q, q.clone(), Span(0, L), ctx)
+        scores = on_meta.score(q2, k2, Span(0, L), Span(0, L), ctx)
+    except Exception:  # an encoding whose hooks cannot run on meta: assume dense scores
+        return 4 * B * H * L * L
+    sizes = [scores.q.numel(), scores.k.numel()]
+    if scores.bias is not None:
+        sizes.append(B * H * L * L)
+    return 4 * max(sizes)
+
+
+# ---- memory ---------------------------------------------------------------------------------
+def _proc_kb(field_name: str) -> int:
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith(field_name + ":"):
+                return int(line.split()[1])
+    raise OSError(f"{field_name} not in /proc/self/status")
+
+
+def reset_peak_rss() -> bool:
+    """Reset this process's resident high-water mark (Linux >= 4.0); False where unsupported."""
+    try:
+        with open("/proc/self/clear_refs", "w") as handle:
+            handle.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def measure_peak_mb(fn: Callable[[], Any], device: str = "cpu") -> float:
+    """Peak memory (MiB) that `fn` adds above what is held when it starts."""
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        fn()
+        torch.cuda.synchronize()
+        return (torch.cuda.max_memory_allocated() - base) / 2**20
+    if not reset_peak_rss():
+        raise OSError("this system cannot reset the resident high-water mark (/proc/self/clear_refs)")
+    base = _proc_kb("VmRSS")
+    fn()
+    return (_proc_kb("VmHWM") - base) / 1024
+
+
+def memory_rows_here(spec: EncodingSpec, config: BenchConfig) -> list[dict[str, Any]]:
+    """Peak memory of forward+backward at each sequence length, measured in this process."""
+    torch.set_num_threads(config.threads)
+    layer = _layer(spec, config)
+    d_model = config.n_heads * config.d_head
+    rows = []
+    for L in config.seq_lens:
+        reason = _not_applicable(layer, L)
+        if reason:
+            rows.append(_row("peak_mem_mb", math.nan, L, note=reason))
+            continue
+        x = torch.randn(config.batch_size, L, d_model, device=config.device)
+        layer(x[:, :8]).sum().backward()  # warm-up outside the measurement
+        layer.zero_grad(set_to_none=True)
+        rows.append(_row("peak_mem_mb", measure_peak_mb(lambda: layer(x).sum().backward(), config.device), L))
+        layer.zero_grad(set_to_none=True)
+    return rows
+
+
+def memory_rows(spec: EncodingSpec, config: BenchConfig) -> list[dict[str, Any]]:
+    """Peak memory rows; on CPU measured in a fresh child process (see the module docstring)."""
+    if config.device.startswith("cuda"):
+        return memory_rows_here(spec, config)
+    payload = json.dumps({"spec": asdict(spec), "config": asdict(config)})
+    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536", MALLOC_TRIM_THRESHOLD_="0")
+    proc = subprocess.run(
+        [sys.executable, "-m", "posbench.profiling", payload], capture_output=True, text=True, env=env
+    )
+    if proc.returncode != 0:
+        reason = (proc.stderr.strip().splitlines() or ["memory probe failed"])[-1]
+        return [_row("peak_mem_mb", math.nan, L, note=reason) for L in config.seq_lens]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def profile_encoding(spec: EncodingSpec, config: BenchConfig, parts: Iterable[str] = ("latency", "decode", "window", "memory")) -> list[dict[str, Any]]:
+    """Every profile row for one encoding."""
+    torch.set_num_threads(config.threads)
+    producers = {"latency": latency_rows, "decode": decode_rows, "window": window_rows, "memory": memory_rows}
+    rows: list[dict[str, Any]] = []
+    for part in parts:
+        if part == "memory" and not config.memory:
+            continue
+        rows += producers[part](spec, config)
+    return rows
+
+
+def _child_main(payload: str) -> None:
+    from posbench.plugins import load_plugins
+
+    data = json.loads(payload)
+    config_data = data["config"]
+    config = BenchConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in config_data.items()})
+    load_plugins([Path(p) for p in config.plugin_dirs])
+    spec = EncodingSpec(data["spec"]["name"], data["spec"]["options"], data["spec"].get("label", ""))
+    print(json.dumps(memory_rows_here(spec, config)))
+
+
+if __name__ == "__main__":
+    _child_main(sys.argv[1])
+
+
+# ---- storing profiles in the results store --------------------------------------------------
+@dataclass(frozen=True)
+class ProfileRun:
+    """One encoding's profile: stored like a training run, in its own hashed folder."""
+
+    encoding: EncodingSpec
+    bench: BenchConfig
+
+    def to_dict(self) -> dict[str, Any]:
+        bench = asdict(self.bench)
+        bench.pop("plugin_dirs")
+        return {"kind": "profile", "encoding": to_jsonable(asdict(self.encoding)), "bench": to_jsonable(bench)}
+
+    @property
+    def run_id(self) -> str:
+        data = self.to_dict()
+        data["encoding"].pop("label", None)
+        blob = json.dumps(data, sort_keys=True, separators=(",", ":"))
+        return "profile-" + hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+
+def run_profile(spec: EncodingSpec, config: BenchConfig, out_dir: Path, force: bool = False) -> tuple[str, bool]:
+    """Profile `spec` into out_dir/<id>/ unless already there; returns (run id, whether it ran)."""
+    job = ProfileRun(spec, config)
+    folder = RunFolder(out_dir / job.run_id)
+    if folder.is_finished() and not force:
+        return job.run_id, False
+    folder.path.mkdir(parents=True, exist_ok=True)
+    folder.clear()
+    atomic_write_json(folder.path / "config.json", job.to_dict())
+    atomic_write_json(folder.path / "env.json", environment(config.device) | {"torch_threads": config.threads,
+                                                                            "memory_method": MEMORY_METHOD})
+    result: dict[str, Any] = {"encoding_label": spec.display(), "kind": "profile"}
+    start = time.perf_counter()
+    try:
+        folder.write_measurements(profile_encoding(spec, config))
+        result["status"] = "ok"
+    except Exception as err:  # one encoding's failure must not stop the others
+        result["status"], result["error"] = "error", f"{type(err).__name__}: {err}"
+    result["seconds"] = time.perf_counter() - start
+    atomic_write_json(folder.path / "result.json", result)
+    return job.run_id, True
+
+
+MEMORY_METHOD = (
+    "CPU: peak resident set (VmHWM) of a fresh child process, reset through /proc/self/clear_refs "
+    "before each forward+backward, minus the resident set before it, with glibc's mmap threshold "
+    "fixed at 64 KiB so freed tensors leave the resident set. CUDA: torch.cuda.max_memory_allocated "
+    "minus the memory allocated before the measurement."
+)
