@@ -90,6 +90,7 @@ def run_command(
     quick: bool = typer.Option(False, "--quick", help="A first look in about a minute: far fewer steps, a small evaluation sample."),
     force: bool = typer.Option(False, "--force", help="Redo finished runs too."),
     profile: Optional[bool] = typer.Option(None, "--profile/--no-profile", help="Include a small latency/memory profile."),
+    report: bool = typer.Option(True, "--report/--no-report", help="Write reports/<sweep>/report.html at the end."),
 ) -> None:
     """Train a tiny decoder per encoding and task, evaluate it at and beyond the training
     length and through caches, and store tidy, resumable results."""
@@ -108,6 +109,11 @@ def run_command(
     with RichReporter(console, quick=sweep.quick) as reporter:
         outcome = run_sweep(sweep, out_dir, force=force, reporter=reporter)
     print_outcome(console, outcome)
+    if report:
+        from posbench.report import build_report
+
+        written = build_report(out_dir, Path("reports") / out_dir.name)
+        console.print(f"report: {written.html}")
     if outcome.failures:
         raise typer.Exit(1)
 
@@ -162,6 +168,26 @@ def bench_command(
             run_profile(EncodingSpec(name), config, out, force)
             write_results_csv(out)
     print_bench(console, out)
+
+
+@app.command("report")
+@user_errors
+def report_command(
+    results_dir: Path = typer.Argument(..., help="A sweep folder written by `posbench run` or `posbench bench`."),
+    out: Optional[Path] = typer.Option(None, "-o", "--out", help="Report folder. Default: reports/<sweep folder name>."),
+) -> None:
+    """Build results.csv, summary.csv and a self-contained report.html from stored results."""
+    from posbench.progress import print_headline
+    from posbench.report import build_report
+
+    written = build_report(results_dir, out or Path("reports") / results_dir.name)
+    print_headline(console, written.headline)
+    for problem in written.problems:
+        err_console.print(Text(f"skipped: {problem}", style="yellow"), soft_wrap=True)
+    if written.missing:
+        console.print(f"partial sweep: {len(written.missing)} run(s) not finished")
+    console.print(f"report: {written.html}")
+    console.print(f"tables: {written.results_csv}, {written.summary_csv}")
 
 
 def main() -> None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 import time
 from pathlib import Path
+
+import pandas as pd
 from types import TracebackType
 
 from rich.console import Console
@@ -85,19 +87,23 @@ def _cell(value: float) -> str:
 
 def print_outcome(console: Console, outcome: SweepOutcome) -> None:
     """The headline table (encoding x task), what was written, and one line per failure."""
-    frame = collect(outcome.out_dir)
-    table = Table(title="exact-match accuracy (mean over seeds)", title_justify="left")
-    for column in ("task", "encoding", "in-dist", "2x len", "4x len", "seeds"):
-        table.add_column(column, justify="left" if column in ("task", "encoding") else "right")
-    for row in headline(frame).itertuples():
-        flag = " [yellow](undertrained)[/]" if not math.isnan(row.in_distribution) and row.in_distribution < 0.9 else ""
-        table.add_row(Text(row.task), Text(row.encoding_label), _cell(row.in_distribution) + flag,
-                      _cell(row.at_2x), _cell(row.at_4x), str(row.seeds))
-    console.print(table)
+    print_headline(console, headline(collect(outcome.out_dir)))
     console.print(f"ran {len(outcome.ran)} run(s), skipped {len(outcome.skipped)} finished run(s)")
     console.print(f"results: {outcome.results_csv}")
     for label, error in outcome.failures.items():
         console.print(Text(f"FAILED {label}: {error}", style="bold red"), soft_wrap=True)
+
+
+def print_headline(console: Console, summary: pd.DataFrame) -> None:
+    """encoding x task: in-distribution and beyond-length exact match."""
+    table = Table(title="exact-match accuracy (mean over seeds)", title_justify="left")
+    for column in ("task", "encoding", "in-dist", "2x len", "4x len", "seeds"):
+        table.add_column(column, justify="left" if column in ("task", "encoding") else "right")
+    for row in summary.itertuples():
+        flag = " [yellow](undertrained)[/]" if not math.isnan(row.in_distribution) and row.in_distribution < 0.9 else ""
+        table.add_row(Text(row.task), Text(row.encoding_label), _cell(row.in_distribution) + flag,
+                      _cell(row.at_2x), _cell(row.at_4x), str(row.seeds))
+    console.print(table)
 
 
 def print_bench(console: Console, out_dir: Path) -> None:

@@ -24,6 +24,10 @@ COLUMNS = [
 MEASUREMENT_COLUMNS = ["eval_len", "mem_len", "seq_len", "cache_len", "metric", "value", "note"]
 
 
+_UMASK = os.umask(0)
+os.umask(_UMASK)
+
+
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     """Write then rename, so a kill at any moment never leaves a file that looks complete."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -33,6 +37,7 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
             handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
+        os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes 0600; give the usual permissions
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -140,15 +145,22 @@ def run_folders(sweep_dir: Path) -> list[RunFolder]:
     return [RunFolder(p.parent) for p in sorted(sweep_dir.glob("*/config.json"))]
 
 
-def collect(sweep_dir: Path) -> pd.DataFrame:
-    """All measurements of the finished runs as one tidy frame with the COLUMNS."""
+def collect(sweep_dir: Path, problems: list[str] | None = None) -> pd.DataFrame:
+    """All measurements of the finished runs as one tidy frame with the COLUMNS. With a
+    `problems` list, unreadable runs are skipped and described there instead of raising."""
     frames = []
     for folder in run_folders(sweep_dir):
-        result = folder.result()
-        if result is None or result.get("status") != "ok":
+        try:
+            result = folder.result()
+            if result is None or result.get("status") != "ok":
+                continue
+            config = read_json(folder.path / "config.json")
+            frame = folder.measurements()
+        except ResultsError as err:
+            if problems is None:
+                raise
+            problems.append(str(err))
             continue
-        config = read_json(folder.path / "config.json")
-        frame = folder.measurements()
         profile = config.get("kind") == "profile"  # latency/memory rows: no task, seed or training
         frame.insert(0, "run_id", folder.run_id)
         frame.insert(1, "task", None if profile else config["task"]["name"])

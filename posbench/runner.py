@@ -123,7 +123,10 @@ def prepare_out_dir(out_dir: Path, sweep: SweepConfig) -> None:
             f"{out_dir} already holds files that are not a posbench sweep; choose another --out."
         )
     out_dir.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(out_dir / SWEEP_MARKER, {"posbench_sweep": 1, "config": to_jsonable(dataclasses.asdict(sweep))})
+    marker = out_dir / SWEEP_MARKER
+    runs = read_json(marker).get("runs", {}) if marker.exists() else {}
+    runs |= {run.run_id: _label(run) for run in expand_runs(sweep)}
+    atomic_write_json(marker, {"posbench_sweep": 1, "config": to_jsonable(dataclasses.asdict(sweep)), "runs": runs})
 
 
 def run_sweep(sweep: SweepConfig, out_dir: Path, force: bool = False, reporter: Reporter | None = None) -> SweepOutcome:

@@ -4,7 +4,16 @@ from __future__ import annotations
 
 import math
 
+from typing import Iterable
+
 import pandas as pd
+
+from posbench.encodings import BUILTINS
+
+
+def encoding_order(labels: Iterable[str]) -> list[str]:
+    """Built-in encodings first in their usual order, then the rest alphabetically."""
+    return sorted(set(labels), key=lambda s: (BUILTINS.index(s) if s in BUILTINS else len(BUILTINS), s))
 
 
 def _accuracy_rows(frame: pd.DataFrame, metric: str) -> pd.DataFrame:
@@ -45,6 +54,9 @@ def headline(frame: pd.DataFrame, metric: str = "exact_match") -> pd.DataFrame:
         out.append(longest.groupby(keys)["value"].mean().rename("longest_cache"))
     seeds = full.groupby(keys)["seed"].nunique().rename("seeds")
     table = pd.concat(out + [seeds], axis=1).reset_index()
+    order = encoding_order(table["encoding_label"])
+    table = table.sort_values(["task", "encoding_label"], key=lambda c: c.map(order.index) if c.name == "encoding_label" else c)
+    table = table.reset_index(drop=True)
     for column in ("in_distribution", "at_2x", "at_4x", "longest_cache"):
         if column not in table:
             table[column] = math.nan

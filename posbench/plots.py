@@ -1,0 +1,126 @@
+"""matplotlib figures for the report, returned as base64 PNG so the HTML is self-contained.
+One colour per encoding across every plot; log-scaled length axes where lengths double."""
+from __future__ import annotations
+
+import base64
+import io
+import math
+from typing import Sequence
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.ticker  # noqa: E402
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+
+from posbench.summary import encoding_order  # noqa: E402
+
+plt.rcParams.update({"figure.dpi": 100, "font.size": 9, "axes.grid": True, "grid.alpha": 0.3})
+
+
+def colour_map(labels: Sequence[str]) -> dict[str, str]:
+    """A fixed colour per encoding label: built-ins first in their usual order, then the rest."""
+    order = encoding_order(labels)
+    palette = plt.get_cmap("tab10").colors + plt.get_cmap("Dark2").colors
+    return {label: matplotlib.colors.to_hex(palette[i % len(palette)]) for i, label in enumerate(order)}
+
+
+def to_png(fig: plt.Figure) -> str:
+    """Encode a figure as a base64 PNG and close it."""
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", bbox_inches="tight")
+    plt.close(fig)
+    return base64.b64encode(buffer.getvalue()).decode("ascii")
+
+
+def _mean_spread(rows: pd.DataFrame, x: str) -> pd.DataFrame:
+    return rows.groupby(x)["value"].agg(["mean", "min", "max"]).reset_index().sort_values(x)
+
+
+def _lines(ax: plt.Axes, rows: pd.DataFrame, x: str, colours: dict[str, str], positions: dict | None = None) -> None:
+    for label in sorted(rows["encoding_label"].unique(), key=list(colours).index):
+        stats = _mean_spread(rows[rows["encoding_label"] == label], x)
+        xs = stats[x].map(positions) if positions else stats[x]
+        ax.plot(xs, stats["mean"], marker="o", ms=3, color=colours[label], label=label)
+        ax.fill_between(xs, stats["min"], stats["max"], color=colours[label], alpha=0.15, linewidth=0)
+
+
+def accuracy_vs_length(frame: pd.DataFrame, task: str, colours: dict[str, str], metric: str = "exact_match") -> str:
+    """Accuracy against evaluation length (full context), seed spread shaded."""
+    rows = frame[(frame["task"] == task) & (frame["metric"] == metric) & frame["mem_len"].isna() & frame["eval_len"].notna()]
+    fig, ax = plt.subplots(figsize=(6.4, 3.6))
+    _lines(ax, rows, "eval_len", colours)
+    train_max = rows["train_len_max"].max()
+    ax.axvline(train_max, color="black", ls="--", lw=1)
+    ax.text(train_max, 1.02, " longest training length", fontsize=8, va="bottom")
+    ax.set_xscale("log", base=2)
+    lengths = sorted(rows["eval_len"].unique())
+    ax.set_xticks(lengths, [str(int(v)) for v in lengths])
+    ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+    ax.set_xlabel("evaluation length (task units, log scale)")
+    ax.set_ylabel(f"{metric.replace('_', ' ')} (fraction)")
+    ax.set_ylim(-0.03, 1.08)
+    ax.legend(fontsize=7, ncol=2, loc="lower left")
+    ax.set_title(f"{task}: accuracy vs evaluation length")
+    return to_png(fig)
+
+
+def accuracy_vs_cache(frame: pd.DataFrame, task: str, colours: dict[str, str], metric: str = "exact_match") -> str:
+    """Accuracy against memory length M (segments through the cache), at the longest training
+    length and at 2x it, one panel each."""
+    rows = frame[(frame["task"] == task) & (frame["metric"] == metric) & frame["mem_len"].notna()]
+    train_max = int(rows["train_len_max"].max())
+    lengths = [L for L in sorted(rows["eval_len"].unique()) if L in (train_max, 2 * train_max)] or [rows["eval_len"].max()]
+    mems = sorted(rows["mem_len"].unique())
+    positions = {m: i for i, m in enumerate(mems)}
+    fig, axes = plt.subplots(1, len(lengths), figsize=(3.4 * len(lengths), 3.2), squeeze=False, sharey=True)
+    for ax, length in zip(axes[0], lengths):
+        _lines(ax, rows[rows["eval_len"] == length], "mem_len", colours, positions)
+        ax.set_xticks(range(len(mems)), ["∞" if math.isinf(m) else str(int(m)) for m in mems])
+        ax.set_xlabel("memory length M (tokens)")
+        ax.set_title(f"length {int(length)}")
+        ax.set_ylim(-0.03, 1.05)
+    axes[0][0].set_ylabel(f"{metric.replace('_', ' ')} (fraction)")
+    axes[0][-1].legend(fontsize=7, loc="best")
+    fig.suptitle(f"{task}: accuracy vs cache length", fontsize=10)
+    return to_png(fig)
+
+
+def cost_plot(frame: pd.DataFrame, metric: str, x: str, colours: dict[str, str], ylabel: str, title: str) -> str | None:
+    """A latency or memory metric against sequence or cache length (log-log)."""
+    rows = frame[(frame["metric"] == metric) & frame[x].notna() & frame["value"].notna()]
+    if rows.empty:
+        return None
+    fig, ax = plt.subplots(figsize=(5.2, 3.4))
+    _lines(ax, rows, x, colours)
+    lengths = sorted(rows[x].unique())
+    if lengths[0] == 0:  # a zero cache length: linear near zero, log beyond
+        ax.set_xscale("symlog", base=2, linthresh=lengths[1] if len(lengths) > 1 else 1)
+    else:
+        ax.set_xscale("log", base=2)
+    ax.set_xticks(lengths, [str(int(v)) for v in lengths])
+    if (rows["value"] > 0).all():
+        ax.set_yscale("log")
+        ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+        ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+    ax.set_xlabel("sequence length (tokens)" if x == "seq_len" else "cache length (tokens)")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.legend(fontsize=7, ncol=2)
+    return to_png(fig)
+
+
+def bias_heatmap(bias: np.ndarray, label: str) -> str:
+    """One head's bias over (query, key) positions."""
+    fig, ax = plt.subplots(figsize=(2.6, 2.4))
+    finite = bias[np.isfinite(bias)]
+    limit = float(np.abs(finite).max()) if finite.size else 1.0
+    image = ax.imshow(bias, cmap="RdBu_r", vmin=-limit, vmax=limit, interpolation="nearest")
+    ax.set_xlabel("key position j")
+    ax.set_ylabel("query position i")
+    ax.set_title(label, fontsize=9)
+    ax.grid(False)
+    fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04, label="logit bias")
+    return to_png(fig)

@@ -1,0 +1,221 @@
+"""`posbench report`: results.csv, summary.csv and one self-contained report.html, built only
+from the stored results (so it can be regenerated any time, also from a partial sweep)."""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import torch
+from jinja2 import Environment, PackageLoader, select_autoescape
+
+from posbench import plots
+from posbench.bias import positional_bias
+from posbench.errors import ResultsError
+from posbench.profiling import MEMORY_METHOD
+from posbench.results import SWEEP_MARKER, atomic_write_text, collect, read_json, run_folders
+from posbench.summary import headline
+
+ACCURACY_COLUMNS = ("in_distribution", "at_2x", "at_4x", "longest_cache")
+COST_COLUMNS = ("latency_ratio", "memory_ratio")
+
+
+@dataclass
+class Report:
+    """What was written and what the report could not include."""
+
+    out_dir: Path
+    html: Path
+    results_csv: Path
+    summary_csv: Path
+    headline: pd.DataFrame
+    problems: list[str] = field(default_factory=list)
+    missing: list[str] = field(default_factory=list)
+
+
+def summarise(frame: pd.DataFrame) -> pd.DataFrame:
+    """One row per task x encoding x length or cache length x metric: mean, std, seeds."""
+    keys = ["task", "encoding_label", "metric", "eval_len", "mem_len", "seq_len", "cache_len"]
+    grouped = frame.groupby(keys, dropna=False)
+    summary = grouped["value"].agg(mean="mean", std="std").reset_index()
+    summary["n_seeds"] = grouped["seed"].nunique(dropna=False).values
+    summary["n"] = grouped["value"].count().values
+    return summary
+
+
+def cost_columns(frame: pd.DataFrame) -> pd.DataFrame:
+    """Per encoding: fwd+bwd latency ratio to nope and peak memory ratio to nope, at the
+    longest sequence length profiled for both."""
+    rows = frame[frame["seq_len"].notna() & frame["value"].notna()]
+    out = []
+    for label, group in rows.groupby("encoding_label"):
+        entry: dict[str, Any] = {"encoding_label": label}
+        ratio = group[group["metric"] == "latency_fwdbwd_ratio"]
+        if not ratio.empty:
+            longest = ratio["seq_len"].max()
+            entry["latency_ratio"] = ratio[ratio["seq_len"] == longest]["value"].median()
+            entry["latency_at"] = int(longest)
+        memory = group[group["metric"] == "peak_mem_mb"]
+        base = rows[(rows["encoding"] == "nope") & (rows["metric"] == "peak_mem_mb")]
+        common = sorted(set(memory["seq_len"]) & set(base["seq_len"]))
+        if common:
+            L = common[-1]
+            denominator = base[base["seq_len"] == L]["value"].median()
+            if denominator > 0:
+                entry["memory_ratio"] = memory[memory["seq_len"] == L]["value"].median() / denominator
+                entry["memory_at"] = int(L)
+        out.append(entry)
+    return pd.DataFrame(out, columns=["encoding_label", "latency_ratio", "latency_at", "memory_ratio", "memory_at"])
+
+
+def _headline_rows(frame: pd.DataFrame) -> tuple[list[dict[str, Any]], dict[str, str]]:
+    table = headline(frame)
+    costs = cost_columns(frame)
+    if not costs.empty:
+        table = table.merge(costs, on="encoding_label", how="left")
+    for column in COST_COLUMNS:
+        if column not in table:
+            table[column] = math.nan
+    best: dict[tuple[str, str], float] = {}
+    for task, group in table.groupby("task"):
+        for column in ACCURACY_COLUMNS + COST_COLUMNS:
+            values = group[column].dropna()
+            if values.nunique() > 1:  # a tie everywhere marks nothing
+                best[(task, column)] = values.max() if column in ACCURACY_COLUMNS else values.min()
+    rows = []
+    for record in table.to_dict("records"):
+        cells = {}
+        for column in ACCURACY_COLUMNS + COST_COLUMNS:
+            value = record.get(column)
+            missing = value is None or (isinstance(value, float) and math.isnan(value))
+            text = "n/a" if missing else (f"{value:.2f}x" if column in COST_COLUMNS else f"{value:.2f}")
+            cells[column] = {"text": text, "best": not missing and best.get((record["task"], column)) == value}
+        rows.append({
+            "task": record["task"], "encoding": record["encoding_label"], "seeds": int(record["seeds"]),
+            "undertrained": not math.isnan(record["in_distribution"]) and record["in_distribution"] < 0.9,
+            "cells": cells,
+        })
+    notes = {}
+    if costs["latency_at"].notna().any():
+        notes["latency"] = f"fwd+bwd latency / nope at L={int(costs['latency_at'].max())}"
+    if costs["memory_at"].notna().any():
+        notes["memory"] = f"peak memory / nope at L={int(costs['memory_at'].max())}"
+    return rows, notes
+
+
+def _bias_pictures(sweep_dir: Path, frame: pd.DataFrame, colours: dict[str, str], problems: list[str]) -> list[dict[str, Any]]:
+    """One heatmap per encoding from a trained model of the sweep (first task, lowest seed)."""
+    from posbench.runner import load_run
+    from posbench.tasks import create_task
+
+    pictures = []
+    trained = frame[frame["task"].notna()].sort_values(["task", "seed"]).drop_duplicates("encoding_label")
+    order = list(colours)
+    for record in sorted(trained.itertuples(), key=lambda r: order.index(r.encoding_label)):
+        folder = sweep_dir / record.run_id
+        try:
+            run, model = load_run(folder)
+        except Exception as err:  # a plugin that is gone, a corrupt model file
+            problems.append(f"bias picture for {record.encoding_label}: {err}")
+            continue
+        task = create_task(run.task.name, **run.task.options)
+        length = task.train_lengths[1]
+        tokens = task.batch(length, 16, torch.Generator().manual_seed(0)).tokens
+        bias = positional_bias(model, tokens)
+        pictures.append({
+            "label": record.encoding_label,
+            "task": run.task.name,
+            "png": plots.bias_heatmap(bias.numpy(), record.encoding_label) if bias is not None else None,
+        })
+    return pictures
+
+
+def _environment(sweep_dir: Path) -> dict[str, Any]:
+    for folder in run_folders(sweep_dir):
+        env = folder.path / "env.json"
+        if env.exists():
+            try:
+                return read_json(env)
+            except ResultsError:
+                continue
+    return {}
+
+
+def _failures_and_missing(sweep_dir: Path) -> tuple[list[dict[str, str]], list[str]]:
+    failures, finished = [], set()
+    for folder in run_folders(sweep_dir):
+        try:
+            result = folder.result()
+        except ResultsError:
+            continue
+        if result is None:
+            continue
+        finished.add(folder.run_id)
+        if result.get("status") in ("error", "diverged"):
+            config = read_json(folder.path / "config.json")
+            label = result.get("encoding_label", config.get("encoding", {}).get("name", "?"))
+            task = config.get("task", {}).get("name", "profile")
+            failures.append({"run": f"{task} / {label} / seed {config.get('seed', '-')}", "error": result.get("error", "")})
+    marker = sweep_dir / SWEEP_MARKER
+    expected = read_json(marker).get("runs", {}) if marker.exists() else {}
+    missing = [label for run_id, label in expected.items() if run_id not in finished]
+    return failures, missing
+
+
+def build_report(sweep_dir: Path, out_dir: Path) -> Report:
+    """Write results.csv, summary.csv and report.html for the sweep in `sweep_dir`."""
+    sweep_dir = Path(sweep_dir)
+    if not sweep_dir.is_dir():
+        raise ResultsError(f"{sweep_dir} is not a folder; pass the folder `posbench run` wrote (e.g. results/default).")
+    problems: list[str] = []
+    frame = collect(sweep_dir, problems)
+    if frame.empty:
+        detail = f" ({'; '.join(problems)})" if problems else ""
+        raise ResultsError(
+            f"{sweep_dir} holds no finished posbench runs{detail}; run `posbench run --out {sweep_dir}` first."
+        )
+    out_dir.mkdir(parents=True, exist_ok=True)
+    results_csv, summary_csv = out_dir / "results.csv", out_dir / "summary.csv"
+    atomic_write_text(results_csv, frame.to_csv(index=False))
+    atomic_write_text(summary_csv, summarise(frame).to_csv(index=False))
+
+    colours = plots.colour_map(sorted(frame["encoding_label"].unique()))
+    tasks = sorted(frame["task"].dropna().unique())
+    headline_rows, headline_notes = _headline_rows(frame)
+    costs = {
+        "latency_fwdbwd": plots.cost_plot(frame, "latency_fwdbwd_ms", "seq_len", colours, "median latency (ms)", "forward+backward latency"),
+        "latency_fwd": plots.cost_plot(frame, "latency_fwd_ms", "seq_len", colours, "median latency (ms)", "forward latency"),
+        "memory": plots.cost_plot(frame, "peak_mem_mb", "seq_len", colours, "peak memory (MiB)", "peak memory, forward+backward"),
+        "decode": plots.cost_plot(frame, "latency_decode_ms", "cache_len", colours, "median latency per token (ms)", "decoding through the cache"),
+    }
+    failures, missing = _failures_and_missing(sweep_dir)
+    sweep_marker = sweep_dir / SWEEP_MARKER
+    config = read_json(sweep_marker).get("config", {}) if sweep_marker.exists() else {}
+    context = {
+        "title": f"posbench report: {sweep_dir.name}",
+        "sweep_dir": str(sweep_dir),
+        "headline": headline_rows,
+        "headline_notes": headline_notes,
+        "tasks": [
+            {"name": t, "length_plot": plots.accuracy_vs_length(frame, t, colours),
+             "cache_plot": plots.accuracy_vs_cache(frame, t, colours) if frame[(frame["task"] == t) & frame["mem_len"].notna()].shape[0] else None}
+            for t in tasks
+        ],
+        "costs": {k: v for k, v in costs.items() if v is not None},
+        "memory_method": MEMORY_METHOD,
+        "bias": _bias_pictures(sweep_dir, frame, colours, problems) if tasks else [],
+        "config": json.dumps(config, indent=2, sort_keys=True),
+        "environment": _environment(sweep_dir),
+        "failures": failures,
+        "missing": missing,
+        "problems": problems,
+        "quick": bool(config.get("quick")),
+    }
+    env = Environment(loader=PackageLoader("posbench", "templates"), autoescape=select_autoescape(["html", "j2"]))
+    html = env.get_template("report.html.j2").render(**context)
+    html_path = out_dir / "report.html"
+    atomic_write_text(html_path, html)
+    return Report(out_dir, html_path, results_csv, summary_csv, headline(frame), problems, missing)

@@ -1,0 +1,97 @@
+"""The measurement plumbing on tiny sizes: memory probe, tidy rows, cache reuse in decoding."""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+
+import posbench
+from posbench.config import EncodingSpec
+from posbench.profiling import BenchConfig, measure_peak_mb, memory_rows, profile_encoding, reset_peak_rss, run_profile
+from posbench.results import collect
+
+TINY = BenchConfig(seq_lens=(16, 32), cache_lens=(0, 8), window_lens=(16,), window=4, batch_size=2,
+                   n_heads=2, d_head=8, threads=1, min_run_time=0.001)
+
+needs_clear_refs = pytest.mark.skipif(not reset_peak_rss(), reason="no /proc/self/clear_refs here")
+
+
+@needs_clear_refs
+def test_memory_probe_sees_a_large_allocation() -> None:
+    def allocate() -> None:
+        block = torch.ones(64 * 2**20)  # 256 MiB of float32, touched
+        del block
+
+    assert measure_peak_mb(allocate) >= 240
+    assert measure_peak_mb(lambda: None) < 16
+
+
+@needs_clear_refs
+def test_memory_rows_from_a_child_process_grow_with_length() -> None:
+    config = BenchConfig(seq_lens=(128, 1024), batch_size=4, n_heads=2, d_head=8, threads=1)
+    rows = memory_rows(EncodingSpec("t5"), config)
+    values = [r["value"] for r in rows]
+    assert [r["seq_len"] for r in rows] == [128, 1024]
+    assert all(v > 0 for v in values), rows
+    # t5 materialises (B, H, L, L) scores: 64x more pairs at 8x the length
+    assert values[1] > 8 * values[0]
+
+
+@pytest.mark.parametrize("encoding", ["nope", "alibi", "learned"])
+def test_profile_rows_have_the_expected_shape(encoding: str) -> None:
+    spec = EncodingSpec(encoding, {"max_positions": 20} if encoding == "learned" else {})
+    rows = profile_encoding(spec, TINY, parts=("latency", "decode", "window"))
+    frame = pd.DataFrame(rows)
+    latency = frame[frame["metric"] == "latency_fwdbwd_ms"]
+    assert sorted(latency["seq_len"]) == [16, 32]
+    decode = frame[frame["metric"] == "latency_decode_ms"]
+    assert sorted(decode["cache_len"]) == [0, 8]
+    if encoding == "learned":  # 32 tokens do not fit 20 positions: n/a with the reason
+        na = latency[latency["seq_len"] == 32].iloc[0]
+        assert math.isnan(na["value"]) and "0..19" in na["note"]
+    else:
+        assert (latency["value"] > 0).all()
+        ratio = frame[frame["metric"] == "latency_fwdbwd_ratio"]["value"]
+        assert (ratio > 0).all()
+    assert {"speedup_segment_vs_window", "attention_tensor_mb"} <= set(frame["metric"])
+
+
+def test_profiles_are_stored_as_tidy_rows_and_skipped_when_done(tmp_path: Path) -> None:
+    config = TINY.__class__(**{**TINY.__dict__, "memory": False})
+    run_id, ran = run_profile(EncodingSpec("rope"), config, tmp_path)
+    assert ran and run_id.startswith("profile-")
+    assert run_profile(EncodingSpec("rope"), config, tmp_path) == (run_id, False)
+    frame = collect(tmp_path)
+    assert set(frame["encoding"]) == {"rope"} and frame["task"].isna().all()
+    assert frame[frame["metric"] == "latency_fwd_ms"]["seq_len"].tolist() == [16, 32]
+
+
+@pytest.mark.parametrize("encoding", posbench.list_encodings())
+def test_decoding_reuses_position_tables(encoding: str) -> None:
+    """After a prefill, decoding token by token builds no bias or position table again."""
+    torch.manual_seed(0)
+    model = posbench.build_model(encoding, vocab_size=7, d_model=16, n_layers=2, n_heads=2).eval()
+    cache = model.new_cache(mem_len=None)
+    with torch.no_grad():
+        model(torch.randint(0, 7, (1, 70)), cache=cache)
+        builds = model.encoding.table_builds
+        for _ in range(40):  # stays within the doubled capacity (128)
+            model(torch.randint(0, 7, (1, 1)), cache=cache)
+    assert model.encoding.table_builds == builds
+
+
+def test_attention_tensor_size_is_quadratic_only_for_biases() -> None:
+    from posbench.profiling import AttentionUnderTest, attention_tensor_bytes
+
+    config = BenchConfig(batch_size=2, n_heads=2, d_head=8)
+    sizes = {}
+    for name in ("nope", "t5", "txl", "deberta"):
+        layer = AttentionUnderTest(EncodingSpec(name), 2, 8)
+        sizes[name] = (attention_tensor_bytes(layer, config, 256), attention_tensor_bytes(layer, config, 512))
+    assert sizes["t5"][1] == 4 * sizes["t5"][0] == 4 * 4 * 2 * 2 * 256 * 256
+    assert sizes["deberta"][1] == 4 * sizes["deberta"][0]
+    assert sizes["nope"][1] == 2 * sizes["nope"][0]
+    assert sizes["txl"][1] == 2 * sizes["txl"][0]  # folded into q and k: linear

@@ -1,0 +1,147 @@
+"""The report: CSVs against stored results, every HTML section, escaping, bad folders, and a
+real headless browser opening the file with the network off."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import textwrap
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from typer.testing import CliRunner
+
+from posbench.cli import app
+from posbench.errors import ResultsError
+from posbench.plugins import load_plugin_dir
+from posbench.profiling import BenchConfig
+from posbench.report import build_report
+from posbench.results import collect
+from posbench.runner import run_sweep
+
+from helpers import tiny_sweep
+
+ROOT = Path(__file__).resolve().parents[1]
+SECTIONS = ("headline", "length", "cache", "cost", "bias", "problems", "config")
+EVIL = "<script>alert(1)</script>"
+
+
+@pytest.fixture(scope="module")
+def sweep_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    plugins = tmp_path_factory.mktemp("plugins")
+    (plugins / "evil.py").write_text(
+        textwrap.dedent(
+            f'''
+            from posbench import PositionalEncoding, register_encoding
+
+            @register_encoding({EVIL!r})
+            class Evil(PositionalEncoding):
+                """An encoding whose name is markup."""
+            '''
+        )
+    )
+    load_plugin_dir(plugins)
+    out = tmp_path_factory.mktemp("sweep")
+    sweep = dataclasses.replace(tiny_sweep("nope", "t5", "alibi", EVIL, seeds=(0, 1)), profile=True)
+    import posbench.profiling as profiling
+
+    small = BenchConfig(seq_lens=(16, 32), cache_lens=(0, 8), window_lens=(16,), window=4, batch_size=2,
+                        n_heads=2, d_head=8, threads=1, min_run_time=0.001)
+    original, profiling.SMALL_PROFILE = profiling.SMALL_PROFILE, small
+    try:
+        run_sweep(sweep, out)
+    finally:
+        profiling.SMALL_PROFILE = original
+    return out
+
+
+@pytest.fixture(scope="module")
+def report(sweep_dir: Path, tmp_path_factory: pytest.TempPathFactory):
+    return build_report(sweep_dir, tmp_path_factory.mktemp("report"))
+
+
+def test_csvs_match_the_stored_results(sweep_dir: Path, report) -> None:
+    stored = collect(sweep_dir)
+    written = pd.read_csv(report.results_csv, keep_default_na=False, na_values=[""], dtype={"note": str})
+    assert list(written.columns) == list(stored.columns)
+    assert len(written) == len(stored)
+    summary = pd.read_csv(report.summary_csv)
+    assert {"task", "encoding_label", "metric", "eval_len", "mem_len", "mean", "std", "n_seeds"} <= set(summary.columns)
+    row = summary[(summary["encoding_label"] == "t5") & (summary["metric"] == "token_accuracy")
+                  & (summary["eval_len"] == 3) & summary["mem_len"].isna()].iloc[0]
+    raw = stored[(stored["encoding_label"] == "t5") & (stored["metric"] == "token_accuracy")
+                 & (stored["eval_len"] == 3) & stored["mem_len"].isna()]["value"]
+    assert row["mean"] == pytest.approx(raw.mean()) and row["std"] == pytest.approx(raw.std())
+    assert row["n_seeds"] == 2
+
+
+def test_every_section_is_present_with_images(report) -> None:
+    html = report.html.read_text()
+    for section in SECTIONS:
+        assert f'id="{section}"' in html
+    assert html.count("data:image/png;base64,") >= 5  # length, cache, costs, biases
+    assert "No profiling results" not in html
+    assert "http://" not in html and "https://" not in html  # nothing fetched from a network
+
+
+def test_names_from_plugins_are_escaped(report) -> None:
+    html = report.html.read_text()
+    assert EVIL not in html
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html
+
+
+def test_partial_and_corrupt_sweeps(sweep_dir: Path, tmp_path: Path) -> None:
+    broken = tmp_path / "broken"
+    shutil.copytree(sweep_dir, broken)
+    runs = sorted(p for p in broken.iterdir() if (p / "result.json").exists() and not p.name.startswith("profile"))
+    (runs[0] / "result.json").unlink()  # unfinished
+    (runs[1] / "measurements.csv").write_bytes(b"\x00\xff garbage")  # corrupt
+    (runs[2] / "result.json").write_text("{not json")  # corrupt marker: counts as unfinished
+    written = build_report(broken, tmp_path / "out")
+    html = written.html.read_text()
+    assert "Partial sweep" in html and len(written.missing) == 2
+    assert any(str(runs[1] / "measurements.csv") in p for p in written.problems)
+
+
+def test_empty_or_missing_folder_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(ResultsError, match="holds no finished posbench runs"):
+        build_report(tmp_path, tmp_path / "out")
+    result = CliRunner().invoke(app, ["report", str(tmp_path / "absent")])
+    assert result.exit_code == 2 and "is not a folder" in result.output and "Traceback" not in result.output
+
+
+def _chromium() -> str | None:
+    return shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+@pytest.mark.skipif(_chromium() is None and not os.environ.get("CI"), reason="Debian's chromium is not installed")
+def test_report_in_a_real_headless_browser(report) -> None:
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = _chromium() or "chromium"
+    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                 "--no-first-run", "--proxy-server=http://127.0.0.1:9", "--host-resolver-rules=MAP * ~NOTFOUND",
+                 "--window-size=1280,2400"):
+        options.add_argument(flag)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    driver = webdriver.Chrome(service=Service(shutil.which("chromedriver") or "chromedriver"), options=options)
+    try:
+        driver.get(report.html.resolve().as_uri())
+        assert driver.execute_script("return document.readyState") == "complete"
+        images = driver.execute_script(
+            "return Array.from(document.images).map(i => [i.alt, i.complete, i.naturalWidth])"
+        )
+        assert len(images) >= 5
+        assert all(complete and width > 0 for _, complete, width in images), images
+        errors = [entry for entry in driver.get_log("browser") if entry["level"] == "SEVERE"]
+        assert errors == [], json.dumps(errors)
+        artifacts = ROOT / "reports" / "test-artifacts"
+        artifacts.mkdir(parents=True, exist_ok=True)
+        assert driver.save_screenshot(str(artifacts / "report.png"))
+    finally:
+        driver.quit()
