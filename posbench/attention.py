@@ -5,6 +5,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from posbench.biased_attention import biased_attention
 from posbench.cache import Cache
 from posbench.encodings.base import LayerContext, PositionalEncoding, Span
 
@@ -55,19 +56,21 @@ class CausalSelfAttention(nn.Module):
             k, v, k_span = cache.extend(self.layer, k, v)  # (B, H, M + L, d)
         scores = encoding.score(q, k, span, k_span, context)
         q_len, k_len = q.shape[2], k.shape[2]
-        mask: Tensor | None = None
-        is_causal = False
+        d_v = v.shape[-1]
+        if scores.q.shape[-1] != d_v and q_len > 1:
+            # Folded encodings widen q and k; flash attention needs v just as wide. A single
+            # decoding query needs no kernel, so the cached values are not copied per token.
+            v = F.pad(v, (0, scores.q.shape[-1] - d_v))
         if scores.bias is None:
-            if q_len == k_len:
-                is_causal = True  # the fused fast path
-            elif q_len > 1:
-                mask = causal_mask(q_len, k_len, x.device)
+            if q_len == k_len:  # the fused causal fast path
+                y = F.scaled_dot_product_attention(scores.q, scores.k, v, is_causal=True, scale=scores.scale)
+            else:
+                mask = causal_mask(q_len, k_len, x.device) if q_len > 1 else None
+                y = F.scaled_dot_product_attention(scores.q, scores.k, v, attn_mask=mask, scale=scores.scale)
         else:
-            mask = scores.bias
+            bias = scores.bias.to(q.dtype)
             if q_len > 1:
-                mask = mask.masked_fill(~causal_mask(q_len, k_len, x.device), float("-inf"))
-            mask = mask.to(q.dtype)
-        y = F.scaled_dot_product_attention(
-            scores.q, scores.k, v, attn_mask=mask, is_causal=is_causal, scale=scores.scale
-        )  # (B, H, L, d)
+                bias = bias.masked_fill(~causal_mask(q_len, k_len, x.device), float("-inf"))
+            y = biased_attention(scores.q, scores.k, v, bias, scores.scale)  # (B, H, L, d')
+        y = y[..., :d_v]
         return self.out(y.transpose(1, 2).reshape(B, L, D))

@@ -7,6 +7,37 @@ from torch import Tensor
 from posbench.encodings.base import Span
 
 
+class _Buffer:
+    """Keys or values of one layer in a preallocated tensor with spare room, so appending a
+    token costs O(new tokens), not a copy of the whole memory (amortised by doubling)."""
+
+    def __init__(self) -> None:
+        self.data: Tensor | None = None
+        self.start = 0  # first held position's slot
+        self.stop = 0  # one past the last
+
+    def view(self) -> Tensor | None:
+        return None if self.data is None else self.data[:, :, self.start : self.stop]
+
+    def append(self, new: Tensor, keep: int | None) -> None:
+        n = new.shape[2]
+        if self.data is None:
+            capacity = max(64, 2 * n if keep is None else 2 * max(keep, n))
+            self.data = new.new_empty(*new.shape[:2], capacity, new.shape[3])
+        elif self.stop + n > self.data.shape[2]:
+            held = self.data[:, :, self.start : self.stop]
+            if keep is not None:
+                held = held[:, :, max(0, held.shape[2] + n - keep) :]
+            capacity = max(self.data.shape[2], 2 * (held.shape[2] + n))
+            grown = new.new_empty(*new.shape[:2], capacity, new.shape[3])
+            grown[:, :, : held.shape[2]] = held
+            self.data, self.start, self.stop = grown, 0, held.shape[2]
+        self.data[:, :, self.stop : self.stop + n] = new.detach()
+        self.stop += n
+        if keep is not None and self.stop - self.start > keep:
+            self.start = self.stop - keep
+
+
 class Cache:
     """Per-layer key/value memory, Transformer-XL style.
 
@@ -21,26 +52,38 @@ class Cache:
             raise ValueError(f"mem_len must be >= 0 or None, got {mem_len}")
         self.mem_len = mem_len
         self.seen = 0
-        self.keys: list[Tensor | None] = [None] * n_layers
-        self.values: list[Tensor | None] = [None] * n_layers
+        self._keys = [_Buffer() for _ in range(n_layers)]
+        self._values = [_Buffer() for _ in range(n_layers)]
 
     def span_for(self, new_tokens: int) -> Span:
         """Absolute positions of the next `new_tokens` tokens."""
         return Span(self.seen, self.seen + new_tokens)
 
+    def held(self, layer: int = 0) -> int:
+        """Number of positions a layer's memory holds now."""
+        view = self._keys[layer].view()
+        return 0 if view is None else view.shape[2]
+
     def extend(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Span]:
         """Keys and values to attend to (memory then new), (B, H, M + L, d), with their
         positions; stores the newest. ``seen`` advances only after all layers have run, so
         every layer of one forward pass sees the same positions."""
-        mem_k, mem_v = self.keys[layer], self.values[layer]
-        if mem_k is not None:
-            k_all, v_all = torch.cat((mem_k, k), dim=2), torch.cat((mem_v, v), dim=2)
-        else:
-            k_all, v_all = k, v
-        span = Span(self.seen + k.shape[2] - k_all.shape[2], self.seen + k.shape[2])
-        keep = k_all.shape[2] if self.mem_len is None else min(self.mem_len, k_all.shape[2])
-        self.keys[layer] = k_all[:, :, k_all.shape[2] - keep :].detach()
-        self.values[layer] = v_all[:, :, v_all.shape[2] - keep :].detach()
+        keys, values = self._keys[layer], self._values[layer]
+        held = self.held(layer)
+        span = Span(self.seen - held, self.seen + k.shape[2])
+        if torch.is_grad_enabled() and (k.requires_grad or v.requires_grad):
+            # training through the memory: the new keys keep their gradient, the memory not
+            mem_k, mem_v = keys.view(), values.view()
+            k_all = k if mem_k is None else torch.cat((mem_k, k), dim=2)
+            v_all = v if mem_v is None else torch.cat((mem_v, v), dim=2)
+            keys.append(k, self.mem_len)
+            values.append(v, self.mem_len)
+            return k_all, v_all, span
+        keys.append(k, None if self.mem_len is None else max(self.mem_len, 0) + k.shape[2])
+        values.append(v, None if self.mem_len is None else max(self.mem_len, 0) + k.shape[2])
+        k_all, v_all = keys.view(), values.view()
+        if self.mem_len is not None:  # keep only mem_len for the next call
+            keys.start = values.start = max(keys.start, keys.stop - self.mem_len)
         return k_all, v_all, span
 
     def advance(self, new_tokens: int) -> None:

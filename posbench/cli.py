@@ -91,6 +91,11 @@ def run_command(
     force: bool = typer.Option(False, "--force", help="Redo finished runs too."),
     profile: Optional[bool] = typer.Option(None, "--profile/--no-profile", help="Include a small latency/memory profile."),
     report: bool = typer.Option(True, "--report/--no-report", help="Write reports/<sweep>/report.html at the end."),
+    executor: str = typer.Option("local", help="local (one run at a time), processes (--jobs N here) or ray."),
+    jobs: int = typer.Option(2, help="Worker processes for --executor processes."),
+    ray_address: Optional[str] = typer.Option(None, help="Ray cluster to join ('auto' or host:port); default starts a local Ray runtime."),
+    cpus_per_run: float = typer.Option(1.0, help="CPUs each Ray task asks for."),
+    gpus_per_run: float = typer.Option(0.0, help="GPUs each Ray task asks for."),
 ) -> None:
     """Train a tiny decoder per encoding and task, evaluate it at and beyond the training
     length and through caches, and store tidy, resumable results."""
@@ -104,10 +109,12 @@ def run_command(
         steps=steps, device=device, train_mem_len=train_mem_len, threads=threads, quick=quick, profile=profile,
     )
     out_dir = out or Path("results") / (name or ("quick" if sweep.quick else "default"))
+    from posbench.executors import make_executor
     from posbench.runner import run_sweep
 
+    chosen = make_executor(executor, jobs, ray_address, cpus_per_run, gpus_per_run)
     with RichReporter(console, quick=sweep.quick) as reporter:
-        outcome = run_sweep(sweep, out_dir, force=force, reporter=reporter)
+        outcome = run_sweep(sweep, out_dir, force=force, reporter=reporter, executor=chosen)
     print_outcome(console, outcome)
     if report:
         from posbench.report import build_report

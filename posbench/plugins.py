@@ -116,8 +116,6 @@ def load_plugins(extra_dirs: list[Path] | None = None) -> None:
         load_plugin_dir(directory)
 
 
-def reset_for_tests() -> None:
-    """Forget which plugin sources were loaded, so a test can load them again."""
-    global _loaded_entry_points
-    _loaded_entry_points = False
-    _loaded_dirs.clear()
+def loaded_plugin_dirs() -> tuple[str, ...]:
+    """The plugin folders loaded so far, for workers that must load the same plugins."""
+    return tuple(sorted(str(d) for d in _loaded_dirs if d.is_dir()))

@@ -9,7 +9,7 @@ import time
 import traceback
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 import torch
 
@@ -19,6 +19,7 @@ from posbench.encodings.base import Span
 from posbench.errors import ConfigError, ResultsError
 from posbench.evaluation import evaluate
 from posbench.model import ModelConfig, model_from_config
+from posbench.plugins import load_plugins, loaded_plugin_dirs
 from posbench.registry import check_options
 from posbench.results import (
     SWEEP_MARKER,
@@ -33,6 +34,9 @@ from posbench.results import (
 from posbench.tasks import create_task
 from posbench.tasks.base import Task
 from posbench.training import Diverged, train
+
+if TYPE_CHECKING:
+    from posbench.executors import Executor
 
 
 class Reporter(Protocol):
@@ -129,9 +133,19 @@ def prepare_out_dir(out_dir: Path, sweep: SweepConfig) -> None:
     atomic_write_json(marker, {"posbench_sweep": 1, "config": to_jsonable(dataclasses.asdict(sweep)), "runs": runs})
 
 
-def run_sweep(sweep: SweepConfig, out_dir: Path, force: bool = False, reporter: Reporter | None = None) -> SweepOutcome:
-    """Run every (task, encoding, seed) of `sweep` into `out_dir`, skipping finished runs."""
+def run_sweep(
+    sweep: SweepConfig,
+    out_dir: Path,
+    force: bool = False,
+    reporter: Reporter | None = None,
+    executor: "Executor | None" = None,
+) -> SweepOutcome:
+    """Run every (task, encoding, seed) of `sweep` into `out_dir`, skipping finished runs.
+    The executor computes runs (here, in processes, on Ray); this driver alone stores them."""
+    from posbench.executors import LocalExecutor
+
     reporter = reporter or SilentReporter()
+    executor = executor or LocalExecutor()
     sweep = resolve_sweep(sweep)
     prepare_out_dir(out_dir, sweep)
     runs = expand_runs(sweep)
@@ -139,15 +153,14 @@ def run_sweep(sweep: SweepConfig, out_dir: Path, force: bool = False, reporter: 
     pending = [r for r in runs if force or not RunFolder(out_dir / r.run_id).is_finished()]
     outcome.skipped = [r.run_id for r in runs if r not in pending]
     reporter.sweep_started(len(runs), len(pending))
+    by_id = {r.run_id: r for r in pending}
+    for output in executor.map(pending, sweep.threads, reporter, loaded_plugin_dirs()):
+        store_run(RunFolder(out_dir / output.run_id), output)
+        outcome.ran.append(output.run_id)
+        reporter.run_finished(by_id[output.run_id], output.status)
+        write_results_csv(out_dir)
     for run in runs:
-        folder = RunFolder(out_dir / run.run_id)
-        if run in pending:
-            reporter.run_started(run, run.train.steps)
-            status = execute_run(run, folder, sweep.threads, reporter)
-            outcome.ran.append(run.run_id)
-            reporter.run_finished(run, status)
-            write_results_csv(out_dir)
-        result = folder.result() or {}
+        result = RunFolder(out_dir / run.run_id).result() or {}
         if result.get("status") in ("diverged", "error"):
             outcome.failures[_label(run)] = result.get("error", "unknown error")
     if sweep.profile:
@@ -174,59 +187,100 @@ def _label(run: RunConfig) -> str:
     return f"{run.task.name} / {run.encoding.display()} / seed {run.seed}"
 
 
-def execute_run(run: RunConfig, folder: RunFolder, threads: int | None = None, reporter: Reporter | None = None) -> str:
-    """Train and evaluate one run into its folder; returns its status (ok, diverged, error)."""
-    reporter = reporter or SilentReporter()
-    folder.path.mkdir(parents=True, exist_ok=True)
-    folder.clear()
+@dataclass
+class RunOutput:
+    """Everything one run produced. Workers return it; the driver alone writes it, so
+    workers need no shared filesystem."""
+
+    run_id: str
+    config: dict[str, Any]
+    env: dict[str, Any]
+    log: list[str]
+    measurements: list[dict[str, Any]]
+    model_state: bytes | None
+    result: dict[str, Any]
+
+    @property
+    def status(self) -> str:
+        return self.result["status"]
+
+
+def compute_run(
+    run: RunConfig,
+    threads: int | None = None,
+    on_step: Callable[[int, float], None] | None = None,
+    plugin_dirs: tuple[str, ...] = (),
+) -> RunOutput:
+    """Train and evaluate one run in this process; failures become a failed RunOutput."""
+    if plugin_dirs:
+        load_plugins([Path(p) for p in plugin_dirs])
     if threads:
         torch.set_num_threads(threads)
-    atomic_write_json(folder.path / "config.json", run.to_dict())
-    atomic_write_json(folder.path / "env.json", environment(run.device))
-    log_lines: list[str] = []
+    log: list[str] = []
 
-    def log(message: str) -> None:
-        log_lines.append(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {message}")
-        atomic_write_text(folder.path / "log.txt", "\n".join(log_lines) + "\n")
+    def note(message: str) -> None:
+        log.append(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {message}")
 
-    task = create_task(run.task.name, **run.task.options)
-    result: dict[str, Any] = {
-        "encoding_label": run.encoding.display(),
-        "train_len_max": task.train_lengths[1],
-        "quick": run.quick,
-    }
+    result: dict[str, Any] = {"encoding_label": run.encoding.display(), "quick": run.quick}
+    measurements: list[dict[str, Any]] = []
+    state: bytes | None = None
     start = time.perf_counter()
     try:
+        task = create_task(run.task.name, **run.task.options)
+        result["train_len_max"] = task.train_lengths[1]
         torch.manual_seed(run.seed)
         model = _build_model(run.model, run.encoding, task)
-        log(f"run {run.run_id}: {_label(run)}, {sum(p.numel() for p in model.parameters())} parameters")
-        trained = train(model, task, run.train, run.seed, run.device, on_step=reporter.step)
-        log(f"trained {trained.steps_done} steps in {trained.seconds:.1f}s, final loss {trained.final_loss:.4f}")
+        note(f"run {run.run_id}: {_label(run)}, {sum(p.numel() for p in model.parameters())} parameters, "
+             f"{torch.get_num_threads()} threads")
+        trained = train(model, task, run.train, run.seed, run.device, on_step=on_step)
+        note(f"trained {trained.steps_done} steps in {trained.seconds:.1f}s, final loss {trained.final_loss:.4f}")
         measurements = [m.__dict__ | {"seq_len": None, "cache_len": None} for m in evaluate(model, task, run.eval, run.device)]
-        measurements.append(
-            {"eval_len": None, "mem_len": None, "seq_len": None, "cache_len": None,
-             "metric": "train_loss_final", "value": trained.final_loss, "note": ""}
-        )
-        result["train_seconds"] = trained.seconds
-        folder.write_measurements(measurements)
-        buffer = _state_bytes(model)
-        atomic_write_bytes(folder.path / "model.pt", buffer)
-        status = "ok"
+        measurements.append({"eval_len": None, "mem_len": None, "seq_len": None, "cache_len": None,
+                             "metric": "train_loss_final", "value": trained.final_loss, "note": ""})
+        state = _state_bytes(model)
         in_dist = [m["value"] for m in measurements if m["metric"] == "exact_match" and m["mem_len"] is None
                    and m["eval_len"] is not None and m["eval_len"] <= task.train_lengths[1] and not math.isnan(m["value"])]
         result["in_distribution_exact_match"] = sum(in_dist) / len(in_dist) if in_dist else None
         result["undertrained"] = bool(in_dist) and result["in_distribution_exact_match"] < 0.9
         result["train_losses"] = trained.losses
+        result["train_seconds"] = trained.seconds
+        result["status"] = "ok"
     except Diverged as err:
-        status, result["error"] = "diverged", f"diverged: {err}"
-        log(result["error"])
+        result["status"], result["error"] = "diverged", f"diverged: {err}"
+        note(result["error"])
     except Exception as err:  # one run's failure must not stop the sweep
-        status, result["error"] = "error", f"{type(err).__name__}: {err}"
-        log(traceback.format_exc())
-    result["status"] = status
+        result["status"], result["error"] = "error", f"{type(err).__name__}: {err}"
+        note(traceback.format_exc())
     result["seconds"] = time.perf_counter() - start
-    atomic_write_json(folder.path / "result.json", result)
-    return status
+    return RunOutput(run.run_id, run.to_dict(), environment(run.device), log, measurements, state, result)
+
+
+def failed_output(run: RunConfig, error: str) -> RunOutput:
+    """The record of a run whose worker died or was lost."""
+    return RunOutput(run.run_id, run.to_dict(), {}, [error], [], None,
+                     {"encoding_label": run.encoding.display(), "status": "error", "error": error})
+
+
+def store_run(folder: RunFolder, output: RunOutput) -> str:
+    """Write a run's files atomically, result.json last (the mark of a finished run)."""
+    folder.path.mkdir(parents=True, exist_ok=True)
+    folder.clear()
+    atomic_write_json(folder.path / "config.json", output.config)
+    if output.env:
+        atomic_write_json(folder.path / "env.json", output.env)
+    atomic_write_text(folder.path / "log.txt", "\n".join(output.log) + "\n")
+    if output.status == "ok":
+        folder.write_measurements(output.measurements)
+        if output.model_state is not None:
+            atomic_write_bytes(folder.path / "model.pt", output.model_state)
+    atomic_write_json(folder.path / "result.json", output.result)
+    return output.status
+
+
+def execute_run(run: RunConfig, folder: RunFolder, threads: int | None = None, reporter: Reporter | None = None) -> str:
+    """Compute one run here and store it into its folder; returns its status."""
+    reporter = reporter or SilentReporter()
+    return store_run(folder, compute_run(run, threads, reporter.step))
 
 
 def _state_bytes(model: torch.nn.Module) -> bytes:

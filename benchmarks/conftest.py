@@ -1,0 +1,63 @@
+"""Benchmarks (outside the default test run): `pytest benchmarks/ -s`.
+
+Each goal is a ratio against a baseline measured in the same run, interleaved, median of
+torch.utils.benchmark's blocked autorange; the closing summary prints every ratio, its goal and
+by how much a missed goal is missed."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+THREADS = int(os.environ.get("POSBENCH_BENCH_THREADS", "2"))
+torch.set_num_threads(THREADS)
+
+
+@dataclass
+class Goal:
+    name: str
+    ratio: float
+    limit: float
+    higher_is_better: bool = False
+
+    @property
+    def met(self) -> bool:
+        return self.ratio >= self.limit if self.higher_is_better else self.ratio <= self.limit
+
+    def line(self) -> str:
+        sign = ">=" if self.higher_is_better else "<="
+        verdict = "met" if self.met else f"MISSED by {abs(self.ratio / self.limit - 1):.0%}"
+        return f"{self.name:58s} {self.ratio:8.2f}x  goal {sign} {self.limit:g}x  {verdict}"
+
+
+GOALS: list[Goal] = []
+NOTES: list[str] = []
+
+
+@pytest.fixture
+def record_goal():
+    """Record a measured ratio against its goal for the closing summary."""
+
+    def record(name: str, ratio: float, limit: float, higher_is_better: bool = False) -> Goal:
+        goal = Goal(name, ratio, limit, higher_is_better)
+        GOALS.append(goal)
+        return goal
+
+    return record
+
+
+@pytest.fixture
+def note():
+    return NOTES.append
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    if not GOALS and not NOTES:
+        return
+    terminalreporter.section(f"posbench goals (medians, {THREADS} threads, float32)")
+    for goal in GOALS:
+        terminalreporter.write_line(goal.line())
+    for line in NOTES:
+        terminalreporter.write_line(line)

@@ -1,0 +1,114 @@
+"""Issue #4's speed and memory goals: one attention layer with its projections, float32,
+B=8, H=4, d_head=32, forward+backward, each encoding beside `nope` in the same run."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from posbench.config import EncodingSpec
+from posbench.encodings import BUILTINS
+from posbench.profiling import BenchConfig, _layer, _once, _time, measure_peak_mb, reset_peak_rss
+
+CONFIG = BenchConfig(batch_size=8, n_heads=4, d_head=32, threads=torch.get_num_threads(), min_run_time=0.5)
+LIMITS = {"alibi": 1.2, "rope": 1.2, "sinusoidal": 1.2, "learned": 1.2, "t5": 2.0, "txl": 2.5, "deberta": 2.5}
+D_MODEL = CONFIG.n_heads * CONFIG.d_head
+
+
+def fwd_bwd(layer, x, cache_len: int = 0):
+    def run() -> None:
+        cache = None
+        if cache_len:
+            cache = layer.new_cache(mem_len=cache_len)
+            with torch.no_grad():
+                layer(memory, cache)
+        layer(x, cache).sum().backward()
+
+    memory = torch.randn(x.shape[0], cache_len, x.shape[2]) if cache_len else None
+    return run
+
+
+@pytest.mark.parametrize("L", [1024, 2048])
+@pytest.mark.parametrize("encoding", [e for e in BUILTINS if e != "nope"])
+def test_fwd_bwd_ratio_to_nope(benchmark, record_goal, encoding: str, L: int) -> None:
+    spec = EncodingSpec(encoding, {"max_positions": 2048} if encoding == "learned" else {})
+    layer, base = _layer(spec, CONFIG), _layer(EncodingSpec("nope"), CONFIG)
+    x = torch.randn(CONFIG.batch_size, L, D_MODEL)
+    times = {"enc": [], "base": []}
+    for _ in range(2):  # interleaved: baseline, encoding, baseline, encoding
+        times["base"].append(_time(fwd_bwd(base, x), CONFIG)[0])
+        times["enc"].append(_time(fwd_bwd(layer, x), CONFIG)[0])
+    ratio = sorted(times["enc"])[0] / sorted(times["base"])[0]
+    record_goal(f"{encoding} fwd+bwd / nope, L={L}", ratio, LIMITS[encoding])
+    benchmark.extra_info["ratio_to_nope"] = ratio
+    benchmark.pedantic(fwd_bwd(layer, x), rounds=3, iterations=1)
+
+
+@pytest.mark.parametrize("L", [1024])
+def test_txl_with_memory_ratio_to_nope(benchmark, record_goal, L: int) -> None:
+    layer, base = _layer(EncodingSpec("txl"), CONFIG), _layer(EncodingSpec("nope"), CONFIG)
+    x = torch.randn(CONFIG.batch_size, L, D_MODEL)
+    t_base = _time(fwd_bwd(base, x, cache_len=L), CONFIG)[0]
+    t_enc = _time(fwd_bwd(layer, x, cache_len=L), CONFIG)[0]
+    record_goal(f"txl fwd+bwd with memory M=L / nope with memory, L={L}", t_enc / t_base, 2.5)
+    benchmark.pedantic(fwd_bwd(layer, x, cache_len=L), rounds=3, iterations=1)
+
+
+@pytest.mark.parametrize("encoding", BUILTINS)
+def test_decoding_grows_linearly_with_cache(benchmark, record_goal, encoding: str) -> None:
+    spec = EncodingSpec(encoding, {"max_positions": 8192} if encoding == "learned" else {})
+    layer = _layer(spec, CONFIG)
+    token = torch.randn(CONFIG.batch_size, 1, D_MODEL)
+    latency = {}
+    for M in (1024, 4096):
+        cache = layer.new_cache(mem_len=M)
+        with torch.no_grad():
+            for start in range(0, M, 512):
+                layer(torch.randn(CONFIG.batch_size, 512, D_MODEL), cache)
+
+        def step(cache=cache) -> None:
+            with torch.no_grad():
+                layer(token, cache)
+
+        latency[M] = _time(step, CONFIG)[0]
+    record_goal(f"{encoding} decode latency cache 4096 / cache 1024", latency[4096] / latency[1024], 4.5)
+    benchmark.extra_info["decode_ms"] = latency
+
+
+@pytest.mark.parametrize("encoding", ["nope", "txl", "t5", "alibi", "rope"])
+def test_segment_eval_beats_sliding_window(record_goal, encoding: str) -> None:
+    layer = _layer(EncodingSpec(encoding), CONFIG)
+    N, S = 2048, 128
+    x = torch.randn(1, N, D_MODEL)
+
+    def segments() -> None:
+        cache = layer.new_cache(mem_len=S)
+        with torch.no_grad():
+            for start in range(0, N, S):
+                layer(x[:, start : start + S], cache)
+
+    def sliding() -> None:
+        with torch.no_grad():
+            for t in range(N):
+                layer(x[:, max(0, t + 1 - S) : t + 1])
+
+    record_goal(f"{encoding} sliding window / segments with cache, N={N}", _once(sliding, 1) / _once(segments), 10,
+                higher_is_better=True)
+
+
+@pytest.mark.skipif(not reset_peak_rss(), reason="needs /proc/self/clear_refs")
+@pytest.mark.parametrize("encoding", BUILTINS)
+def test_memory_grows_at_most_quadratically(record_goal, note, encoding: str) -> None:
+    spec = EncodingSpec(encoding, {"max_positions": 2048} if encoding == "learned" else {})
+    layer = _layer(spec, CONFIG)
+    peaks = {}
+    for L in (1024, 2048):
+        x = torch.randn(CONFIG.batch_size, L, D_MODEL)
+        peaks[L] = measure_peak_mb(fwd_bwd(layer, x))
+        layer.zero_grad(set_to_none=True)
+    dense = CONFIG.batch_size * CONFIG.n_heads * 2048 * 2048 * CONFIG.d_head * 4 / 2**20
+    record_goal(f"{encoding} peak memory L=2048 / L=1024", peaks[2048] / max(peaks[1024], 1e-9), 4.4)
+    note(f"{encoding}: peak {peaks[1024]:.0f} / {peaks[2048]:.0f} MiB at L=1024/2048 "
+         f"(an (L, L, d) tensor alone would be {dense:.0f} MiB)")
+    assert peaks[2048] < dense

@@ -1,0 +1,50 @@
+"""The Transformer-XL memory: what it holds, the positions it reports, and stop-gradient."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import posbench
+from posbench.cache import Cache
+from posbench.encodings.base import Span
+
+
+@pytest.mark.parametrize("grad", [False, True])
+@pytest.mark.parametrize("mem_len", [None, 0, 3, 8])
+def test_memory_holds_the_newest_positions(grad: bool, mem_len: int | None) -> None:
+    cache = Cache(n_layers=1, mem_len=mem_len)
+    seen = 0
+    for n in (5, 1, 1, 4, 2):
+        k = torch.arange(seen, seen + n, dtype=torch.float32).view(1, 1, n, 1).requires_grad_(grad)
+        with torch.set_grad_enabled(grad):
+            k_all, _, span = cache.extend(0, k, k.detach().clone())
+        held_before = span.stop - n - span.start
+        assert span == Span(seen - held_before, seen + n)
+        assert k_all[0, 0, :, 0].tolist() == list(range(span.start, span.stop))  # keys are their positions
+        cache.advance(n)
+        seen += n
+        expected_held = seen if mem_len is None else min(mem_len, seen)
+        assert cache.held() == expected_held
+        assert k_all.requires_grad == grad
+
+
+def test_stop_gradient_at_the_memory() -> None:
+    torch.manual_seed(0)
+    model = posbench.build_model("txl", vocab_size=7, d_model=16, n_layers=2, n_heads=2)
+    cache = model.new_cache(mem_len=4)
+    model(torch.randint(0, 7, (2, 4)), cache=cache)
+    first = model.blocks[0].attn.qkv.weight
+    out = model(torch.randint(0, 7, (2, 4)), cache=cache)
+    out.sum().backward()  # succeeds although the first segment's graph is gone
+    assert first.grad is not None and cache.seen == 8
+
+
+def test_mem_len_zero_keeps_counting_positions() -> None:
+    model = posbench.build_model("learned", vocab_size=7, d_model=16, n_layers=1, n_heads=2,
+                                 encoding_options={"max_positions": 6})
+    cache = model.new_cache(mem_len=0)
+    with torch.no_grad():
+        model(torch.zeros(1, 4, dtype=torch.long), cache=cache)
+        assert cache.held() == 0 and cache.seen == 4
+        with pytest.raises(posbench.PosbenchError, match="0..5"):
+            model(torch.zeros(1, 3, dtype=torch.long), cache=cache)
