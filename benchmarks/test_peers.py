@@ -29,7 +29,8 @@ def causal_additive_mask() -> torch.Tensor:
 def x_transformers_layer(**flags):
     from x_transformers import Decoder
 
-    return Decoder(dim=D_MODEL, depth=1, heads=H, attn_dim_head=D_HEAD, custom_layers=("a",), attn_flash=True, **flags)
+    flash = not flags.get("rel_pos_bias")  # x-transformers refuses flash with T5's bias
+    return Decoder(dim=D_MODEL, depth=1, heads=H, attn_dim_head=D_HEAD, custom_layers=("a",), attn_flash=flash, **flags)
 
 
 def hf_t5():

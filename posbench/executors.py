@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
-from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
 from typing import Iterator, Protocol
 
@@ -34,36 +34,46 @@ class LocalExecutor:
 
 
 class ProcessExecutor:
-    """`jobs` runs at a time in worker processes; torch threads divided between them."""
+    """`jobs` runs at a time in worker processes; torch threads divided between them. A
+    worker that dies breaks the whole pool, so the runs it left unfinished are then retried
+    one at a time, each in a fresh process, and a run whose process dies on every one of
+    1 + `max_retries` tries is recorded as failed."""
 
-    def __init__(self, jobs: int) -> None:
+    def __init__(self, jobs: int, max_retries: int = 2) -> None:
         if jobs < 1:
             raise ConfigError(f"--jobs must be at least 1, got {jobs}.")
         self.jobs = jobs
+        self.max_retries = max_retries
 
     def map(self, runs: list[RunConfig], threads: int | None, reporter: Reporter,
             plugin_dirs: tuple[str, ...]) -> Iterator[RunOutput]:
         per_job = threads or max(1, (os.cpu_count() or 1) // self.jobs)
         context = multiprocessing.get_context("spawn")
+        reporter.note(f"{len(runs)} run(s) on {self.jobs} worker processes, {per_job} thread(s) each")
+        unfinished: list[RunConfig] = []
         with ProcessPoolExecutor(max_workers=self.jobs, mp_context=context) as pool:
-            futures: dict[Future, RunConfig] = {}
-            for run in runs:
-                futures[pool.submit(compute_run, run, per_job, None, plugin_dirs)] = run
-            reporter.note(f"{len(runs)} run(s) on {self.jobs} worker processes, {per_job} thread(s) each")
+            futures = {pool.submit(compute_run, run, per_job, None, plugin_dirs): run for run in runs}
             try:
-                pending = set(futures)
-                while pending:
-                    done, pending = wait(pending, return_when=FIRST_COMPLETED)
-                    for future in done:
-                        run = futures[future]
-                        try:
-                            yield future.result()
-                        except BrokenProcessPool as err:
-                            yield failed_output(run, f"worker process died: {err}")
+                for future in as_completed(futures):
+                    try:
+                        yield future.result()
+                    except BrokenProcessPool:
+                        unfinished.append(futures[future])
             except KeyboardInterrupt:
                 for future in futures:
                     future.cancel()
                 raise
+        for run in sorted(unfinished, key=runs.index):
+            yield self._isolated(run, per_job, plugin_dirs, context)
+
+    def _isolated(self, run: RunConfig, threads: int, plugin_dirs: tuple[str, ...], context) -> RunOutput:
+        for _ in range(1 + self.max_retries):
+            with ProcessPoolExecutor(max_workers=1, mp_context=context) as pool:
+                try:
+                    return pool.submit(compute_run, run, threads, None, plugin_dirs).result()
+                except BrokenProcessPool:
+                    continue
+        return failed_output(run, f"worker process died on each of {1 + self.max_retries} tries")
 
 
 class RayExecutor:

@@ -2,6 +2,7 @@
 from the stored results (so it can be regenerated any time, also from a partial sweep)."""
 from __future__ import annotations
 
+import base64
 import json
 import math
 from dataclasses import dataclass, field
@@ -16,7 +17,7 @@ from posbench import plots
 from posbench.bias import positional_bias
 from posbench.errors import ResultsError
 from posbench.profiling import MEMORY_METHOD
-from posbench.results import SWEEP_MARKER, atomic_write_text, collect, read_json, run_folders
+from posbench.results import SWEEP_MARKER, atomic_write_bytes, atomic_write_text, collect, read_json, run_folders
 from posbench.summary import headline
 
 ACCURACY_COLUMNS = ("in_distribution", "at_2x", "at_4x", "longest_cache")
@@ -165,6 +166,16 @@ def _failures_and_missing(sweep_dir: Path) -> tuple[list[dict[str, str]], list[s
     return failures, missing
 
 
+def _write_figures(out_dir: Path, context: dict[str, Any]) -> None:
+    """The plots as PNG files too (figures/), for papers and READMEs."""
+    figures = {f"accuracy_vs_length_{t['name']}": t["length_plot"] for t in context["tasks"]}
+    figures |= {f"accuracy_vs_cache_{t['name']}": t["cache_plot"] for t in context["tasks"] if t["cache_plot"]}
+    figures |= {f"cost_{name}": png for name, png in context["costs"].items()}
+    for name, png in figures.items():
+        safe = "".join(ch if ch.isalnum() or ch in "-_" else "_" for ch in name)
+        atomic_write_bytes(out_dir / "figures" / f"{safe}.png", base64.b64decode(png))
+
+
 def build_report(sweep_dir: Path, out_dir: Path) -> Report:
     """Write results.csv, summary.csv and report.html for the sweep in `sweep_dir`."""
     sweep_dir = Path(sweep_dir)
@@ -214,6 +225,7 @@ def build_report(sweep_dir: Path, out_dir: Path) -> Report:
         "problems": problems,
         "quick": bool(config.get("quick")),
     }
+    _write_figures(out_dir, context)
     env = Environment(loader=PackageLoader("posbench", "templates"), autoescape=select_autoescape(["html", "j2"]))
     html = env.get_template("report.html.j2").render(**context)
     html_path = out_dir / "report.html"

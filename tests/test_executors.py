@@ -1,0 +1,120 @@
+"""Executors: the same results whoever computes the runs; a dying worker is retried, then
+recorded as failed; resume redoes only what is missing. Ray tests use a real local runtime."""
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import textwrap
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from posbench.errors import ConfigError
+from posbench.executors import ProcessExecutor, make_executor
+from posbench.plugins import load_plugin_dir
+from posbench.results import RunFolder
+from posbench.runner import run_sweep
+
+from helpers import tiny_sweep
+
+HAS_RAY = importlib.util.find_spec("ray") is not None
+
+
+def four_runs():
+    return dataclasses.replace(tiny_sweep("nope", "rope", "t5", "alibi"), threads=1)
+
+
+def values(csv: Path) -> pd.DataFrame:
+    frame = pd.read_csv(csv)
+    return frame.sort_values(["run_id", "metric", "eval_len", "mem_len"]).reset_index(drop=True)
+
+
+@pytest.fixture(scope="module")
+def local_results(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("local")
+    return run_sweep(four_runs(), out).results_csv
+
+
+@pytest.fixture(scope="module")
+def dying_plugin(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("plugins")
+    (folder / "dying.py").write_text(
+        textwrap.dedent(
+            '''
+            import os
+            from posbench import PositionalEncoding, register_encoding
+
+            @register_encoding("test_dying")
+            class Dying(PositionalEncoding):
+                """Kills its worker process abruptly during training."""
+
+                def embed(self, x, span):
+                    if self.training:
+                        os._exit(13)
+                    return x
+            '''
+        )
+    )
+    load_plugin_dir(folder)
+    return folder
+
+
+def test_processes_give_the_same_results(local_results: Path, tmp_path: Path) -> None:
+    outcome = run_sweep(four_runs(), tmp_path / "sw", executor=ProcessExecutor(jobs=2))
+    assert len(outcome.ran) == 4
+    pd.testing.assert_frame_equal(values(outcome.results_csv), values(local_results))
+
+
+def test_processes_record_a_dead_worker_and_finish_the_rest(dying_plugin: Path, tmp_path: Path) -> None:
+    sweep = dataclasses.replace(tiny_sweep("nope", "test_dying", "rope"), threads=1)
+    outcome = run_sweep(sweep, tmp_path / "sw", executor=ProcessExecutor(jobs=1))
+    assert list(outcome.failures) == ["copy / test_dying / seed 0"]
+    assert set(pd.read_csv(outcome.results_csv)["encoding"]) == {"nope", "rope"}
+
+
+def test_unknown_executor_and_missing_ray_are_clear() -> None:
+    with pytest.raises(ConfigError, match="Unknown executor 'dask'"):
+        make_executor("dask")
+    with pytest.raises(ConfigError, match="--jobs must be at least 1"):
+        make_executor("processes", jobs=0)
+    if not HAS_RAY:
+        with pytest.raises(ConfigError, match=r"pip install 'posbench\[ray\]'"):
+            make_executor("ray")
+
+
+@pytest.fixture(scope="module")
+def ray_runtime():
+    if not HAS_RAY:
+        pytest.skip("ray is not installed: pip install -e '.[ray]'")
+    import ray
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+def test_ray_gives_the_same_results(ray_runtime, local_results: Path, tmp_path: Path) -> None:
+    outcome = run_sweep(four_runs(), tmp_path / "sw", executor=make_executor("ray"))
+    assert len(outcome.ran) == 4 and not outcome.failures
+    pd.testing.assert_frame_equal(values(outcome.results_csv), values(local_results))
+
+
+def test_ray_retries_a_dying_worker_then_records_it(ray_runtime, dying_plugin: Path, tmp_path: Path) -> None:
+    sweep = dataclasses.replace(tiny_sweep("nope", "test_dying", "rope"), threads=1)
+    outcome = run_sweep(sweep, tmp_path / "sw", executor=make_executor("ray"))
+    failure = outcome.failures["copy / test_dying / seed 0"]
+    assert "after 2 retries" in failure
+    assert set(pd.read_csv(outcome.results_csv)["encoding"]) == {"nope", "rope"}
+
+
+def test_resume_across_executors_redoes_only_missing_runs(ray_runtime, local_results: Path, tmp_path: Path) -> None:
+    out = tmp_path / "sw"
+    first = run_sweep(dataclasses.replace(tiny_sweep("nope", "rope"), threads=1), out)  # local, half the sweep
+    resumed = run_sweep(four_runs(), out, executor=make_executor("ray"))
+    assert len(resumed.ran) == 2 and sorted(resumed.skipped) == sorted(first.ran)
+    pd.testing.assert_frame_equal(values(resumed.results_csv), values(local_results))
+    half = sorted(p for p in out.iterdir() if RunFolder(p).is_finished())
+    (half[0] / "result.json").unlink()  # a run lost mid-way
+    again = run_sweep(four_runs(), out, executor=make_executor("ray"))
+    assert again.ran == [half[0].name]
