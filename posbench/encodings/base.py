@@ -132,13 +132,13 @@ class PositionalEncoding(nn.Module):
             self._tables[key] = table
         return table[:stop]
 
-    def distance_lookup(
-        self, name: str, q_span: Span, k_span: Span, device: torch.device, build: Callable[[Tensor], Tensor]
+    def distance_values(
+        self, name: str, lo: int, hi: int, device: torch.device, build: Callable[[Tensor], Tensor]
     ) -> Tensor:
-        """f(i - j) for every (query, key) pair, (Lq, Lk, ...), read from a table of f over the
-        distances -(C-1)..C-1 whose capacity C doubles as needed: a call costs one index, and
-        decoding token by token never rebuilds the table. build(distances) -> f(distances)."""
-        reach = max(q_span.stop - 1 - k_span.start, k_span.stop - 1 - q_span.start, 0) + 1
+        """f(d) for the distances d = lo..hi, (hi - lo + 1, ...), read from a table of f over
+        -(C-1)..C-1 whose capacity C doubles as needed, so decoding token by token never
+        rebuilds it for the whole prefix. build(distances) -> f(distances)."""
+        reach = max(abs(lo), abs(hi)) + 1
         key = (name, str(device))
         table = self._tables.get(key)
         if table is None or (table.shape[0] + 1) // 2 < reach:
@@ -146,13 +146,47 @@ class PositionalEncoding(nn.Module):
             table = build(torch.arange(-(capacity - 1), capacity, device=device))
             self.table_builds += 1
             self._tables[key] = table
-        capacity = (table.shape[0] + 1) // 2
-        return table[self.relative_positions(q_span, k_span, device) + (capacity - 1)]
+        offset = (table.shape[0] + 1) // 2 - 1
+        return table[lo + offset : hi + offset + 1]
+
+    def distance_lookup(
+        self, name: str, q_span: Span, k_span: Span, device: torch.device, build: Callable[[Tensor], Tensor]
+    ) -> Tensor:
+        """f(i - j) for every (query, key) pair, (Lq, Lk, ...), from ``distance_values``."""
+        lo = q_span.start - (k_span.stop - 1)
+        values = self.distance_values(name, lo, q_span.stop - 1 - k_span.start, device, build)
+        return values[self.relative_positions(q_span, k_span, device) - lo]
 
     @staticmethod
     def relative_positions(q_span: Span, k_span: Span, device: torch.device) -> Tensor:
         """i - j for every (query, key) pair, (Lq, Lk)."""
         return q_span.arange(device)[:, None] - k_span.arange(device)[None, :]
+
+
+class _Toeplitz(torch.autograd.Function):
+    """values (H, Lq + Lk - 1) per distance -> (H, Lq, Lk); the backward pass sums the
+    gradient along diagonals with a skew view instead of scattering Lq * Lk entries."""
+
+    @staticmethod
+    def forward(ctx, values: Tensor, q_len: int, k_len: int) -> Tensor:  # type: ignore[override]
+        ctx.shape = (q_len, k_len)
+        index = torch.arange(q_len, device=values.device)[:, None] - torch.arange(k_len, device=values.device)[None, :]
+        return values[:, index + (k_len - 1)]
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):  # type: ignore[override]
+        q_len, k_len = ctx.shape
+        width = q_len + k_len - 1
+        # flipping the keys puts pair (a, b) in column (a - b) + k_len - 1 of a skewed view
+        padded = torch.nn.functional.pad(grad.flip(-1), (0, q_len))  # (H, Lq, Lk + Lq)
+        skewed = padded.flatten(-2)[..., : q_len * width].unflatten(-1, (q_len, width))
+        return skewed.sum(-2), None, None
+
+
+def toeplitz(values: Tensor, q_len: int, k_len: int) -> Tensor:
+    """Expand per-distance values (H, Lq + Lk - 1), ordered by i - j ascending, into
+    (H, Lq, Lk) with [h, a, b] = values[h, (a - b) + Lk - 1]."""
+    return _Toeplitz.apply(values, q_len, k_len)
 
 
 def sinusoid(positions: Tensor, dim: int, base: float = 10000.0) -> tuple[Tensor, Tensor]:

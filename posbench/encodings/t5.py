@@ -7,7 +7,7 @@ import torch
 from torch import Tensor, nn
 
 from posbench.encodings import register_encoding
-from posbench.encodings.base import PositionalEncoding, Span
+from posbench.encodings.base import PositionalEncoding, Span, toeplitz
 
 
 def t5_bucket(relative_position: Tensor, bidirectional: bool, num_buckets: int, max_distance: int) -> Tensor:
@@ -38,8 +38,9 @@ def t5_bucket(relative_position: Tensor, bidirectional: bool, num_buckets: int, 
 class T5Bias(PositionalEncoding):
     """T5 bias: bias[h, i, j] = table[bucket(j - i), h]; one table shared by all layers.
 
-    Buckets come from a per-distance table that grows by doubling, so decoding through the
-    cache never recomputes them for the whole prefix."""
+    The bias is built per distance (Lq + Lk - 1 values per head) and expanded to the
+    (Lq, Lk) Toeplitz matrix; buckets come from a per-distance table that grows by doubling,
+    so decoding through the cache never recomputes them for the whole prefix."""
 
     relative = True
 
@@ -66,12 +67,13 @@ class T5Bias(PositionalEncoding):
             nn.init.normal_(table.weight, std=0.02)
 
     def buckets(self, q_span: Span, k_span: Span, device: torch.device) -> Tensor:
-        """Bucket index per (query, key), (Lq, Lk), from a per-distance table."""
-        return self.distance_lookup(
-            "buckets", q_span, k_span, device,
+        """Bucket of each distance i - j the spans contain, ascending, (Lq + Lk - 1,)."""
+        return self.distance_values(
+            "buckets", q_span.start - (k_span.stop - 1), q_span.stop - 1 - k_span.start, device,
             lambda distance: t5_bucket(-distance, self.bidirectional, self.num_buckets, self.max_distance),
         )
 
     def position_bias(self, q_span: Span, k_span: Span, layer: int, device: torch.device) -> Tensor:
         table = self.tables[layer if len(self.tables) > 1 else 0]
-        return table(self.buckets(q_span, k_span, device)).permute(2, 0, 1)  # (H, Lq, Lk)
+        per_distance = table(self.buckets(q_span, k_span, device)).T  # (H, Lq + Lk - 1)
+        return toeplitz(per_distance, len(q_span), len(k_span))  # (H, Lq, Lk)
