@@ -56,6 +56,9 @@ class BenchConfig:
 SMALL_PROFILE = BenchConfig(
     seq_lens=(64, 128, 256), cache_lens=(0, 64, 256), window_lens=(256,), window=32, batch_size=4, min_run_time=0.05
 )
+QUICK_PROFILE = BenchConfig(
+    seq_lens=(64, 128), cache_lens=(0, 64), window_lens=(128,), window=32, batch_size=4, min_run_time=0.02
+)
 
 
 class AttentionUnderTest(nn.Module):

@@ -171,9 +171,10 @@ def run_sweep(
 
 def _profile_encodings(sweep: SweepConfig, out_dir: Path, force: bool, reporter: Reporter, outcome: SweepOutcome) -> None:
     """The small default latency/memory profile, one stored folder per encoding."""
-    from posbench.profiling import SMALL_PROFILE, run_profile
+    from posbench.profiling import QUICK_PROFILE, SMALL_PROFILE, run_profile
 
-    config = dataclasses.replace(SMALL_PROFILE, device=sweep.device, threads=sweep.threads or torch.get_num_threads())
+    base = QUICK_PROFILE if sweep.quick else SMALL_PROFILE
+    config = dataclasses.replace(base, device=sweep.device, threads=sweep.threads or torch.get_num_threads())
     for spec in sweep.encodings:
         reporter.note(f"profiling {spec.display()} (latency and memory, small sizes)")
         run_id, ran = run_profile(spec, config, out_dir, force)
