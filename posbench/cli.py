@@ -139,7 +139,6 @@ def bench_command(
     memory: bool = typer.Option(True, "--memory/--no-memory", help="Measure peak memory too."),
     out: Path = typer.Option(Path("results/bench"), help="Folder for the tidy results."),
     force: bool = typer.Option(False, "--force", help="Measure again even where results exist."),
-    plugins: List[Path] = typer.Option([], "--plugins", help="Plugin folders (also passed to the memory probe)."),
 ) -> None:
     """Latency and peak memory of one attention layer per encoding, across sequence and cache
     lengths, each beside the `nope` baseline in the same run."""
@@ -149,6 +148,7 @@ def bench_command(
 
     from posbench.config import EncodingSpec
     from posbench.encodings import BUILTINS, REGISTRY
+    from posbench.plugins import loaded_plugin_dirs
     from posbench.profiling import BenchConfig, run_profile
     from posbench.progress import print_bench
     from posbench.runner import prepare_out_dir
@@ -158,7 +158,7 @@ def bench_command(
         raise ConfigError(f"--device {device} was asked for but CUDA is not available here; use --device cpu.")
     names = REGISTRY.select(encodings) if encodings else list(BUILTINS)
     config = BenchConfig(batch_size=batch_size, device=device, threads=threads, min_run_time=min_run_time,
-                         memory=memory, plugin_dirs=tuple(str(p.resolve()) for p in plugins))
+                         memory=memory, plugin_dirs=loaded_plugin_dirs())
     for flag, value, name in (("--seq-lens", seq_lens, "seq_lens"), ("--cache-lens", cache_lens, "cache_lens"),
                               ("--window-lens", window_lens, "window_lens")):
         if value is not None:

@@ -179,18 +179,3 @@ def write_results_csv(sweep_dir: Path) -> Path:
     path = sweep_dir / "results.csv"
     atomic_write_text(path, collect(sweep_dir).to_csv(index=False))
     return path
-
-
-def read_results_csv(path: Path) -> pd.DataFrame:
-    """Read a results.csv, with a clear error when it is not one."""
-    try:
-        frame = pd.read_csv(path, keep_default_na=False, na_values=[""], dtype={"note": str})
-    except FileNotFoundError:
-        raise ResultsError(f"{path} does not exist; run `posbench run` first or check the folder.") from None
-    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as err:
-        raise ResultsError(f"{path} is not a readable CSV ({err}); regenerate it with `posbench report`.") from None
-    missing = set(COLUMNS) - set(frame.columns)
-    if missing:
-        raise ResultsError(f"{path} lacks the columns {sorted(missing)}; it is not a posbench results file.")
-    frame["note"] = frame["note"].fillna("")
-    return frame

@@ -174,7 +174,8 @@ def _profile_encodings(sweep: SweepConfig, out_dir: Path, force: bool, reporter:
     from posbench.profiling import QUICK_PROFILE, SMALL_PROFILE, run_profile
 
     base = QUICK_PROFILE if sweep.quick else SMALL_PROFILE
-    config = dataclasses.replace(base, device=sweep.device, threads=sweep.threads or torch.get_num_threads())
+    config = dataclasses.replace(base, device=sweep.device, threads=sweep.threads or torch.get_num_threads(),
+                                 plugin_dirs=loaded_plugin_dirs())
     for spec in sweep.encodings:
         reporter.note(f"profiling {spec.display()} (latency and memory, small sizes)")
         run_id, ran = run_profile(spec, config, out_dir, force)
