@@ -13,6 +13,9 @@ import torch.nn.functional as F
 from torch import Tensor
 
 
+FLASH_MIN_PAIRS = 128 * 128
+
+
 class _FlashBiasedAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q: Tensor, k: Tensor, v: Tensor, bias: Tensor, scale: float) -> Tensor:  # type: ignore[override]
@@ -49,6 +52,7 @@ def biased_attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, scale: float
     """softmax(scale * q k^T + bias) v for q, k (B, H, Lq|Lk, d), v (B, H, Lk, dv) and a bias
     broadcastable to (B, H, Lq, Lk) with -inf where attention is masked."""
     bias = bias.reshape((1,) * (4 - bias.dim()) + tuple(bias.shape)) if bias.dim() < 4 else bias
-    if bias.requires_grad and q.device.type == "cpu" and torch.is_grad_enabled() and q.dtype == torch.float32:
+    large = q.shape[-2] * k.shape[-2] >= FLASH_MIN_PAIRS  # below, the math path's few ops win
+    if large and bias.requires_grad and q.device.type == "cpu" and torch.is_grad_enabled() and q.dtype == torch.float32:
         return _FlashBiasedAttention.apply(q.contiguous(), k.contiguous(), v.contiguous(), bias.contiguous(), scale)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=scale)

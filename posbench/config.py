@@ -26,7 +26,7 @@ class ModelSize:
 
     d_model: int = 64
     n_layers: int = 2
-    n_heads: int = 4
+    n_heads: int = 8  # ALiBi needs the spread of 8 slopes to learn copy within the budget
     d_ff: int | None = None
 
 

@@ -9,7 +9,8 @@ from posbench.biased_attention import biased_attention
 
 
 @pytest.mark.parametrize("bias_shape", [(1, 3, 9, 9), (2, 3, 9, 9), (9, 9)])
-def test_biased_attention_matches_sdpa_with_gradients(bias_shape: tuple[int, ...]) -> None:
+def test_biased_attention_matches_sdpa_with_gradients(bias_shape: tuple[int, ...], monkeypatch) -> None:
+    monkeypatch.setattr("posbench.biased_attention.FLASH_MIN_PAIRS", 1)  # force the flash path
     torch.manual_seed(0)
     q, k, v = (torch.randn(2, 3, 9, 8, requires_grad=True) for _ in range(3))
     causal = torch.ones(9, 9, dtype=torch.bool).tril()
