@@ -22,8 +22,10 @@ class TransformerXL(PositionalEncoding):
     R_clamp_len. u and v are per layer ("untied", the original default) unless ``share_uv``.
     ``scale=False`` drops the 1/sqrt(d) the original code applies to the whole sum.
     Without clamp_len, terms (b)+(d) become a dot product of augmented q and k (REFERENCES'
-    sin/cos identity), keeping fused attention. With clamp_len they are one matmul of (q + v)
-    against the projected distance table, then a gather. No (Lq, Lk, d) tensor is ever built.
+    sin/cos identity), keeping fused attention; a single decoding query takes the same term
+    against the shared position table instead, so cached keys stay d wide. With clamp_len they
+    are one matmul of (q + v) against the projected distance table, then a gather. No
+    (Lq, Lk, d) tensor is ever built.
     """
 
     relative = True
@@ -67,15 +69,6 @@ class TransformerXL(PositionalEncoding):
 
         return self.position_table("key_positions", span.stop, device, build)[span.start :]
 
-    def rotate(self, q: Tensor, k: Tensor, span: Span, layer: LayerContext) -> tuple[Tensor, Tensor]:
-        """Without clamp_len, append [cos(j w) | sin(j w)] to every key before it is cached
-        (see ``score``); with clamp_len the keys stay as they are."""
-        if self.clamp_len is not None:
-            return q, k
-        B, H, L, _ = k.shape
-        extra = self.key_positions(span, k.device).to(k.dtype)  # (L, d_model)
-        return q, torch.cat((k, extra.expand(B, H, L, self.d_model)), dim=-1)
-
     def score(self, q: Tensor, k: Tensor, q_span: Span, k_span: Span, layer: LayerContext) -> Scores:
         uv = 0 if self.share_uv else layer.index
         u, v = self.u[uv][:, None, :], self.v[uv][:, None, :]  # (H, 1, d)
@@ -86,15 +79,21 @@ class TransformerXL(PositionalEncoding):
         # into its sin and cos columns [A | B]: alpha = A^T a_i, beta = B^T a_i, and
         #   a_i . W_kR R_{i-j} = sum_k alpha_k sin((i-j)w_k) + beta_k cos((i-j)w_k)
         #   = [alpha sin(iw) + beta cos(iw) | beta sin(iw) - alpha cos(iw)] . [cos(jw) | sin(jw)]
-        # so queries get that vector appended and keys carry [cos(jw) | sin(jw)] (rotate):
-        # no bias tensor, and attention keeps its fused causal path.
         H, d, half = self.n_heads, self.d_head, self.d_model // 2
         w = self.w_kr[layer.index].weight.view(H, d, self.d_model)  # (H, d, d_model)
         ab = (q + v) @ w  # (B, H, Lq, d_model) = [alpha | beta]
         alpha, beta = ab[..., :half], ab[..., half:]
         cos_i, sin_i = self.key_positions(q_span, q.device).to(q.dtype).split(half, dim=-1)  # (Lq, half)
         q_pos = torch.cat((alpha * sin_i + beta * cos_i, beta * sin_i - alpha * cos_i), dim=-1)
-        return Scores(torch.cat((q + u, q_pos), dim=-1), k, None, scale)
+        k_pos = self.key_positions(k_span, k.device).to(k.dtype)  # (Lk, d_model), one table for all
+        if q.shape[2] == 1:
+            # One decoding query: the position term against the shared table, (B, H, 1, Lk),
+            # so cached keys stay d wide and nothing per key is copied.
+            return Scores(q + u, k, (q_pos @ k_pos.T) * scale, scale)
+        # Several queries: widen q and k so attention keeps its fused causal path.
+        B, _, Lk, _ = k.shape
+        k_wide = torch.cat((k, k_pos.expand(B, H, Lk, self.d_model)), dim=-1)
+        return Scores(torch.cat((q + u, q_pos), dim=-1), k_wide, None, scale)
 
     def _score_gather(
         self, q: Tensor, k: Tensor, q_span: Span, k_span: Span, layer: int, u: Tensor, v: Tensor, scale: float
