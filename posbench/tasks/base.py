@@ -1,6 +1,7 @@
 """The task interface: a seeded generator of token sequences whose answers carry the loss."""
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import ClassVar, Sequence
 
@@ -23,7 +24,7 @@ class Batch:
         return Batch(self.tokens.to(device), self.targets.to(device))
 
 
-class Task:
+class Task(ABC):
     """Base class for synthetic tasks.
 
     A task's *length* is its own size parameter (symbols to copy, key-value pairs, distance to
@@ -60,16 +61,17 @@ class Task:
         self.eval_lengths = tuple(sorted(int(e) for e in evals))
 
     @property
+    @abstractmethod
     def vocab_size(self) -> int:
-        raise NotImplementedError
+        """Number of distinct tokens."""
 
+    @abstractmethod
     def sequence_length(self, length: int) -> int:
         """Number of input tokens the model sees for a task of size `length`."""
-        raise NotImplementedError
 
+    @abstractmethod
     def generate(self, length: int, batch_size: int, generator: torch.Generator) -> tuple[Tensor, Tensor]:
         """Full sequences (B, T + 1) and a bool mask (B, T + 1) of the answer tokens."""
-        raise NotImplementedError
 
     def batch(self, length: int, batch_size: int, generator: torch.Generator) -> Batch:
         """A batch of inputs and targets: targets are the next tokens, IGNORE off-answer."""
