@@ -50,22 +50,22 @@ class Reporter(Protocol):
 
 
 class SilentReporter:
-    """A Reporter that reports nothing."""
+    """A Reporter that reports nothing (tests, library use)."""
 
     def sweep_started(self, total: int, to_run: int) -> None:
-        pass
+        """Nothing to show."""
 
     def run_started(self, run: RunConfig, steps: int) -> None:
-        pass
+        """Nothing to show."""
 
     def step(self, step: int, loss: float) -> None:
-        pass
+        """Nothing to show."""
 
     def run_finished(self, run: RunConfig, status: str) -> None:
-        pass
+        """Nothing to show."""
 
     def note(self, message: str) -> None:
-        pass
+        """Nothing to show."""
 
 
 @dataclass
