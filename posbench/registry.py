@@ -88,16 +88,6 @@ class Registry(Generic[T]):
         return doc.strip().splitlines()[0] if doc.strip() else ""
 
 
-def accepted_options(factory: object, skip: tuple[str, ...] = ()) -> list[str]:
-    """Keyword options a constructor accepts (its positional core arguments skipped)."""
-    params = inspect.signature(factory).parameters  # type: ignore[arg-type]
-    return [
-        n
-        for n, p in params.items()
-        if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD) and n not in skip and n != "self"
-    ]
-
-
 def check_options(factory: object, options: dict[str, object], what: str) -> None:
     """Raise OptionError naming each option that `factory` does not accept."""
     params = inspect.signature(factory).parameters  # type: ignore[arg-type]

@@ -279,12 +279,6 @@ def store_run(folder: RunFolder, output: RunOutput) -> str:
     return output.status
 
 
-def execute_run(run: RunConfig, folder: RunFolder, threads: int | None = None, reporter: Reporter | None = None) -> str:
-    """Compute one run here and store it into its folder; returns its status."""
-    reporter = reporter or SilentReporter()
-    return store_run(folder, compute_run(run, threads, reporter.step))
-
-
 def _state_bytes(model: torch.nn.Module) -> bytes:
     buffer = io.BytesIO()
     torch.save({k: v.detach().cpu() for k, v in model.state_dict().items()}, buffer)
