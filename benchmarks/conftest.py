@@ -9,10 +9,11 @@ import os
 from dataclasses import dataclass
 
 import pytest
-import torch
+
+from posbench.cpu import configure_cpu
 
 THREADS = int(os.environ.get("POSBENCH_BENCH_THREADS", "2"))
-torch.set_num_threads(THREADS)
+configure_cpu(THREADS)
 
 
 @dataclass

@@ -68,9 +68,7 @@ class CausalSelfAttention(nn.Module):
                 mask = causal_mask(q_len, k_len, x.device) if q_len > 1 else None
                 y = F.scaled_dot_product_attention(scores.q, scores.k, v, attn_mask=mask, scale=scores.scale)
         else:
-            bias = scores.bias.to(q.dtype)
-            if q_len > 1:
-                bias = bias.masked_fill(~causal_mask(q_len, k_len, x.device), float("-inf"))
-            y = biased_attention(scores.q, scores.k, v, bias, scores.scale)  # (B, H, L, d')
+            mask = causal_mask(q_len, k_len, x.device) if q_len > 1 else None
+            y = biased_attention(scores.q, scores.k, v, scores.bias, scores.scale, mask)  # (B, H, L, d')
         y = y[..., :d_v]
         return self.out(y.transpose(1, 2).reshape(B, L, D))

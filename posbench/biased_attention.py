@@ -1,58 +1,159 @@
-"""Attention with an additive bias that needs a gradient (T5's table, DeBERTa's and
-Transformer-XL's position terms, KERPLE), kept on the CPU flash kernel.
+"""Causal attention with an additive bias (ALiBi, T5's table, DeBERTa's and Transformer-XL's
+position terms, KERPLE), kept on the CPU flash kernel with its causal block skipping.
 
-`scaled_dot_product_attention` sends a mask that requires grad to its math path, which
-materialises every intermediate (about 4x the cost of causal flash attention at L=1024 on a
-2-core CPU). Here the forward pass runs the flash kernel with the bias as a plain float mask,
-and the backward pass runs the flash backward for q, k and v and forms the bias gradient
-dS = P * (dP - rowsum(dO * O)) one (batch, head) block at a time, P = exp(S - logsumexp)."""
+`scaled_dot_product_attention` takes either ``is_causal`` or a mask, never both, and sends a
+mask that requires grad to its math path, which materialises every intermediate (about 4x the
+cost of causal flash attention at L=1024 on a 2-core CPU). The CPU flash kernel itself accepts
+both: here the forward pass runs it with the bias as a plain float mask and ``is_causal`` set,
+so blocks above the diagonal are skipped, and the backward pass runs the flash backward for q,
+k and v and, when the bias needs a gradient, forms dS = P * (dP - rowsum(dO * O)) one block
+of query rows at a time, P = exp(S - logsumexp), over the keys those rows can see. A
+BandedBias (T5) needs dS only within its band."""
 from __future__ import annotations
+
+from typing import Iterator
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from posbench.encodings.base import BandedBias, diagonal_sums
 
 FLASH_MIN_PAIRS = 128 * 128
+ROW_BLOCK = 64
+
+
+def _score_gradient_blocks(saved: tuple[Tensor, ...], grad_out: Tensor, scale: float, causal: bool,
+                           band: int | None = None) -> Iterator[tuple[int, int, int, int, Tensor]]:
+    """dS = P * (dP - rowsum(dO * O)) for blocks of query rows, (r0, r1, k0, k1, dS (B, H,
+    r1 - r0, k1 - k0)), over the keys those rows see (with ``band``: only keys j > i - band).
+    Query row a sits at key position a + Lk - Lq."""
+    q, k, v, bias, out, lse = saved
+    q_len, k_len = q.shape[2], k.shape[2]
+    offset = k_len - q_len
+    delta = (grad_out * out).sum(-1, keepdim=True)  # (B, H, Lq, 1)
+    for r0 in range(0, q_len, ROW_BLOCK):
+        r1 = min(r0 + ROW_BLOCK, q_len)
+        k0 = 0 if band is None else max(0, r0 + offset - band + 1)
+        k1 = r1 + offset if causal else k_len
+        scores = torch.matmul(q[:, :, r0:r1], k[:, :, k0:k1].transpose(-1, -2)).mul_(scale)  # (B, H, rows, keys)
+        scores += bias[:, :, r0:r1, k0:k1]
+        if causal:  # the kernel's own causal masking left the bias unmasked above the diagonal
+            future = torch.ones(r1 - r0, k1 - k0, dtype=torch.bool, device=q.device).triu_(r0 + offset - k0 + 1)
+            scores.masked_fill_(future, float("-inf"))
+        probs = scores.sub_(lse[:, :, r0:r1, None]).exp_()
+        dprobs = torch.matmul(grad_out[:, :, r0:r1], v[:, :, k0:k1].transpose(-1, -2))
+        yield r0, r1, k0, k1, probs.mul_(dprobs.sub_(delta[:, :, r0:r1]))
+
+
+def _bias_gradient(saved: tuple[Tensor, ...], grad_out: Tensor, scale: float, causal: bool) -> Tensor:
+    """dL/dbias for a bias (Bb, Hb, Lq, Lk) broadcast against (B, H, Lq, Lk)."""
+    bias = saved[3]
+    dbias = torch.zeros(bias.shape, dtype=bias.dtype, device=bias.device)
+    reduce = [dim for dim in (0, 1) if bias.shape[dim] == 1]
+    for r0, r1, k0, k1, ds in _score_gradient_blocks(saved, grad_out, scale, causal):
+        dbias[:, :, r0:r1, k0:k1] += ds.sum(reduce, keepdim=True) if reduce else ds
+    return dbias
+
+
+def _banded_gradient(saved: tuple[Tensor, ...], grad_out: Tensor, scale: float, lo: int, band: int) -> Tensor:
+    """d near for a causal BandedBias: dS summed over the batch along each diagonal i - j in
+    lo .. band - 1, formed only for the keys within ``band`` of each block of query rows."""
+    q, k = saved[0], saved[1]
+    offset = k.shape[2] - q.shape[2]
+    dnear = q.new_zeros(q.shape[1], band - lo)
+    for r0, r1, k0, k1, ds in _score_gradient_blocks(saved, grad_out, scale, True, band):
+        sums = diagonal_sums(ds.sum(0))  # (H, rows + keys - 1), distances first, first + 1, ...
+        first = r0 + offset - (k1 - 1)
+        lo_in, hi_in = max(first, lo), min(first + sums.shape[-1] - 1, band - 1)
+        dnear[:, lo_in - lo : hi_in - lo + 1] += sums[:, lo_in - first : hi_in - first + 1]
+    return dnear
+
+
+def _flash_forward(ctx, q: Tensor, k: Tensor, v: Tensor, mask: Tensor, scale: float, causal: bool) -> Tensor:
+    out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+        q, k, v, 0.0, causal, attn_mask=mask, scale=scale
+    )
+    ctx.save_for_backward(q, k, v, mask, out, lse)
+    ctx.scale, ctx.causal = scale, causal
+    return out
+
+
+def _flash_backward(ctx, grad_out: Tensor) -> tuple[tuple[Tensor, ...], tuple[Tensor, ...]]:
+    """(dq, dk, dv) and the saved tensors (q, k, v, mask, out, lse)."""
+    saved = ctx.saved_tensors
+    q, k, v, mask, out, lse = saved
+    grads = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+        grad_out, q, k, v, out, lse, 0.0, ctx.causal, attn_mask=mask, scale=ctx.scale
+    )
+    return grads, saved
 
 
 class _FlashBiasedAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, bias: Tensor, scale: float) -> Tensor:  # type: ignore[override]
-        mask = bias.detach()
-        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, attn_mask=mask, scale=scale)
-        ctx.save_for_backward(q, k, v, mask, out, lse)
-        ctx.scale = scale
-        return out
+    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, bias: Tensor, scale: float, causal: bool) -> Tensor:  # type: ignore[override]
+        return _flash_forward(ctx, q, k, v, bias.detach(), scale, causal)
 
     @staticmethod
     def backward(ctx, grad_out: Tensor):  # type: ignore[override]
-        q, k, v, mask, out, lse = ctx.saved_tensors
         grad_out = grad_out.contiguous()
-        dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
-            grad_out, q, k, v, out, lse, 0.0, False, attn_mask=mask, scale=ctx.scale
-        )
-        dbias = None
-        if ctx.needs_input_grad[3]:
-            B, H = q.shape[:2]
-            delta = (grad_out * out).sum(-1, keepdim=True)  # (B, H, Lq, 1)
-            dbias = torch.zeros(mask.shape, dtype=q.dtype, device=q.device)
-            for b in range(B):
-                mb = mask[b if mask.shape[0] > 1 else 0]  # (H or 1, Lq, Lk)
-                scores = torch.baddbmm(mb.expand(H, -1, -1), q[b], k[b].transpose(-1, -2), alpha=ctx.scale)
-                probs = scores.sub_(lse[b].unsqueeze(-1)).exp_()  # (H, Lq, Lk)
-                dprobs = torch.bmm(grad_out[b], v[b].transpose(-1, -2))  # (H, Lq, Lk)
-                ds = probs.mul_(dprobs.sub_(delta[b]))
-                target = dbias[b if mask.shape[0] > 1 else 0]
-                target += ds if mask.shape[1] > 1 else ds.sum(0, keepdim=True)
-        return dq, dk, dv, dbias, None
+        (dq, dk, dv), saved = _flash_backward(ctx, grad_out)
+        dbias = _bias_gradient(saved, grad_out, ctx.scale, ctx.causal) if ctx.needs_input_grad[3] else None
+        return dq, dk, dv, dbias, None, None
 
 
-def biased_attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, scale: float) -> Tensor:
-    """softmax(scale * q k^T + bias) v for q, k (B, H, Lq|Lk, d), v (B, H, Lk, dv) and a bias
-    broadcastable to (B, H, Lq, Lk) with -inf where attention is masked."""
+class _FlashBandedAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, near: Tensor, far: Tensor, shape: tuple[int, int, int, int],  # type: ignore[override]
+                scale: float, causal_mask: Tensor) -> Tensor:
+        lo, band, q_len, k_len = shape
+        mask = BandedBias(near.detach(), far.detach(), lo, band, q_len, k_len).dense()[None]  # (1, H, Lq, Lk)
+        if q_len != k_len:  # the kernel's causal masking is for square score matrices only
+            mask = mask.masked_fill(~causal_mask, float("-inf"))
+        ctx.lo, ctx.band = lo, band
+        return _flash_forward(ctx, q, k, v, mask, scale, q_len == k_len)
+
+    @staticmethod
+    def backward(ctx, grad_out: Tensor):  # type: ignore[override]
+        grad_out = grad_out.contiguous()
+        (dq, dk, dv), saved = _flash_backward(ctx, grad_out)
+        dnear = dfar = None
+        if ctx.needs_input_grad[3] or ctx.needs_input_grad[4]:
+            dnear = _banded_gradient(saved, grad_out, ctx.scale, ctx.lo, ctx.band)
+            dfar = -dnear.sum(-1)  # each row of dS sums to zero over the keys it sees
+        return dq, dk, dv, dnear, dfar, None, None, None
+
+
+def biased_attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | BandedBias, scale: float,
+                     causal_mask: Tensor | None) -> Tensor:
+    """softmax(scale * q k^T + bias) v for q, k (B, H, Lq|Lk, d), v (B, H, Lk, d) and a bias
+    broadcastable to (B, H, Lq, Lk); causal_mask (Lq, Lk) is True where attention is allowed
+    (None: no mask). A causal mask over a square score matrix uses the kernel's own causal
+    masking, which skips the blocks above the diagonal."""
+    q_len, k_len = q.shape[-2], k.shape[-2]
+    fused_causal = causal_mask is not None and q_len == k_len
+    flash = (
+        q.device.type == "cpu" and q.dtype == torch.float32 and q.shape[-1] == v.shape[-1]
+        and q_len * k_len >= FLASH_MIN_PAIRS  # below, the math path's few ops win
+    )
+    grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+    if isinstance(bias, BandedBias):
+        if flash and causal_mask is not None and torch.is_grad_enabled():
+            shape = (bias.lo, bias.band, bias.q_len, bias.k_len)
+            q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+            return _FlashBandedAttention.apply(q, k, v, bias.near, bias.far, shape, scale, causal_mask)
+        bias = bias.dense()
+    bias = bias.to(q.dtype)
+    grad = grad or bias.requires_grad
     bias = bias.reshape((1,) * (4 - bias.dim()) + tuple(bias.shape)) if bias.dim() < 4 else bias
-    large = q.shape[-2] * k.shape[-2] >= FLASH_MIN_PAIRS  # below, the math path's few ops win
-    if large and bias.requires_grad and q.device.type == "cpu" and torch.is_grad_enabled() and q.dtype == torch.float32:
-        return _FlashBiasedAttention.apply(q.contiguous(), k.contiguous(), v.contiguous(), bias.contiguous(), scale)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=scale)
+    if causal_mask is not None and not (flash and fused_causal):
+        bias = bias.masked_fill(~causal_mask, float("-inf"))
+    if not flash:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=scale)
+    q, k, v, bias = q.contiguous(), k.contiguous(), v.contiguous(), bias.contiguous()
+    if torch.is_grad_enabled() and grad:
+        return _FlashBiasedAttention.apply(q, k, v, bias, scale, fused_causal)
+    out, _ = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+        q, k, v, 0.0, fused_causal, attn_mask=bias, scale=scale
+    )
+    return out

@@ -28,6 +28,7 @@ from torch.utils import benchmark
 from posbench.attention import CausalSelfAttention
 from posbench.cache import Cache
 from posbench.config import EncodingSpec, to_jsonable
+from posbench.cpu import configure_cpu
 from posbench.encodings import create_encoding
 from posbench.encodings.base import LayerContext, Span
 from posbench.results import RunFolder, atomic_write_json, environment
@@ -285,7 +286,7 @@ def measure_peak_mb(fn: Callable[[], Any], device: str = "cpu") -> float:
 
 def memory_rows_here(spec: EncodingSpec, config: BenchConfig) -> list[dict[str, Any]]:
     """Peak memory of forward+backward at each sequence length, measured in this process."""
-    torch.set_num_threads(config.threads)
+    configure_cpu(config.threads)
     layer = _layer(spec, config)
     d_model = config.n_heads * config.d_head
     rows = []
@@ -319,7 +320,7 @@ def memory_rows(spec: EncodingSpec, config: BenchConfig) -> list[dict[str, Any]]
 
 def profile_encoding(spec: EncodingSpec, config: BenchConfig, parts: Iterable[str] = ("latency", "decode", "window", "memory")) -> list[dict[str, Any]]:
     """Every profile row for one encoding."""
-    torch.set_num_threads(config.threads)
+    configure_cpu(config.threads)
     producers = {"latency": latency_rows, "decode": decode_rows, "window": window_rows, "memory": memory_rows}
     rows: list[dict[str, Any]] = []
     for part in parts:

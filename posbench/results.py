@@ -13,6 +13,7 @@ from typing import Any, Iterable
 import pandas as pd
 import torch
 
+from posbench.cpu import denormals_flushed
 from posbench.errors import ResultsError
 
 SWEEP_MARKER = "sweep.json"
@@ -76,6 +77,7 @@ def environment(device: str) -> dict[str, Any]:
         "processor": platform.processor() or platform.machine(),
         "cpu_count": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
+        "flush_denormals": denormals_flushed(),
         "device": device,
         "git_commit": git_commit(),
     }

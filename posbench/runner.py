@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Callable, Protocol
 import torch
 
 from posbench.config import EncodingSpec, RunConfig, SweepConfig, to_jsonable, expand_runs
+from posbench.cpu import configure_cpu
 from posbench.encodings import BUILTINS, REGISTRY as ENCODINGS
 from posbench.encodings.base import Span
 from posbench.errors import ConfigError, ResultsError
@@ -216,8 +217,7 @@ def compute_run(
     """Train and evaluate one run in this process; failures become a failed RunOutput."""
     if plugin_dirs:
         load_plugins([Path(p) for p in plugin_dirs])
-    if threads:
-        torch.set_num_threads(threads)
+    configure_cpu(threads)
     log: list[str] = []
 
     def note(message: str) -> None:

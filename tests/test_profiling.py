@@ -32,11 +32,11 @@ def test_memory_probe_sees_a_large_allocation() -> None:
 @needs_clear_refs
 def test_memory_rows_from_a_child_process_grow_with_length() -> None:
     config = BenchConfig(seq_lens=(128, 1024), batch_size=4, n_heads=2, d_head=8, threads=1)
-    rows = memory_rows(EncodingSpec("t5"), config)
+    rows = memory_rows(EncodingSpec("deberta"), config)
     values = [r["value"] for r in rows]
     assert [r["seq_len"] for r in rows] == [128, 1024]
     assert all(v > 0 for v in values), rows
-    # t5 materialises (B, H, L, L) scores: 64x more pairs at 8x the length
+    # deberta materialises (B, H, L, L) position terms: 64x more pairs at 8x the length
     assert values[1] > 8 * values[0]
 
 

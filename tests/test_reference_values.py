@@ -9,7 +9,7 @@ import torch
 
 from posbench import create_encoding
 from posbench.encodings.alibi import alibi_slopes
-from posbench.encodings.base import LayerContext, Span
+from posbench.encodings.base import BandedBias, LayerContext, Span
 from posbench.encodings.deberta import log_bucket_position
 from posbench.encodings.t5 import t5_bucket
 from posbench.testing import attention_logits
@@ -49,6 +49,23 @@ def test_t5_bias_reads_table_by_bucket() -> None:
     for a, i, b, j in causal_pairs(Span(5, 9), Span(0, 9)):
         bucket = t5_bucket(torch.tensor(j - i), False, 8, 16).item()
         assert torch.equal(bias[:, a, b], table[bucket])
+
+
+
+@pytest.mark.parametrize("num_buckets, max_distance", [(8, 16), (32, 128), (32, 50), (6, 7)])
+def test_t5_long_causal_bias_is_banded_at_max_distance(num_buckets: int, max_distance: int) -> None:
+    """Past max_distance every distance reads the last bucket, so the bias is a BandedBias
+    whose dense form still reads the table by bucket for every pair."""
+    distances = torch.arange(max_distance, 20 * max_distance)
+    assert (t5_bucket(-distances, False, num_buckets, max_distance) == num_buckets - 1).all()
+    enc = create_encoding("t5", n_heads=3, d_head=4, num_buckets=num_buckets, max_distance=max_distance)
+    q_span, k_span = Span(max_distance + 5, 3 * max_distance), Span(0, 3 * max_distance)
+    bias = enc.position_bias(q_span, k_span, 0, torch.device("cpu"))
+    assert isinstance(bias, BandedBias)
+    dense = bias.dense()
+    table = enc.tables[0].weight
+    for a, i, b, j in causal_pairs(q_span, k_span):
+        assert torch.equal(dense[:, a, b], table[t5_bucket(torch.tensor(j - i), False, num_buckets, max_distance)])
 
 
 # ---- ALiBi ----------------------------------------------------------------------------------

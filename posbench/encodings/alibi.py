@@ -7,7 +7,7 @@ import torch
 from torch import Tensor
 
 from posbench.encodings import register_encoding
-from posbench.encodings.base import LayerContext, PositionalEncoding, Span
+from posbench.encodings.base import PositionalEncoding, Span
 
 
 def alibi_slopes(n_heads: int) -> list[float]:
@@ -27,8 +27,9 @@ def alibi_slopes(n_heads: int) -> list[float]:
 class ALiBi(PositionalEncoding):
     """ALiBi: bias[h, i, j] = -m_h (i - j), or -m_h |i - j| with ``symmetric`` (non-causal).
 
-    The causal form is folded into q and k (see ``rotate``); the symmetric form is a static
-    bias read from a per-distance table."""
+    The bias is read from a per-distance table (Lq + Lk - 1 values per head) that grows by
+    doubling, then expanded to the (Lq, Lk) Toeplitz matrix; it needs no gradient, so causal
+    attention keeps the flash kernel's causal block skipping (see biased_attention)."""
 
     relative = True
 
@@ -45,22 +46,11 @@ class ALiBi(PositionalEncoding):
         self.symmetric = (not causal) if symmetric is None else symmetric
         self.register_buffer("slopes", torch.tensor(alibi_slopes(n_heads)), persistent=False)
 
-    def rotate(self, q: Tensor, k: Tensor, span: Span, layer: LayerContext) -> tuple[Tensor, Tensor]:
-        """Causal ALiBi folded into the dot product: -m(i - j) and +m j differ by a constant per
-        query row, which softmax ignores (the paper's code adds m j too). Appending sqrt(d) to
-        q and m_h j to k adds m_h j to the scaled logits, so attention keeps the fused causal
-        path and cached keys carry their own term: nothing is rebuilt per decoding step."""
-        if self.symmetric:
-            return q, k
-        B, H, L, _ = q.shape
-        q_extra = q.new_full((B, H, L, 1), math.sqrt(self.d_head))
-        positions = span.arange(k.device).to(torch.float64)
-        k_extra = (self.slopes.to(k.device, torch.float64)[:, None] * positions[None, :]).to(k.dtype)  # (H, L)
-        return torch.cat((q, q_extra), dim=-1), torch.cat((k, k_extra[None, :, :, None].expand(B, H, L, 1)), dim=-1)
-
-    def position_bias(self, q_span: Span, k_span: Span, layer: int, device: torch.device) -> Tensor | None:
-        if not self.symmetric:
-            return None  # folded into q and k by rotate
+    def position_bias(self, q_span: Span, k_span: Span, layer: int, device: torch.device) -> Tensor:
         slopes = self.slopes.to(device)
-        bias = self.distance_lookup("bias", q_span, k_span, device, lambda d: -slopes * d.abs().float()[:, None])
-        return bias.permute(2, 0, 1)  # (H, Lq, Lk)
+
+        def penalty(distance: Tensor) -> Tensor:  # distance i - j -> (n, H)
+            distance = distance.abs() if self.symmetric else distance
+            return -slopes * distance.float()[:, None]
+
+        return self.static_relative_bias("penalty", q_span, k_span, device, penalty)  # (H, Lq, Lk)

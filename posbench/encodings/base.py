@@ -54,13 +54,48 @@ class Scores:
 
     q: Tensor  # (B, H, Lq, d')
     k: Tensor  # (B, H, Lk, d')
-    bias: Tensor | None  # broadcastable to (B, H, Lq, Lk), already on the scaled-logit scale
+    bias: Tensor | BandedBias | None  # broadcastable to (B, H, Lq, Lk), on the scaled-logit scale
     scale: float
 
     def logits(self) -> Tensor:
         """The dense pre-mask logits (B, H, Lq, Lk); for tests and pictures, not the hot path."""
         logits = self.scale * self.q @ self.k.transpose(-1, -2)
-        return logits if self.bias is None else logits + self.bias
+        return logits if self.bias is None else logits + dense_bias(self.bias)
+
+
+@dataclass
+class BandedBias:
+    """A relative bias that is the same for every key at least ``band`` positions in the past
+    (T5's last bucket): bias[h, a, b] = near[h, (i - j) - lo] for i - j < band, far[h] beyond.
+
+    Under causal masking each row of the bias gradient dS sums to zero over the keys it sees,
+    so attention computes dS inside the band only and d far = -sum(d near): O(L * band)
+    instead of O(L^2) work for the gradient."""
+
+    near: Tensor  # (H, band - lo): distances lo, lo + 1, ..., band - 1
+    far: Tensor  # (H,)
+    lo: int  # the smallest distance i - j in the score matrix (negative: future keys)
+    band: int
+    q_len: int
+    k_len: int
+
+    @property
+    def n_far(self) -> int:
+        """How many distances lie beyond the band: hi - band + 1 with hi = lo + Lq + Lk - 2."""
+        return self.lo + self.q_len + self.k_len - 1 - self.band
+
+    def per_distance(self) -> Tensor:
+        """Values for the distances lo .. hi, (H, Lq + Lk - 1)."""
+        return torch.cat((self.near, self.far[:, None].expand(-1, self.n_far)), dim=-1)
+
+    def dense(self) -> Tensor:
+        """The (H, Lq, Lk) matrix."""
+        return toeplitz(self.per_distance(), self.q_len, self.k_len)
+
+
+def dense_bias(bias: Tensor | BandedBias) -> Tensor:
+    """A bias as a tensor broadcastable to (B, H, Lq, Lk)."""
+    return bias.dense() if isinstance(bias, BandedBias) else bias
 
 
 class PositionalEncoding(nn.Module):
@@ -80,6 +115,7 @@ class PositionalEncoding(nn.Module):
         self.causal = causal
         self.n_layers = n_layers
         self._tables: dict[Hashable, Tensor] = {}
+        self._last_bias: dict[str, tuple[Hashable, Tensor]] = {}
         #: How many static tables were built (tests check that decoding reuses them).
         self.table_builds = 0
 
@@ -115,7 +151,9 @@ class PositionalEncoding(nn.Module):
         bias = self.position_bias(q_span, k_span, layer.index, q.device)
         return Scores(q, k, bias, 1.0 / math.sqrt(self.d_head))
 
-    def position_bias(self, q_span: Span, k_span: Span, layer: int, device: torch.device) -> Tensor | None:
+    def position_bias(
+        self, q_span: Span, k_span: Span, layer: int, device: torch.device
+    ) -> Tensor | BandedBias | None:
         """A bias (H, Lq, Lk) that depends on positions only, or None."""
         return None
 
@@ -157,6 +195,20 @@ class PositionalEncoding(nn.Module):
         values = self.distance_values(name, lo, q_span.stop - 1 - k_span.start, device, build)
         return values[self.relative_positions(q_span, k_span, device) - lo]
 
+    def static_relative_bias(
+        self, name: str, q_span: Span, k_span: Span, device: torch.device, build: Callable[[Tensor], Tensor]
+    ) -> Tensor:
+        """A parameter-free bias f(i - j) as an (H, Lq, Lk) Toeplitz matrix, build(distances) ->
+        (n, H) read through ``distance_values``. The last matrix is kept: it depends only on the
+        spans' lengths and offset, so a training or evaluation loop at one length builds it once."""
+        key = (len(q_span), len(k_span), q_span.start - k_span.start, str(device))
+        last = self._last_bias.get(name)
+        if last is None or last[0] != key:
+            lo, hi = q_span.start - (k_span.stop - 1), q_span.stop - 1 - k_span.start
+            per_distance = self.distance_values(name, lo, hi, device, build).T  # (H, Lq + Lk - 1)
+            last = self._last_bias[name] = (key, toeplitz(per_distance, len(q_span), len(k_span)))
+        return last[1]
+
     @staticmethod
     def relative_positions(q_span: Span, k_span: Span, device: torch.device) -> Tensor:
         """i - j for every (query, key) pair, (Lq, Lk)."""
@@ -170,17 +222,26 @@ class _Toeplitz(torch.autograd.Function):
     @staticmethod
     def forward(ctx, values: Tensor, q_len: int, k_len: int) -> Tensor:  # type: ignore[override]
         ctx.shape = (q_len, k_len)
-        index = torch.arange(q_len, device=values.device)[:, None] - torch.arange(k_len, device=values.device)[None, :]
-        return values[:, index + (k_len - 1)]
+        # rows reversed, the matrix is a Hankel view of the reversed values: [h, Lq-1-a, b] = w[h, a + b]
+        reversed_values = values.flip(-1).contiguous()  # (H, Lq + Lk - 1)
+        hankel = reversed_values.as_strided((values.shape[0], q_len, k_len), (reversed_values.stride(0), 1, 1))
+        return hankel.flip(-2)
 
     @staticmethod
     def backward(ctx, grad: Tensor):  # type: ignore[override]
-        q_len, k_len = ctx.shape
-        width = q_len + k_len - 1
-        # flipping the keys puts pair (a, b) in column (a - b) + k_len - 1 of a skewed view
-        padded = torch.nn.functional.pad(grad.flip(-1), (0, q_len))  # (H, Lq, Lk + Lq)
-        skewed = padded.flatten(-2)[..., : q_len * width].unflatten(-1, (q_len, width))
-        return skewed.sum(-2), None, None
+        return diagonal_sums(grad), None, None
+
+
+def diagonal_sums(matrix: Tensor) -> Tensor:
+    """Sums of (..., Lq, Lk) along its diagonals, (..., Lq + Lk - 1), ordered by a - b
+    ascending (index (a - b) + Lk - 1): the adjoint of ``toeplitz``, with a skew view instead
+    of scattering Lq * Lk entries."""
+    q_len, k_len = matrix.shape[-2:]
+    width = q_len + k_len - 1
+    # flipping the keys puts pair (a, b) in column (a - b) + k_len - 1 of a skewed view
+    padded = torch.nn.functional.pad(matrix.flip(-1), (0, q_len))  # (..., Lq, Lk + Lq)
+    skewed = padded.flatten(-2)[..., : q_len * width].unflatten(-1, (q_len, width))
+    return skewed.sum(-2)
 
 
 def toeplitz(values: Tensor, q_len: int, k_len: int) -> Tensor:

@@ -7,7 +7,7 @@ import torch
 from torch import Tensor, nn
 
 from posbench.encodings import register_encoding
-from posbench.encodings.base import PositionalEncoding, Span, toeplitz
+from posbench.encodings.base import BandedBias, PositionalEncoding, Span, toeplitz
 
 
 def t5_bucket(relative_position: Tensor, bidirectional: bool, num_buckets: int, max_distance: int) -> Tensor:
@@ -40,7 +40,9 @@ class T5Bias(PositionalEncoding):
 
     The bias is built per distance (Lq + Lk - 1 values per head) and expanded to the
     (Lq, Lk) Toeplitz matrix; buckets come from a per-distance table that grows by doubling,
-    so decoding through the cache never recomputes them for the whole prefix."""
+    so decoding through the cache never recomputes them for the whole prefix. Causal and
+    longer than max_distance, it is a BandedBias: every distance past max_distance reads the
+    last bucket, so attention forms its gradient inside that band only."""
 
     relative = True
 
@@ -73,7 +75,13 @@ class T5Bias(PositionalEncoding):
             lambda distance: t5_bucket(-distance, self.bidirectional, self.num_buckets, self.max_distance),
         )
 
-    def position_bias(self, q_span: Span, k_span: Span, layer: int, device: torch.device) -> Tensor:
+    def position_bias(self, q_span: Span, k_span: Span, layer: int, device: torch.device) -> Tensor | BandedBias:
         table = self.tables[layer if len(self.tables) > 1 else 0]
-        per_distance = table(self.buckets(q_span, k_span, device)).T  # (H, Lq + Lk - 1)
-        return toeplitz(per_distance, len(q_span), len(k_span))  # (H, Lq, Lk)
+        buckets = self.buckets(q_span, k_span, device)  # (Lq + Lk - 1,) for distances lo .. hi
+        lo = q_span.start - (k_span.stop - 1)
+        if self.causal and not self.bidirectional and len(buckets) + lo - 1 >= self.max_distance:
+            # every distance >= max_distance falls in the last bucket (log term >= 1 before the cap)
+            near = table(buckets[: self.max_distance - lo]).T  # (H, max_distance - lo)
+            far = table.weight[self.num_buckets - 1]  # (H,)
+            return BandedBias(near, far, lo, self.max_distance, len(q_span), len(k_span))
+        return toeplitz(table(buckets).T, len(q_span), len(k_span))  # (H, Lq, Lk)

@@ -1,0 +1,76 @@
+"""CPU compute settings: the thread count, and float32 denormals flushed to zero on every
+CPU thread torch computes on.
+
+Softmax over long rows produces probabilities such as exp(-100) that are denormal in float32;
+x86 cores process those tens of times slower, and ALiBi's linear penalty makes them common
+(fwd+bwd was 2x slower than attention without positions). ``torch.set_flush_denormal`` sets
+FTZ/DAZ for the calling thread only, while torch's kernels run on OpenMP worker threads, so
+this runs it once inside an OpenMP parallel region of the runtime torch itself loaded.
+TensorFlow flushes denormals on its compute threads by default for the same reason; the effect
+on results is below 1e-38 in absolute value."""
+from __future__ import annotations
+
+import ctypes
+import os
+import threading
+
+import torch
+
+_OPENMP_RUNTIMES = ("libgomp", "libiomp5", "libomp")
+_applied: set[tuple[int, int, int]] = set()
+_CALLBACK_TYPE = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+
+
+def _loaded_openmp_runtime() -> str | None:
+    """Path of the OpenMP runtime mapped into this process, or None (not Linux, or none)."""
+    try:
+        with open("/proc/self/maps") as maps:
+            for line in maps:
+                path = line.split()[-1] if line.count("/") else ""
+                if any(os.path.basename(path).startswith(name) for name in _OPENMP_RUNTIMES):
+                    return path
+    except OSError:
+        return None
+    return None
+
+
+def _set_on_openmp_workers(n_threads: int) -> bool:
+    path = _loaded_openmp_runtime()
+    if path is None:
+        return False
+    runtime = ctypes.CDLL(path)
+    if not hasattr(runtime, "GOMP_parallel"):
+        return False
+    runtime.GOMP_parallel.argtypes = [_CALLBACK_TYPE, ctypes.c_void_p, ctypes.c_uint, ctypes.c_uint]
+    runtime.GOMP_parallel.restype = None
+    callback = _CALLBACK_TYPE(lambda _: torch.set_flush_denormal(True))
+    runtime.GOMP_parallel(callback, None, n_threads, 0)  # the caller joins the team as thread 0
+    return True
+
+
+def flush_denormals() -> bool:
+    """Set flush-to-zero and denormals-are-zero on this thread and torch's CPU workers.
+
+    Idempotent and cheap to repeat; call it again after ``torch.set_num_threads`` changes the
+    team. Returns False where the CPU does not support it (then nothing changes)."""
+    if not torch.set_flush_denormal(True):
+        return False
+    key = (os.getpid(), threading.get_ident(), torch.get_num_threads())
+    if key not in _applied and torch.get_num_threads() > 1:
+        _set_on_openmp_workers(torch.get_num_threads())
+    _applied.add(key)
+    return True
+
+
+def configure_cpu(threads: int | None = None) -> None:
+    """Compute on `threads` CPU threads (None keeps torch's choice), denormals flushed on each.
+
+    The one place posbench sets torch's thread count, so the flush follows every change."""
+    if threads:
+        torch.set_num_threads(threads)
+    flush_denormals()
+
+
+def denormals_flushed() -> bool:
+    """Whether this process flushes denormals (recorded in env.json)."""
+    return os.getpid() in {key[0] for key in _applied}
