@@ -8,7 +8,7 @@ both: here the forward pass runs it with the bias as a plain float mask and ``is
 so blocks above the diagonal are skipped, and the backward pass runs the flash backward for q,
 k and v and, when the bias needs a gradient, forms dS = P * (dP - rowsum(dO * O)) one block
 of query rows at a time, P = exp(S - logsumexp), over the keys those rows can see. A
-BandedBias (T5) needs dS only within its band."""
+BandBias (T5, DeBERTa) goes to posbench.band_attention instead."""
 from __future__ import annotations
 
 from typing import Iterator
@@ -17,31 +17,30 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from posbench.encodings.base import BandedBias, diagonal_sums
+from posbench.band_attention import EXP_FLOOR, band_attention
+from posbench.encodings.base import BandBias
 
 FLASH_MIN_PAIRS = 128 * 128
 ROW_BLOCK = 64
 
 
-def _score_gradient_blocks(saved: tuple[Tensor, ...], grad_out: Tensor, scale: float, causal: bool,
-                           band: int | None = None) -> Iterator[tuple[int, int, int, int, Tensor]]:
+def _score_gradient_blocks(saved: tuple[Tensor, ...], grad_out: Tensor, scale: float,
+                           causal: bool) -> Iterator[tuple[int, int, int, int, Tensor]]:
     """dS = P * (dP - rowsum(dO * O)) for blocks of query rows, (r0, r1, k0, k1, dS (B, H,
-    r1 - r0, k1 - k0)), over the keys those rows see (with ``band``: only keys j > i - band).
-    Query row a sits at key position a + Lk - Lq."""
+    r1 - r0, k1 - k0)), over the keys those rows see. Query row a sits at key position a + Lk - Lq."""
     q, k, v, bias, out, lse = saved
     q_len, k_len = q.shape[2], k.shape[2]
     offset = k_len - q_len
     delta = (grad_out * out).sum(-1, keepdim=True)  # (B, H, Lq, 1)
     for r0 in range(0, q_len, ROW_BLOCK):
         r1 = min(r0 + ROW_BLOCK, q_len)
-        k0 = 0 if band is None else max(0, r0 + offset - band + 1)
-        k1 = r1 + offset if causal else k_len
+        k0, k1 = 0, r1 + offset if causal else k_len
         scores = torch.matmul(q[:, :, r0:r1], k[:, :, k0:k1].transpose(-1, -2)).mul_(scale)  # (B, H, rows, keys)
         scores += bias[:, :, r0:r1, k0:k1]
         if causal:  # the kernel's own causal masking left the bias unmasked above the diagonal
             future = torch.ones(r1 - r0, k1 - k0, dtype=torch.bool, device=q.device).triu_(r0 + offset - k0 + 1)
             scores.masked_fill_(future, float("-inf"))
-        probs = scores.sub_(lse[:, :, r0:r1, None]).exp_()
+        probs = scores.sub_(lse[:, :, r0:r1, None]).clamp_(min=EXP_FLOOR).exp_()  # masked: exp(-87) ~ 0
         dprobs = torch.matmul(grad_out[:, :, r0:r1], v[:, :, k0:k1].transpose(-1, -2))
         yield r0, r1, k0, k1, probs.mul_(dprobs.sub_(delta[:, :, r0:r1]))
 
@@ -54,20 +53,6 @@ def _bias_gradient(saved: tuple[Tensor, ...], grad_out: Tensor, scale: float, ca
     for r0, r1, k0, k1, ds in _score_gradient_blocks(saved, grad_out, scale, causal):
         dbias[:, :, r0:r1, k0:k1] += ds.sum(reduce, keepdim=True) if reduce else ds
     return dbias
-
-
-def _banded_gradient(saved: tuple[Tensor, ...], grad_out: Tensor, scale: float, lo: int, band: int) -> Tensor:
-    """d near for a causal BandedBias: dS summed over the batch along each diagonal i - j in
-    lo .. band - 1, formed only for the keys within ``band`` of each block of query rows."""
-    q, k = saved[0], saved[1]
-    offset = k.shape[2] - q.shape[2]
-    dnear = q.new_zeros(q.shape[1], band - lo)
-    for r0, r1, k0, k1, ds in _score_gradient_blocks(saved, grad_out, scale, True, band):
-        sums = diagonal_sums(ds.sum(0))  # (H, rows + keys - 1), distances first, first + 1, ...
-        first = r0 + offset - (k1 - 1)
-        lo_in, hi_in = max(first, lo), min(first + sums.shape[-1] - 1, band - 1)
-        dnear[:, lo_in - lo : hi_in - lo + 1] += sums[:, lo_in - first : hi_in - first + 1]
-    return dnear
 
 
 def _flash_forward(ctx, q: Tensor, k: Tensor, v: Tensor, mask: Tensor, scale: float, causal: bool) -> Tensor:
@@ -102,29 +87,7 @@ class _FlashBiasedAttention(torch.autograd.Function):
         return dq, dk, dv, dbias, None, None
 
 
-class _FlashBandedAttention(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, near: Tensor, far: Tensor, shape: tuple[int, int, int, int],  # type: ignore[override]
-                scale: float, causal_mask: Tensor) -> Tensor:
-        lo, band, q_len, k_len = shape
-        mask = BandedBias(near.detach(), far.detach(), lo, band, q_len, k_len).dense()[None]  # (1, H, Lq, Lk)
-        if q_len != k_len:  # the kernel's causal masking is for square score matrices only
-            mask = mask.masked_fill(~causal_mask, float("-inf"))
-        ctx.lo, ctx.band = lo, band
-        return _flash_forward(ctx, q, k, v, mask, scale, q_len == k_len)
-
-    @staticmethod
-    def backward(ctx, grad_out: Tensor):  # type: ignore[override]
-        grad_out = grad_out.contiguous()
-        (dq, dk, dv), saved = _flash_backward(ctx, grad_out)
-        dnear = dfar = None
-        if ctx.needs_input_grad[3] or ctx.needs_input_grad[4]:
-            dnear = _banded_gradient(saved, grad_out, ctx.scale, ctx.lo, ctx.band)
-            dfar = -dnear.sum(-1)  # each row of dS sums to zero over the keys it sees
-        return dq, dk, dv, dnear, dfar, None, None, None
-
-
-def biased_attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | BandedBias, scale: float,
+def biased_attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | BandBias, scale: float,
                      causal_mask: Tensor | None) -> Tensor:
     """softmax(scale * q k^T + bias) v for q, k (B, H, Lq|Lk, d), v (B, H, Lk, d) and a bias
     broadcastable to (B, H, Lq, Lk); causal_mask (Lq, Lk) is True where attention is allowed
@@ -137,12 +100,10 @@ def biased_attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | BandedBias,
         and q_len * k_len >= FLASH_MIN_PAIRS  # below, the math path's few ops win
     )
     grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
-    if isinstance(bias, BandedBias):
-        if flash and causal_mask is not None and torch.is_grad_enabled():
-            shape = (bias.lo, bias.band, bias.q_len, bias.k_len)
-            q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
-            return _FlashBandedAttention.apply(q, k, v, bias.near, bias.far, shape, scale, causal_mask)
-        bias = bias.dense()
+    if isinstance(bias, BandBias):
+        if flash and fused_causal:
+            return band_attention(q, k, v, bias.band.to(q.dtype), scale)
+        bias = bias.dense(q_len)
     bias = bias.to(q.dtype)
     grad = grad or bias.requires_grad
     bias = bias.reshape((1,) * (4 - bias.dim()) + tuple(bias.shape)) if bias.dim() < 4 else bias

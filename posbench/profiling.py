@@ -30,7 +30,7 @@ from posbench.cache import Cache
 from posbench.config import EncodingSpec, to_jsonable
 from posbench.cpu import configure_cpu
 from posbench.encodings import create_encoding
-from posbench.encodings.base import LayerContext, Span
+from posbench.encodings.base import BandBias, LayerContext, Span
 from posbench.results import RunFolder, atomic_write_json, environment
 
 BASELINE = "nope"
@@ -229,8 +229,9 @@ def _once(fn: Callable[[], None], repeats: int = 3) -> float:
 
 def attention_tensor_bytes(layer: AttentionUnderTest, config: BenchConfig, L: int) -> int:
     """Analytic size of the largest attention-side tensor for sequence length L: the dense
-    (B, H, L, L) score matrix when the encoding adds a bias (the mask SDPA must read), else
-    the largest of the augmented q and k (fused attention never forms the scores). Found by
+    (B, H, L, L) score matrix when the encoding adds a dense bias (the mask SDPA must read),
+    the (B, H, L, W) band of a BandBias, else the largest of the augmented q and k (fused
+    attention never forms the scores). Found by
     running the hooks on the meta device, which computes shapes only."""
     B, H, d = config.batch_size, config.n_heads, config.d_head
     enc = layer.encoding
@@ -244,7 +245,9 @@ def attention_tensor_bytes(layer: AttentionUnderTest, config: BenchConfig, L: in
     except Exception:  # an encoding whose hooks cannot run on meta: assume dense scores
         return 4 * B * H * L * L
     sizes = [scores.q.numel(), scores.k.numel()]
-    if scores.bias is not None:
+    if isinstance(scores.bias, BandBias):
+        sizes.append(B * H * L * scores.bias.width)  # plus blocks of ROWS x (ROWS + W - 1) pairs
+    elif scores.bias is not None:
         sizes.append(B * H * L * L)
     return 4 * max(sizes)
 

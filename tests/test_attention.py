@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from posbench.biased_attention import biased_attention
-from posbench.encodings import BandedBias
+from posbench.encodings import BandBias
 
 
 def _mask(kind: str, q_len: int, k_len: int) -> torch.Tensor | None:
@@ -43,27 +43,27 @@ def test_biased_attention_matches_sdpa_math(bias_shape: tuple[int, ...], mask_ki
         assert torch.allclose(biased_attention(q, k, v, bias, 0.3, mask), reference_out, atol=1e-5)
 
 
-@pytest.mark.parametrize("q_len, k_len, band", [(9, 9, 3), (6, 13, 4), (9, 9, 8), (20, 20, 1)])
-def test_banded_bias_gradient_matches_dense(q_len: int, k_len: int, band: int, monkeypatch) -> None:
-    """A BandedBias's gradient, formed inside the band only (d far = -sum(d near)), equals
-    the gradient through the dense Toeplitz matrix."""
+@pytest.mark.parametrize("L, W, rows", [(20, 5, 4), (9, 12, 4), (33, 7, 8), (16, 1, 4), (40, 40, 16)])
+@pytest.mark.parametrize("band_shape", [(2, 3, "L"), (1, 3, 1)])
+def test_band_attention_matches_the_dense_bias(L: int, W: int, rows: int, band_shape: tuple, monkeypatch) -> None:
+    """Far keys through flash attention, the band densely, merged by log-sum-exp: outputs and
+    gradients (q, k, v and the band, broadcast or not) equal SDPA's math path on the dense bias."""
     monkeypatch.setattr("posbench.biased_attention.FLASH_MIN_PAIRS", 1)
-    monkeypatch.setattr("posbench.biased_attention.ROW_BLOCK", 4)
+    monkeypatch.setattr("posbench.band_attention.ROWS", rows)
     torch.manual_seed(0)
-    lo = (k_len - q_len) - (k_len - 1)  # queries are the last q_len positions
-    q = torch.randn(2, 3, q_len, 8, requires_grad=True)
-    k, v = (torch.randn(2, 3, k_len, 8, requires_grad=True) for _ in range(2))
-    near = torch.randn(3, band - lo, requires_grad=True)
-    far = torch.randn(3, requires_grad=True)
-    bias = BandedBias(near, far, lo, band, q_len, k_len)
-    mask = _mask("causal", q_len, k_len)
+    q, k, v = (torch.randn(2, 3, L, 8, requires_grad=True) for _ in range(3))
+    band = (3 * torch.randn(*[L if n == "L" else n for n in band_shape], W)).requires_grad_(True)
+    bias = BandBias(band, torch.randn(2, 3, L, 1))  # the row constant changes no weight
+    mask = _mask("causal", L, L)
     out = biased_attention(q, k, v, bias, 0.3, mask)
     grad = torch.randn_like(out)
-    ours = torch.autograd.grad(out, (q, k, v, near, far), grad)
-    dense = bias.dense().masked_fill(~mask, float("-inf"))
+    ours = torch.autograd.grad(out, (q, k, v, band), grad)
+    dense = bias.dense(L).masked_fill(~mask, float("-inf"))
     with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.MATH):
         reference_out = F.scaled_dot_product_attention(q, k, v, attn_mask=dense, scale=0.3)
-    reference = torch.autograd.grad(reference_out, (q, k, v, near, far), grad)
+    reference = torch.autograd.grad(reference_out, (q, k, v, band), grad)
     assert torch.allclose(out, reference_out, atol=1e-5)
-    for name, a, b in zip(["q", "k", "v", "near", "far"], ours, reference):
+    for name, a, b in zip(["q", "k", "v", "band"], ours, reference):
         assert torch.allclose(a, b, atol=1e-5), name
+    with torch.no_grad():
+        assert torch.allclose(biased_attention(q, k, v, bias, 0.3, mask), reference_out, atol=1e-5)

@@ -32,11 +32,11 @@ def test_memory_probe_sees_a_large_allocation() -> None:
 @needs_clear_refs
 def test_memory_rows_from_a_child_process_grow_with_length() -> None:
     config = BenchConfig(seq_lens=(128, 1024), batch_size=4, n_heads=2, d_head=8, threads=1)
-    rows = memory_rows(EncodingSpec("deberta"), config)
+    rows = memory_rows(EncodingSpec("alibi"), config)
     values = [r["value"] for r in rows]
     assert [r["seq_len"] for r in rows] == [128, 1024]
     assert all(v > 0 for v in values), rows
-    # deberta materialises (B, H, L, L) position terms: 64x more pairs at 8x the length
+    # alibi materialises its (H, L, L) bias: 64x more pairs at 8x the length
     assert values[1] > 8 * values[0]
 
 
@@ -83,15 +83,14 @@ def test_decoding_reuses_position_tables(encoding: str) -> None:
     assert model.encoding.table_builds == builds
 
 
-def test_attention_tensor_size_is_quadratic_only_for_biases() -> None:
+def test_attention_tensor_size_is_quadratic_only_for_dense_biases() -> None:
     from posbench.profiling import AttentionUnderTest, attention_tensor_bytes
 
     config = BenchConfig(batch_size=2, n_heads=2, d_head=8)
     sizes = {}
-    for name in ("nope", "t5", "txl", "deberta"):
+    for name in ("nope", "alibi", "t5", "txl", "deberta"):
         layer = AttentionUnderTest(EncodingSpec(name), 2, 8)
         sizes[name] = (attention_tensor_bytes(layer, config, 256), attention_tensor_bytes(layer, config, 512))
-    assert sizes["t5"][1] == 4 * sizes["t5"][0] == 4 * 4 * 2 * 2 * 256 * 256
-    assert sizes["deberta"][1] == 4 * sizes["deberta"][0]
-    assert sizes["nope"][1] == 2 * sizes["nope"][0]
-    assert sizes["txl"][1] == 2 * sizes["txl"][0]  # folded into q and k: linear
+    assert sizes["alibi"][1] == 4 * sizes["alibi"][0] == 4 * 4 * 2 * 2 * 256 * 256
+    for name in ("nope", "t5", "deberta", "txl"):  # no L x L tensor: band biases, folds
+        assert sizes[name][1] == 2 * sizes[name][0], name

@@ -9,7 +9,7 @@ import torch
 
 from posbench import create_encoding
 from posbench.encodings.alibi import alibi_slopes
-from posbench.encodings.base import BandedBias, LayerContext, Span
+from posbench.encodings.base import BandBias, LayerContext, Span
 from posbench.encodings.deberta import log_bucket_position
 from posbench.encodings.t5 import t5_bucket
 from posbench.testing import attention_logits
@@ -54,18 +54,19 @@ def test_t5_bias_reads_table_by_bucket() -> None:
 
 @pytest.mark.parametrize("num_buckets, max_distance", [(8, 16), (32, 128), (32, 50), (6, 7)])
 def test_t5_long_causal_bias_is_banded_at_max_distance(num_buckets: int, max_distance: int) -> None:
-    """Past max_distance every distance reads the last bucket, so the bias is a BandedBias
-    whose dense form still reads the table by bucket for every pair."""
+    """Past max_distance every distance reads the last bucket, so square causal scores get a
+    BandBias whose dense form still reads the table by bucket for every pair."""
     distances = torch.arange(max_distance, 20 * max_distance)
     assert (t5_bucket(-distances, False, num_buckets, max_distance) == num_buckets - 1).all()
     enc = create_encoding("t5", n_heads=3, d_head=4, num_buckets=num_buckets, max_distance=max_distance)
-    q_span, k_span = Span(max_distance + 5, 3 * max_distance), Span(0, 3 * max_distance)
-    bias = enc.position_bias(q_span, k_span, 0, torch.device("cpu"))
-    assert isinstance(bias, BandedBias)
-    dense = bias.dense()
+    span = Span(5, 5 + 3 * max_distance)
+    bias = enc.position_bias(span, span, 0, torch.device("cpu"))
+    assert isinstance(bias, BandBias) and bias.width <= max_distance
+    dense = bias.dense(len(span))[0]
     table = enc.tables[0].weight
-    for a, i, b, j in causal_pairs(q_span, k_span):
-        assert torch.equal(dense[:, a, b], table[t5_bucket(torch.tensor(j - i), False, num_buckets, max_distance)])
+    for a, i, b, j in causal_pairs(span, span):  # (x - last) + last: equal up to float32 rounding
+        expected = table[t5_bucket(torch.tensor(j - i), False, num_buckets, max_distance)]
+        assert torch.allclose(dense[:, a, b], expected, rtol=0, atol=1e-8)
 
 
 # ---- ALiBi ----------------------------------------------------------------------------------

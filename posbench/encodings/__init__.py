@@ -1,7 +1,7 @@
 """The encoding registry and the built-in encodings (each registered in its own module)."""
 from __future__ import annotations
 
-from posbench.encodings.base import BandedBias, LayerContext, PositionalEncoding, Scores, Span
+from posbench.encodings.base import BandBias, LayerContext, PositionalEncoding, Scores, Span
 from posbench.registry import Registry
 
 

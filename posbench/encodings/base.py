@@ -54,48 +54,55 @@ class Scores:
 
     q: Tensor  # (B, H, Lq, d')
     k: Tensor  # (B, H, Lk, d')
-    bias: Tensor | BandedBias | None  # broadcastable to (B, H, Lq, Lk), on the scaled-logit scale
+    bias: Tensor | BandBias | None  # broadcastable to (B, H, Lq, Lk), on the scaled-logit scale
     scale: float
 
     def logits(self) -> Tensor:
         """The dense pre-mask logits (B, H, Lq, Lk); for tests and pictures, not the hot path."""
         logits = self.scale * self.q @ self.k.transpose(-1, -2)
-        return logits if self.bias is None else logits + dense_bias(self.bias)
+        return logits if self.bias is None else logits + dense_bias(self.bias, self.q.shape[-2])
 
 
 @dataclass
-class BandedBias:
-    """A relative bias that is the same for every key at least ``band`` positions in the past
-    (T5's last bucket): bias[h, a, b] = near[h, (i - j) - lo] for i - j < band, far[h] beyond.
+class BandBias:
+    """A causal bias confined to a band of W keys, for square scores (query i at key position
+    i): bias[b, h, i, j] = band[b, h, i, j - i + W - 1] for i - W < j <= i, 0 for keys further
+    back, plus a per-row constant. T5 past max_distance and DeBERTa past its span reduce to
+    this after moving their constant far value into a row constant or into q and k.
 
-    Under causal masking each row of the bias gradient dS sums to zero over the keys it sees,
-    so attention computes dS inside the band only and d far = -sum(d near): O(L * band)
-    instead of O(L^2) work for the gradient."""
+    Attention runs the far keys through flash attention with no mask and only the band
+    densely (posbench.band_attention): O(L * W) memory instead of O(L^2). The row constant
+    changes no attention weight (softmax ignores it); it is kept so ``dense`` matches the
+    reference logits exactly."""
 
-    near: Tensor  # (H, band - lo): distances lo, lo + 1, ..., band - 1
-    far: Tensor  # (H,)
-    lo: int  # the smallest distance i - j in the score matrix (negative: future keys)
-    band: int
-    q_len: int
-    k_len: int
+    band: Tensor  # (B|1, H, L|1, W): column c is key i - (W - 1) + c, c = W - 1 the query's own
+    row_constant: Tensor  # broadcastable to (B, H, L, 1)
 
     @property
-    def n_far(self) -> int:
-        """How many distances lie beyond the band: hi - band + 1 with hi = lo + Lq + Lk - 2."""
-        return self.lo + self.q_len + self.k_len - 1 - self.band
+    def width(self) -> int:
+        return self.band.shape[-1]
 
-    def per_distance(self) -> Tensor:
-        """Values for the distances lo .. hi, (H, Lq + Lk - 1)."""
-        return torch.cat((self.near, self.far[:, None].expand(-1, self.n_far)), dim=-1)
+    @staticmethod
+    def width_for(index_by_distance: Tensor, far_index: int) -> int:
+        """The band width W for a relative index (bucket, δ) given at distances 0, 1, .. on the
+        CPU: one past the last distance whose index is not the far one (at least 1)."""
+        near = (index_by_distance != far_index).nonzero()
+        return int(near.max()) + 1 if len(near) else 1
 
-    def dense(self) -> Tensor:
-        """The (H, Lq, Lk) matrix."""
-        return toeplitz(self.per_distance(), self.q_len, self.k_len)
+    def dense(self, length: int) -> Tensor:
+        """The (B|1, H, L, L) matrix, zero on future keys; for tests, pictures and short inputs."""
+        W = self.width
+        distance = torch.arange(length, device=self.band.device)
+        distance = distance[:, None] - distance[None, :]  # (L, L): i - j
+        column = (W - 1 - distance).clamp(0, W - 1)
+        band = self.band.expand(*self.band.shape[:2], length, W)
+        values = band.gather(-1, column.expand(*band.shape[:2], length, length))
+        return values.masked_fill((distance < 0) | (distance >= W), 0.0) + self.row_constant
 
 
-def dense_bias(bias: Tensor | BandedBias) -> Tensor:
-    """A bias as a tensor broadcastable to (B, H, Lq, Lk)."""
-    return bias.dense() if isinstance(bias, BandedBias) else bias
+def dense_bias(bias: Tensor | BandBias, length: int) -> Tensor:
+    """A bias as a tensor broadcastable to (B, H, Lq, Lk); ``length`` is L for a BandBias."""
+    return bias.dense(length) if isinstance(bias, BandBias) else bias
 
 
 class PositionalEncoding(nn.Module):
@@ -153,7 +160,7 @@ class PositionalEncoding(nn.Module):
 
     def position_bias(
         self, q_span: Span, k_span: Span, layer: int, device: torch.device
-    ) -> Tensor | BandedBias | None:
+    ) -> Tensor | BandBias | None:
         """A bias (H, Lq, Lk) that depends on positions only, or None."""
         return None
 

@@ -13,7 +13,7 @@ import torch
 from torch import Tensor, nn
 
 from posbench.encodings import register_encoding
-from posbench.encodings.base import LayerContext, PositionalEncoding, Scores, Span
+from posbench.encodings.base import BandBias, LayerContext, PositionalEncoding, Scores, Span
 
 
 def log_bucket_position(relative_pos: Tensor, bucket_size: int, max_position: int) -> Tensor:
@@ -91,8 +91,31 @@ class DeBERTa(PositionalEncoding):
         Lk = k.shape[2]
         scale = 1.0 / math.sqrt(3 * d)
         kr, qr = self.projected_positions(layer, q.dtype)
+        if self.causal and q_span == k_span:
+            far = 2 * self.att_span - 1  # δ of every key far enough back
+            deltas = self.delta(Span(Lq - 1, Lq), Span(0, Lq), q.device)[0].flip(0)  # δ at distances 0 .. L - 1
+            width = BandBias.width_for(self.delta(Span(Lq - 1, Lq), Span(0, Lq), torch.device("cpu"))[0].flip(0), far)
+            if Lq > width:
+                return self._band_scores(q, k, kr, qr, deltas[:width].flip(0), far, scale)
         delta = self.delta(q_span, k_span, q.device)  # (Lq, Lk)
         c2p = (q @ kr.transpose(-1, -2)).gather(-1, delta.expand(B, H, Lq, Lk))  # (B, H, Lq, Lk)
         p2c_table = qr @ k.transpose(-1, -2)  # (B, H, 2k, Lk): Qr_r . Kc_j
         p2c = p2c_table.gather(-2, delta.expand(B, H, Lq, Lk))  # (B, H, Lq, Lk)
         return Scores(q, k, (c2p + p2c) * scale, scale)
+
+    @staticmethod
+    def _band_scores(q: Tensor, k: Tensor, kr: Tensor, qr: Tensor, band_deltas: Tensor, far: int,
+                     scale: float) -> Scores:
+        """Causal square scores past the span: keys W or more back all read δ = far, so
+        Qc_i . Kr_far is a row constant and Qr_far . Kc_j moves into the queries (q + Qr_far);
+        what is left lives in a band of W keys. band_deltas (W,): δ of keys i - W + 1 .. i."""
+        B, H, L, d = q.shape
+        W = band_deltas.shape[0]
+        kr_band = kr[:, band_deltas] - kr[:, far, None]  # (H, W, d)
+        qr_band = qr[:, band_deltas] - qr[:, far, None]  # (H, W, d)
+        c2p = q @ kr_band.transpose(-1, -2)  # (B, H, L, W)
+        p2c_rows = torch.nn.functional.pad(k @ qr_band.transpose(-1, -2), (0, 0, W - 1, 0))  # (B, H, W - 1 + L, W)
+        # band column c of query i is key i - W + 1 + c: row i + c of the padded rows
+        p2c = p2c_rows.as_strided((B, H, L, W), (p2c_rows.stride(0), p2c_rows.stride(1), W, W + 1))
+        row_constant = (q @ kr[:, far, :, None]) * scale  # (B, H, L, 1): Qc_i . Kr_far
+        return Scores(q + qr[:, None, far], k, BandBias((c2p + p2c) * scale, row_constant), scale)

@@ -7,7 +7,7 @@ import torch
 from torch import Tensor, nn
 
 from posbench.encodings import register_encoding
-from posbench.encodings.base import BandedBias, PositionalEncoding, Span, toeplitz
+from posbench.encodings.base import BandBias, PositionalEncoding, Span, toeplitz
 
 
 def t5_bucket(relative_position: Tensor, bidirectional: bool, num_buckets: int, max_distance: int) -> Tensor:
@@ -40,9 +40,9 @@ class T5Bias(PositionalEncoding):
 
     The bias is built per distance (Lq + Lk - 1 values per head) and expanded to the
     (Lq, Lk) Toeplitz matrix; buckets come from a per-distance table that grows by doubling,
-    so decoding through the cache never recomputes them for the whole prefix. Causal and
-    longer than max_distance, it is a BandedBias: every distance past max_distance reads the
-    last bucket, so attention forms its gradient inside that band only."""
+    so decoding through the cache never recomputes them for the whole prefix. Causal scores
+    longer than max_distance are a BandBias: every distance past max_distance reads the last
+    bucket, so only the band of max_distance keys carries a bias relative to it."""
 
     relative = True
 
@@ -75,13 +75,16 @@ class T5Bias(PositionalEncoding):
             lambda distance: t5_bucket(-distance, self.bidirectional, self.num_buckets, self.max_distance),
         )
 
-    def position_bias(self, q_span: Span, k_span: Span, layer: int, device: torch.device) -> Tensor | BandedBias:
+    def position_bias(self, q_span: Span, k_span: Span, layer: int, device: torch.device) -> Tensor | BandBias:
         table = self.tables[layer if len(self.tables) > 1 else 0]
-        buckets = self.buckets(q_span, k_span, device)  # (Lq + Lk - 1,) for distances lo .. hi
-        lo = q_span.start - (k_span.stop - 1)
-        if self.causal and not self.bidirectional and len(buckets) + lo - 1 >= self.max_distance:
-            # every distance >= max_distance falls in the last bucket (log term >= 1 before the cap)
-            near = table(buckets[: self.max_distance - lo]).T  # (H, max_distance - lo)
-            far = table.weight[self.num_buckets - 1]  # (H,)
-            return BandedBias(near, far, lo, self.max_distance, len(q_span), len(k_span))
-        return toeplitz(table(buckets).T, len(q_span), len(k_span))  # (H, Lq, Lk)
+        if self.causal and not self.bidirectional and q_span == k_span and len(q_span) > self.max_distance:
+            # every distance >= max_distance reads the last bucket (the log term reaches 1 before
+            # the cap): the band holds the nearer buckets relative to it, the last is a constant
+            D = self.max_distance
+            buckets = self.buckets(Span(0, D), Span(0, D), device)[D - 1 :]  # distances 0 .. D - 1
+            W = BandBias.width_for(self.buckets(Span(0, D), Span(0, D), torch.device("cpu"))[D - 1 :], self.num_buckets - 1)
+            last = table.weight[self.num_buckets - 1]  # (H,)
+            band = (table(buckets[:W].flip(0)) - last).T  # (H, W), column c is distance W - 1 - c
+            return BandBias(band[None, :, None, :], last[None, :, None, None])
+        per_distance = table(self.buckets(q_span, k_span, device)).T  # (H, Lq + Lk - 1)
+        return toeplitz(per_distance, len(q_span), len(k_span))  # (H, Lq, Lk)

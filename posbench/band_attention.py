@@ -1,0 +1,136 @@
+"""Causal attention whose bias lives in a band of W diagonals (T5 past max_distance, DeBERTa
+past its span): logits = scale * q k^T + band[i, j - i + W - 1] for i - W < j <= i, and no
+bias beyond (see BandBias).
+
+The score matrix splits into two parts that are merged by their log-sum-exp, as flash
+decoding merges key blocks:
+
+* far keys (i - j >= W) carry no bias: the CPU flash kernel computes them without a mask, with
+  its causal block skipping, on q[W:] against k[:L - W] (query W + x sees keys 0 .. x);
+* near keys (the band) are dense blocks of ROWS query rows against the W - 1 + ROWS keys they
+  can reach, with the band added on a strided view.
+
+The backward pass reuses the merged output and log-sum-exp: the flash backward given the total
+(out, lse) forms exactly the far part's share of dq, dk, dv, and the near blocks form theirs and
+the band's gradient. Nothing of size L x L is allocated."""
+from __future__ import annotations
+
+import functools
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+ROWS = 32
+#: exp inputs are clamped here: torch's vectorised exp is over 100x slower where the result
+#: underflows float32, and exp(-87) ~ 1.6e-38 is below anything float32 attention resolves.
+EXP_FLOOR = -87.0
+
+
+def _lse_layout(lse: Tensor) -> Tensor:
+    """(B, H, L) stored as the flash kernel stores its log-sum-exp, (B, L, H) in memory."""
+    return lse.transpose(1, 2).contiguous().transpose(1, 2)
+
+
+def _near_blocks(q: Tensor, k_padded: Tensor, band: Tensor, scale: float):
+    """For each block of query rows: (r0, r1, logits (B, H, rows, rows + W - 1), outside) over
+    the keys r0 - W + 1 .. r1 - 1 (rows r0 .. r1 + W - 2 of k_padded), band added, the pairs
+    outside the band or before key 0 set to -inf and marked in ``outside`` (rows, keys)."""
+    L, W = q.shape[2], band.shape[-1]
+    for r0 in range(0, L, ROWS):
+        r1 = min(r0 + ROWS, L)
+        rows, keys = r1 - r0, r1 - r0 + W - 1
+        logits = torch.matmul(q[:, :, r0:r1], k_padded[:, :, r0 : r0 + keys].transpose(-1, -2)).mul_(scale)
+        diagonal = _band_of(logits, W)  # row a's band: columns a .. a + W - 1
+        diagonal += band[:, :, r0:r1] if band.shape[2] > 1 else band
+        outside = _outside(rows, W, max(0, W - 1 - r0), q.device)
+        yield r0, r1, logits.masked_fill_(outside, float("-inf")), outside
+
+
+@functools.lru_cache(maxsize=16)
+def _outside(rows: int, W: int, before_key_0: int, device: torch.device) -> Tensor:
+    """(rows, rows + W - 1): True outside each row's band of W keys or before key 0."""
+    column = torch.arange(rows + W - 1, device=device)
+    row = torch.arange(rows, device=device)[:, None]
+    return (column < row) | (column >= row + W) | (column < before_key_0)
+
+
+def _probabilities(logits: Tensor, lse: Tensor, outside: Tensor) -> Tensor:
+    """exp(logits - lse) in place, 0 outside (inputs clamped at EXP_FLOOR first)."""
+    return logits.sub_(lse[..., None]).clamp_(min=EXP_FLOOR).exp_().masked_fill_(outside, 0.0)
+
+
+def _band_of(blocked: Tensor, W: int) -> Tensor:
+    """The band (B, H, rows, W) of a contiguous (B, H, rows, rows + W - 1) block over keys
+    r0 - W + 1 .., as a strided view: row a's W keys start at column a."""
+    rows, keys = blocked.shape[-2:]
+    return blocked.as_strided((*blocked.shape[:2], rows, W), (*blocked.stride()[:2], keys + 1, 1))
+
+
+class _BandAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, band: Tensor, scale: float) -> Tensor:  # type: ignore[override]
+        B, H, L, _ = q.shape
+        W = band.shape[-1]
+        k_padded, v_padded = (F.pad(t, (0, 0, W - 1, 0)) for t in (k, v))  # key -W+1 .. L-1
+        out = torch.empty_like(q)
+        lse = q.new_empty(B, H, L)
+        for r0, r1, logits, outside in _near_blocks(q, k_padded, band, scale):
+            peak = logits.amax(dim=-1)  # (B, H, rows): every row sees at least its own key
+            weights = _probabilities(logits, peak, outside)
+            total = weights.sum(-1)
+            lse[:, :, r0:r1] = peak + total.log()
+            out[:, :, r0:r1] = (weights @ v_padded[:, :, r0 : r0 + weights.shape[-1]]).div_(total[..., None])
+        if L > W:
+            out_far, lse_far = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+                q[:, :, W:], k[:, :, : L - W], v[:, :, : L - W], 0.0, True, scale=scale
+            )
+            total = torch.logaddexp(lse[:, :, W:], lse_far)
+            out[:, :, W:] = (out[:, :, W:] * (lse[:, :, W:] - total).exp()[..., None]
+                             + out_far * (lse_far - total).exp()[..., None])
+            lse[:, :, W:] = total
+        ctx.save_for_backward(q, k, v, band, out, lse)
+        ctx.scale = scale
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out: Tensor):  # type: ignore[override]
+        q, k, v, band, out, lse = ctx.saved_tensors
+        scale, (B, H, L, _), W = ctx.scale, q.shape, band.shape[-1]
+        grad_out = grad_out.contiguous()
+        dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+        if L > W:
+            dq[:, :, W:], dk[:, :, : L - W], dv[:, :, : L - W] = (
+                torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+                    grad_out[:, :, W:].contiguous(), q[:, :, W:].contiguous(), k[:, :, : L - W].contiguous(),
+                    v[:, :, : L - W].contiguous(), out[:, :, W:].contiguous(), _lse_layout(lse[:, :, W:]),
+                    0.0, True, scale=scale,
+                )
+            )
+        k_padded, v_padded = (F.pad(t, (0, 0, W - 1, 0)) for t in (k, v))
+        dk_padded, dv_padded = torch.zeros_like(k_padded), torch.zeros_like(v_padded)
+        delta = (grad_out * out).sum(-1, keepdim=True)  # (B, H, L, 1)
+        dband = torch.zeros(B, H, L, W, dtype=q.dtype, device=q.device) if ctx.needs_input_grad[3] else None
+        for r0, r1, logits, outside in _near_blocks(q, k_padded, band, scale):
+            keys = logits.shape[-1]
+            probs = _probabilities(logits, lse[:, :, r0:r1], outside)  # (B, H, rows, keys)
+            dprobs = grad_out[:, :, r0:r1] @ v_padded[:, :, r0 : r0 + keys].transpose(-1, -2)
+            ds = dprobs.sub_(delta[:, :, r0:r1]).mul_(probs)
+            dv_padded[:, :, r0 : r0 + keys] += probs.transpose(-1, -2) @ grad_out[:, :, r0:r1]
+            dq[:, :, r0:r1] += (ds @ k_padded[:, :, r0 : r0 + keys]).mul_(scale)
+            dk_padded[:, :, r0 : r0 + keys] += (ds.transpose(-1, -2) @ q[:, :, r0:r1]).mul_(scale)
+            if dband is not None:
+                dband[:, :, r0:r1] = _band_of(ds, W)
+        dk += dk_padded[:, :, W - 1 :]
+        dv += dv_padded[:, :, W - 1 :]
+        broadcast = [dim for dim in (0, 2) if band.shape[dim] == 1]
+        if dband is not None and broadcast:
+            dband = dband.sum(broadcast, keepdim=True)
+        return dq, dk, dv, dband, None
+
+
+def band_attention(q: Tensor, k: Tensor, v: Tensor, band: Tensor, scale: float) -> Tensor:
+    """Causal softmax(scale * q k^T + bias) v for q, k, v (B, H, L, d) on the CPU, the bias
+    band[b, h, i, j - i + W - 1] for i - W < j <= i and 0 beyond; band (B|1, H, L|1, W)."""
+    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    return _BandAttention.apply(q, k, v, band, scale)
