@@ -33,31 +33,36 @@ def _lse_layout(lse: Tensor) -> Tensor:
 
 
 def _near_blocks(q: Tensor, k_padded: Tensor, band: Tensor, scale: float):
-    """For each block of query rows: (r0, r1, logits (B, H, rows, rows + W - 1), outside) over
-    the keys r0 - W + 1 .. r1 - 1 (rows r0 .. r1 + W - 2 of k_padded), band added, the pairs
-    outside the band or before key 0 set to -inf and marked in ``outside`` (rows, keys)."""
-    L, W = q.shape[2], band.shape[-1]
+    """For each block of query rows: (r0, r1, logits (B, H, rows, rows + W - 1)) over the keys
+    r0 - W + 1 .. r1 - 1 (rows r0 .. r1 + W - 2 of k_padded), band added, -inf outside the
+    band and before key 0."""
+    B, H, L, d = q.shape
+    W = band.shape[-1]
+    q_rows, k_rows = q.reshape(B * H, L, d), k_padded.reshape(B * H, -1, d)
     for r0 in range(0, L, ROWS):
         r1 = min(r0 + ROWS, L)
         rows, keys = r1 - r0, r1 - r0 + W - 1
-        logits = torch.matmul(q[:, :, r0:r1], k_padded[:, :, r0 : r0 + keys].transpose(-1, -2)).mul_(scale)
+        mask = _additive_mask(rows, W, max(0, W - 1 - r0), q.device, q.dtype)  # (rows, keys)
+        logits = torch.baddbmm(mask, q_rows[:, r0:r1], k_rows[:, r0 : r0 + keys].transpose(-1, -2), alpha=scale)
+        logits = logits.view(B, H, rows, keys)
         diagonal = _band_of(logits, W)  # row a's band: columns a .. a + W - 1
         diagonal += band[:, :, r0:r1] if band.shape[2] > 1 else band
-        outside = _outside(rows, W, max(0, W - 1 - r0), q.device)
-        yield r0, r1, logits.masked_fill_(outside, float("-inf")), outside
+        yield r0, r1, logits
 
 
 @functools.lru_cache(maxsize=16)
-def _outside(rows: int, W: int, before_key_0: int, device: torch.device) -> Tensor:
-    """(rows, rows + W - 1): True outside each row's band of W keys or before key 0."""
+def _additive_mask(rows: int, W: int, before_key_0: int, device: torch.device, dtype: torch.dtype) -> Tensor:
+    """(rows, rows + W - 1): 0 on each row's band of W keys from key 0 on, -inf elsewhere."""
     column = torch.arange(rows + W - 1, device=device)
     row = torch.arange(rows, device=device)[:, None]
-    return (column < row) | (column >= row + W) | (column < before_key_0)
+    outside = (column < row) | (column >= row + W) | (column < before_key_0)
+    return torch.zeros(outside.shape, device=device, dtype=dtype).masked_fill_(outside, float("-inf"))
 
 
-def _probabilities(logits: Tensor, lse: Tensor, outside: Tensor) -> Tensor:
-    """exp(logits - lse) in place, 0 outside (inputs clamped at EXP_FLOOR first)."""
-    return logits.sub_(lse[..., None]).clamp_(min=EXP_FLOOR).exp_().masked_fill_(outside, 0.0)
+def _probabilities(logits: Tensor, lse: Tensor) -> Tensor:
+    """exp(logits - lse) in place. Inputs are clamped at EXP_FLOOR first, so masked pairs get
+    exp(-87) ~ 1.6e-38 instead of 0: adding it changes no float32 sum that holds a 1."""
+    return logits.sub_(lse[..., None]).clamp_(min=EXP_FLOOR).exp_()
 
 
 def _band_of(blocked: Tensor, W: int) -> Tensor:
@@ -75,9 +80,9 @@ class _BandAttention(torch.autograd.Function):
         k_padded, v_padded = (F.pad(t, (0, 0, W - 1, 0)) for t in (k, v))  # key -W+1 .. L-1
         out = torch.empty_like(q)
         lse = q.new_empty(B, H, L)
-        for r0, r1, logits, outside in _near_blocks(q, k_padded, band, scale):
+        for r0, r1, logits in _near_blocks(q, k_padded, band, scale):
             peak = logits.amax(dim=-1)  # (B, H, rows): every row sees at least its own key
-            weights = _probabilities(logits, peak, outside)
+            weights = _probabilities(logits, peak)
             total = weights.sum(-1)
             lse[:, :, r0:r1] = peak + total.log()
             out[:, :, r0:r1] = (weights @ v_padded[:, :, r0 : r0 + weights.shape[-1]]).div_(total[..., None])
@@ -109,23 +114,31 @@ class _BandAttention(torch.autograd.Function):
             )
         k_padded, v_padded = (F.pad(t, (0, 0, W - 1, 0)) for t in (k, v))
         dk_padded, dv_padded = torch.zeros_like(k_padded), torch.zeros_like(v_padded)
-        delta = (grad_out * out).sum(-1, keepdim=True)  # (B, H, L, 1)
-        dband = torch.zeros(B, H, L, W, dtype=q.dtype, device=q.device) if ctx.needs_input_grad[3] else None
-        for r0, r1, logits, outside in _near_blocks(q, k_padded, band, scale):
+        flat = lambda t: t.flatten(0, 1)  # noqa: E731  (B, H, n, m) -> (B * H, n, m), a view
+        q3, k3, v3, grad3 = flat(q), flat(k_padded), flat(v_padded), flat(grad_out)
+        dq3, dk3, dv3 = flat(dq), flat(dk_padded), flat(dv_padded)
+        minus_delta = flat((grad_out * out).sum(-1, keepdim=True).neg_())  # (B * H, L, 1)
+        per_row = band.shape[2] > 1
+        reduce = [dim for dim, size in ((0, band.shape[0]), (2, band.shape[2])) if size == 1]
+        dband = torch.zeros(band.shape, dtype=q.dtype, device=q.device) if ctx.needs_input_grad[3] else None
+        for r0, r1, logits in _near_blocks(q, k_padded, band, scale):
             keys = logits.shape[-1]
-            probs = _probabilities(logits, lse[:, :, r0:r1], outside)  # (B, H, rows, keys)
-            dprobs = grad_out[:, :, r0:r1] @ v_padded[:, :, r0 : r0 + keys].transpose(-1, -2)
-            ds = dprobs.sub_(delta[:, :, r0:r1]).mul_(probs)
-            dv_padded[:, :, r0 : r0 + keys] += probs.transpose(-1, -2) @ grad_out[:, :, r0:r1]
-            dq[:, :, r0:r1] += (ds @ k_padded[:, :, r0 : r0 + keys]).mul_(scale)
-            dk_padded[:, :, r0 : r0 + keys] += (ds.transpose(-1, -2) @ q[:, :, r0:r1]).mul_(scale)
+            probs = flat(_probabilities(logits, lse[:, :, r0:r1]))  # (B * H, rows, keys)
+            ds = torch.baddbmm(minus_delta[:, r0:r1], grad3[:, r0:r1], v3[:, r0 : r0 + keys].transpose(-1, -2))
+            ds.mul_(probs)  # dS = P * (dP - rowsum(dO * O))
+            # (slices of the gradients are not contiguous: an in-place baddbmm_ would loop per matrix)
+            dv3[:, r0 : r0 + keys] += torch.bmm(probs.transpose(-1, -2), grad3[:, r0:r1])
+            dq3[:, r0:r1].add_(torch.bmm(ds, k3[:, r0 : r0 + keys]), alpha=scale)
+            dk3[:, r0 : r0 + keys].add_(torch.bmm(ds.transpose(-1, -2), q3[:, r0:r1]), alpha=scale)
             if dband is not None:
-                dband[:, :, r0:r1] = _band_of(ds, W)
+                block_band = _band_of(ds.view(B, H, r1 - r0, keys), W)  # (B, H, rows, W)
+                block_band = block_band.sum(reduce, keepdim=True) if reduce else block_band
+                if per_row:
+                    dband[:, :, r0:r1] += block_band
+                else:
+                    dband += block_band
         dk += dk_padded[:, :, W - 1 :]
         dv += dv_padded[:, :, W - 1 :]
-        broadcast = [dim for dim in (0, 2) if band.shape[dim] == 1]
-        if dband is not None and broadcast:
-            dband = dband.sum(broadcast, keepdim=True)
         return dq, dk, dv, dband, None
 
 

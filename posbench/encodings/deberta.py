@@ -32,6 +32,30 @@ def log_bucket_position(relative_pos: Tensor, bucket_size: int, max_position: in
     return torch.where(abs_pos <= mid, relative_pos.double(), log_pos * sign).long()
 
 
+class _KeyDiagonals(torch.autograd.Function):
+    """per_key (B, H, L, W), [j, c] = Qr_c . Kc_j  ->  (B, H, L, W), [i, c] = per_key[i - W + 1 + c, c]
+    (0 before key 0). A strided view of the rows padded with W - 1 zero rows in front: entry
+    (i, c) is row i + c, column c, so no two entries share storage and the backward pass is
+    the same view written into zeros."""
+
+    @staticmethod
+    def forward(ctx, per_key: Tensor) -> Tensor:  # type: ignore[override]
+        B, H, L, W = per_key.shape
+        padded = torch.nn.functional.pad(per_key, (0, 0, W - 1, 0))  # (B, H, W - 1 + L, W)
+        return padded.as_strided((B, H, L, W), (padded.stride(0), padded.stride(1), W, W + 1)).contiguous()
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> Tensor:  # type: ignore[override]
+        B, H, L, W = grad.shape
+        padded = grad.new_zeros(B, H, W - 1 + L, W)
+        padded.as_strided((B, H, L, W), (padded.stride(0), padded.stride(1), W, W + 1)).copy_(grad)
+        return padded[:, :, W - 1 :]
+
+
+def _key_diagonals(per_key: Tensor) -> Tensor:
+    return _KeyDiagonals.apply(per_key.contiguous())
+
+
 @register_encoding("deberta")
 class DeBERTa(PositionalEncoding):
     """DeBERTa: content-to-position and position-to-content terms, scale 1/sqrt(3d).
@@ -114,8 +138,6 @@ class DeBERTa(PositionalEncoding):
         kr_band = kr[:, band_deltas] - kr[:, far, None]  # (H, W, d)
         qr_band = qr[:, band_deltas] - qr[:, far, None]  # (H, W, d)
         c2p = q @ kr_band.transpose(-1, -2)  # (B, H, L, W)
-        p2c_rows = torch.nn.functional.pad(k @ qr_band.transpose(-1, -2), (0, 0, W - 1, 0))  # (B, H, W - 1 + L, W)
-        # band column c of query i is key i - W + 1 + c: row i + c of the padded rows
-        p2c = p2c_rows.as_strided((B, H, L, W), (p2c_rows.stride(0), p2c_rows.stride(1), W, W + 1))
+        p2c = _key_diagonals(k @ qr_band.transpose(-1, -2))  # (B, H, L, W)
         row_constant = (q @ kr[:, far, :, None]) * scale  # (B, H, L, 1): Qc_i . Kr_far
         return Scores(q + qr[:, None, far], k, BandBias((c2p + p2c) * scale, row_constant), scale)
