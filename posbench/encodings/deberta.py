@@ -123,8 +123,11 @@ class DeBERTa(PositionalEncoding):
                 return self._band_scores(q, k, kr, qr, deltas[:width].flip(0), far, scale)
         delta = self.delta(q_span, k_span, q.device)  # (Lq, Lk)
         c2p = (q @ kr.transpose(-1, -2)).gather(-1, delta.expand(B, H, Lq, Lk))  # (B, H, Lq, Lk)
-        p2c_table = qr @ k.transpose(-1, -2)  # (B, H, 2k, Lk): Qr_r . Kc_j
-        p2c = p2c_table.gather(-2, delta.expand(B, H, Lq, Lk))  # (B, H, Lq, Lk)
+        if Lq == 1:  # decoding: Qr_δ(i,j) . Kc_j key by key, not all 2k rows against every key
+            p2c = torch.einsum("hjd,bhjd->bhj", qr[:, delta[0]], k)[:, :, None]  # (B, H, 1, Lk)
+        else:
+            p2c_table = qr @ k.transpose(-1, -2)  # (B, H, 2k, Lk): Qr_r . Kc_j
+            p2c = p2c_table.gather(-2, delta.expand(B, H, Lq, Lk))  # (B, H, Lq, Lk)
         return Scores(q, k, (c2p + p2c) * scale, scale)
 
     @staticmethod
