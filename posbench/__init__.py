@@ -4,6 +4,7 @@ from __future__ import annotations
 __version__ = "0.1.0"
 
 from posbench.encodings import (
+    BandBias,
     PositionalEncoding,
     Scores,
     Span,
@@ -16,6 +17,7 @@ from posbench.model import Decoder, ModelConfig, build_model, model_from_config
 from posbench.tasks import Task, create_task, list_tasks, register_task
 
 __all__ = [
+    "BandBias",
     "Decoder",
     "ModelConfig",
     "PosbenchError",

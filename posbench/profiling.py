@@ -3,7 +3,8 @@ training uses), across sequence lengths and cache lengths, each encoding timed s
 with the `nope` baseline so ratios come from one run.
 
 Timing uses torch.utils.benchmark (warm-up, blocked autorange; median and IQR) with a fixed,
-recorded thread count. Peak memory is measured, not estimated: on CUDA the allocator's peak;
+recorded thread count, the encoding and the baseline alternating over LATENCY_ROUNDS rounds
+(the fastest round's median counts: on a shared machine interference only adds time). Peak memory is measured, not estimated: on CUDA the allocator's peak;
 on CPU each encoding runs in a fresh child process that resets its resident high-water mark
 (/proc/self/clear_refs) before each measurement and reads VmHWM after it, with glibc's mmap
 threshold fixed so freed tensors leave the resident set."""
@@ -17,7 +18,7 @@ import os
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
@@ -34,6 +35,8 @@ from posbench.encodings.base import BandBias, LayerContext, Span
 from posbench.results import RunFolder, atomic_write_json, environment
 
 BASELINE = "nope"
+#: Latency is timed in this many interleaved rounds per layer; the fastest round's median counts.
+LATENCY_ROUNDS = 2
 
 
 @dataclass(frozen=True)
@@ -121,19 +124,23 @@ def latency_rows(spec: EncodingSpec, config: BenchConfig) -> list[dict[str, Any]
             continue
         x = torch.randn(config.batch_size, L, d_model, device=config.device)
         times: dict[tuple[str, str], tuple[float, float]] = {}
-        for name, layer in layers.items():  # the baseline is timed beside the encoding
+        round_config = replace(config, min_run_time=config.min_run_time / LATENCY_ROUNDS)
+        for _ in range(LATENCY_ROUNDS):  # baseline, encoding, baseline, encoding, ...
+            for name in ("base", "enc"):
+                layer = layers[name]
 
-            def forward(layer: nn.Module = layer) -> None:
-                with torch.no_grad():
-                    layer(x)
-                _sync(config.device)
+                def forward(layer: nn.Module = layer) -> None:
+                    with torch.no_grad():
+                        layer(x)
+                    _sync(config.device)
 
-            def forward_backward(layer: nn.Module = layer) -> None:
-                layer(x).sum().backward()
-                _sync(config.device)
+                def forward_backward(layer: nn.Module = layer) -> None:
+                    layer(x).sum().backward()
+                    _sync(config.device)
 
-            times[(name, "fwd")] = _time(forward, config)
-            times[(name, "fwdbwd")] = _time(forward_backward, config)
+                for kind, fn in (("fwd", forward), ("fwdbwd", forward_backward)):
+                    measured = _time(fn, round_config)  # the least disturbed round counts
+                    times[(name, kind)] = min(times.get((name, kind), measured), measured)
         for kind in ("fwd", "fwdbwd"):
             median, iqr = times[("enc", kind)]
             rows += [

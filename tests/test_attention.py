@@ -67,3 +67,37 @@ def test_band_attention_matches_the_dense_bias(L: int, W: int, rows: int, band_s
         assert torch.allclose(a, b, atol=1e-5), name
     with torch.no_grad():
         assert torch.allclose(biased_attention(q, k, v, bias, 0.3, mask), reference_out, atol=1e-5)
+
+
+@pytest.mark.parametrize("name, options", [
+    ("t5", {"num_buckets": 8, "max_distance": 8}),
+    ("deberta", {"span": 4}),
+    ("deberta", {"span": 12, "position_buckets": 4}),
+    ("alibi", {}),
+])
+def test_fast_attention_paths_match_the_math_path_in_a_layer(name: str, options: dict, monkeypatch) -> None:
+    """A whole layer at L=160 (flash kernel, band attention where the encoding has a band)
+    gives the output and gradients of SDPA's math path on the dense bias."""
+    from posbench.config import EncodingSpec
+    from posbench.profiling import AttentionUnderTest
+
+    torch.manual_seed(0)
+    layer = AttentionUnderTest(EncodingSpec(name, options), n_heads=2, d_head=8)
+    with torch.no_grad():
+        for p in layer.encoding.parameters():
+            p.normal_(std=0.5)  # position terms large enough to matter
+    x = torch.randn(2, 160, 16)
+
+    def run() -> tuple[torch.Tensor, ...]:
+        x_grad = x.clone().requires_grad_(True)
+        out = layer(x_grad)
+        params = [p for p in layer.parameters()]
+        grads = torch.autograd.grad(out, [x_grad, *params], torch.ones_like(out), allow_unused=True)
+        return (out, *[g for g in grads if g is not None])
+
+    fast = run()
+    monkeypatch.setattr("posbench.biased_attention.FLASH_MIN_PAIRS", 10**9)  # math path, dense bias
+    reference = run()
+    assert len(fast) == len(reference)
+    for a, b in zip(fast, reference):
+        assert torch.allclose(a, b, atol=2e-5, rtol=1e-4)
