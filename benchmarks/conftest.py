@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import pytest
 
 from posbench.cpu import configure_cpu
+from posbench.profiling import _time
 
 THREADS = int(os.environ.get("POSBENCH_BENCH_THREADS", "2"))
 configure_cpu(THREADS)
@@ -47,6 +48,24 @@ def record_goal():
         return goal
 
     return record
+
+
+ROUNDS = 3  # the fastest round of each side counts: on a shared machine interference only adds time
+
+
+@pytest.fixture
+def interleaved_ratio():
+    """ratio(run, baseline_run, config): median latency of run over baseline_run, timed
+    alternately (baseline, run, baseline, run, ...) over ROUNDS rounds."""
+
+    def ratio(run, baseline_run, config) -> float:
+        times: dict[str, list[float]] = {"run": [], "base": []}
+        for _ in range(ROUNDS):
+            times["base"].append(_time(baseline_run, config)[0])
+            times["run"].append(_time(run, config)[0])
+        return min(times["run"]) / min(times["base"])
+
+    return ratio
 
 
 @pytest.fixture

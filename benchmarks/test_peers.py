@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from posbench.config import EncodingSpec
-from posbench.profiling import BenchConfig, _layer, _time
+from posbench.profiling import BenchConfig, _layer
 
 B, H, D_HEAD, L = 8, 4, 32, 1024
 D_MODEL = H * D_HEAD
@@ -67,7 +67,7 @@ PEERS = [
 
 
 @pytest.mark.parametrize("encoding,make_peer", PEERS)
-def test_posbench_against_peer(benchmark, record_goal, request, encoding: str, make_peer) -> None:
+def test_posbench_against_peer(benchmark, record_goal, interleaved_ratio, request, encoding: str, make_peer) -> None:
     torch.manual_seed(0)
     peer = make_peer()
     ours = _layer(EncodingSpec(encoding), CONFIG)
@@ -81,7 +81,6 @@ def test_posbench_against_peer(benchmark, record_goal, request, encoding: str, m
     def peer_step() -> None:
         peer(x).sum().backward()
 
-    t_peer = _time(peer_step, CONFIG)[0]
-    t_ours = _time(ours_step, CONFIG)[0]
-    record_goal(f"posbench {encoding} / {request.node.callspec.id}, fwd+bwd L={L}", t_ours / t_peer, 1.0)
+    ratio = interleaved_ratio(ours_step, peer_step, CONFIG)
+    record_goal(f"posbench {encoding} / {request.node.callspec.id}, fwd+bwd L={L}", ratio, 1.0)
     benchmark.pedantic(ours_step, rounds=3, iterations=1)

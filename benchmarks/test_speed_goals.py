@@ -31,27 +31,22 @@ def fwd_bwd(layer, x, cache_len: int = 0):
 
 @pytest.mark.parametrize("L", [1024, 2048])
 @pytest.mark.parametrize("encoding", [e for e in BUILTINS if e != "nope"])
-def test_fwd_bwd_ratio_to_nope(benchmark, record_goal, encoding: str, L: int) -> None:
+def test_fwd_bwd_ratio_to_nope(benchmark, record_goal, interleaved_ratio, encoding: str, L: int) -> None:
     spec = EncodingSpec(encoding, {"max_positions": 2048} if encoding == "learned" else {})
     layer, base = _layer(spec, CONFIG), _layer(EncodingSpec("nope"), CONFIG)
     x = torch.randn(CONFIG.batch_size, L, D_MODEL)
-    times = {"enc": [], "base": []}
-    for _ in range(2):  # interleaved: baseline, encoding, baseline, encoding
-        times["base"].append(_time(fwd_bwd(base, x), CONFIG)[0])
-        times["enc"].append(_time(fwd_bwd(layer, x), CONFIG)[0])
-    ratio = sorted(times["enc"])[0] / sorted(times["base"])[0]
+    ratio = interleaved_ratio(fwd_bwd(layer, x), fwd_bwd(base, x), CONFIG)
     record_goal(f"{encoding} fwd+bwd / nope, L={L}", ratio, LIMITS[encoding])
     benchmark.extra_info["ratio_to_nope"] = ratio
     benchmark.pedantic(fwd_bwd(layer, x), rounds=3, iterations=1)
 
 
 @pytest.mark.parametrize("L", [1024])
-def test_txl_with_memory_ratio_to_nope(benchmark, record_goal, L: int) -> None:
+def test_txl_with_memory_ratio_to_nope(benchmark, record_goal, interleaved_ratio, L: int) -> None:
     layer, base = _layer(EncodingSpec("txl"), CONFIG), _layer(EncodingSpec("nope"), CONFIG)
     x = torch.randn(CONFIG.batch_size, L, D_MODEL)
-    t_base = _time(fwd_bwd(base, x, cache_len=L), CONFIG)[0]
-    t_enc = _time(fwd_bwd(layer, x, cache_len=L), CONFIG)[0]
-    record_goal(f"txl fwd+bwd with memory M=L / nope with memory, L={L}", t_enc / t_base, 2.5)
+    ratio = interleaved_ratio(fwd_bwd(layer, x, cache_len=L), fwd_bwd(base, x, cache_len=L), CONFIG)
+    record_goal(f"txl fwd+bwd with memory M=L / nope with memory, L={L}", ratio, 2.5)
     benchmark.pedantic(fwd_bwd(layer, x, cache_len=L), rounds=3, iterations=1)
 
 
