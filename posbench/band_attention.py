@@ -38,7 +38,7 @@ def _near_blocks(q: Tensor, k_padded: Tensor, band: Tensor, scale: float):
     band and before key 0."""
     B, H, L, d = q.shape
     W = band.shape[-1]
-    q_rows, k_rows = q.reshape(B * H, L, d), k_padded.reshape(B * H, -1, d)
+    q_rows, k_rows = _flat(q), _flat(k_padded)
     for r0 in range(0, L, ROWS):
         r1 = min(r0 + ROWS, L)
         rows, keys = r1 - r0, r1 - r0 + W - 1
@@ -63,6 +63,11 @@ def _probabilities(logits: Tensor, lse: Tensor) -> Tensor:
     """exp(logits - lse) in place. Inputs are clamped at EXP_FLOOR first, so masked pairs get
     exp(-87) ~ 1.6e-38 instead of 0: adding it changes no float32 sum that holds a 1."""
     return logits.sub_(lse[..., None]).clamp_(min=EXP_FLOOR).exp_()
+
+
+def _flat(t: Tensor) -> Tensor:
+    """(B, H, n, m) -> (B * H, n, m), a view of a contiguous tensor."""
+    return t.flatten(0, 1)
 
 
 def _band_of(blocked: Tensor, W: int) -> Tensor:
@@ -114,16 +119,15 @@ class _BandAttention(torch.autograd.Function):
             )
         k_padded, v_padded = (F.pad(t, (0, 0, W - 1, 0)) for t in (k, v))
         dk_padded, dv_padded = torch.zeros_like(k_padded), torch.zeros_like(v_padded)
-        flat = lambda t: t.flatten(0, 1)  # noqa: E731  (B, H, n, m) -> (B * H, n, m), a view
-        q3, k3, v3, grad3 = flat(q), flat(k_padded), flat(v_padded), flat(grad_out)
-        dq3, dk3, dv3 = flat(dq), flat(dk_padded), flat(dv_padded)
-        minus_delta = flat((grad_out * out).sum(-1, keepdim=True).neg_())  # (B * H, L, 1)
+        q3, k3, v3, grad3 = _flat(q), _flat(k_padded), _flat(v_padded), _flat(grad_out)
+        dq3, dk3, dv3 = _flat(dq), _flat(dk_padded), _flat(dv_padded)
+        minus_delta = _flat((grad_out * out).sum(-1, keepdim=True).neg_())  # (B * H, L, 1)
         per_row = band.shape[2] > 1
         reduce = [dim for dim, size in ((0, band.shape[0]), (2, band.shape[2])) if size == 1]
         dband = torch.zeros(band.shape, dtype=q.dtype, device=q.device) if ctx.needs_input_grad[3] else None
         for r0, r1, logits in _near_blocks(q, k_padded, band, scale):
             keys = logits.shape[-1]
-            probs = flat(_probabilities(logits, lse[:, :, r0:r1]))  # (B * H, rows, keys)
+            probs = _flat(_probabilities(logits, lse[:, :, r0:r1]))  # (B * H, rows, keys)
             ds = torch.baddbmm(minus_delta[:, r0:r1], grad3[:, r0:r1], v3[:, r0 : r0 + keys].transpose(-1, -2))
             ds.mul_(probs)  # dS = P * (dP - rowsum(dO * O))
             # (slices of the gradients are not contiguous: an in-place baddbmm_ would loop per matrix)

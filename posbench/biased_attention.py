@@ -11,8 +11,6 @@ of query rows at a time, P = exp(S - logsumexp), over the keys those rows can se
 BandBias (T5, DeBERTa) goes to posbench.band_attention instead."""
 from __future__ import annotations
 
-from typing import Iterator
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -24,65 +22,49 @@ FLASH_MIN_PAIRS = 128 * 128
 ROW_BLOCK = 64
 
 
-def _score_gradient_blocks(saved: tuple[Tensor, ...], grad_out: Tensor, scale: float,
-                           causal: bool) -> Iterator[tuple[int, int, int, int, Tensor]]:
-    """dS = P * (dP - rowsum(dO * O)) for blocks of query rows, (r0, r1, k0, k1, dS (B, H,
-    r1 - r0, k1 - k0)), over the keys those rows see. Query row a sits at key position a + Lk - Lq."""
+def _bias_gradient(saved: tuple[Tensor, ...], grad_out: Tensor, scale: float, causal: bool) -> Tensor:
+    """dL/dbias for a bias (Bb, Hb, Lq, Lk) broadcast against (B, H, Lq, Lk): dS one block of
+    query rows at a time over the keys those rows see (query row a is key position a + Lk - Lq)."""
     q, k, v, bias, out, lse = saved
     q_len, k_len = q.shape[2], k.shape[2]
     offset = k_len - q_len
     delta = (grad_out * out).sum(-1, keepdim=True)  # (B, H, Lq, 1)
-    for r0 in range(0, q_len, ROW_BLOCK):
-        r1 = min(r0 + ROW_BLOCK, q_len)
-        k0, k1 = 0, r1 + offset if causal else k_len
-        scores = torch.matmul(q[:, :, r0:r1], k[:, :, k0:k1].transpose(-1, -2)).mul_(scale)  # (B, H, rows, keys)
-        scores += bias[:, :, r0:r1, k0:k1]
-        if causal:  # the kernel's own causal masking left the bias unmasked above the diagonal
-            future = torch.ones(r1 - r0, k1 - k0, dtype=torch.bool, device=q.device).triu_(r0 + offset - k0 + 1)
-            scores.masked_fill_(future, float("-inf"))
-        probs = scores.sub_(lse[:, :, r0:r1, None]).clamp_(min=EXP_FLOOR).exp_()  # masked: exp(-87) ~ 0
-        dprobs = torch.matmul(grad_out[:, :, r0:r1], v[:, :, k0:k1].transpose(-1, -2))
-        yield r0, r1, k0, k1, probs.mul_(dprobs.sub_(delta[:, :, r0:r1]))
-
-
-def _bias_gradient(saved: tuple[Tensor, ...], grad_out: Tensor, scale: float, causal: bool) -> Tensor:
-    """dL/dbias for a bias (Bb, Hb, Lq, Lk) broadcast against (B, H, Lq, Lk)."""
-    bias = saved[3]
     dbias = torch.zeros(bias.shape, dtype=bias.dtype, device=bias.device)
     reduce = [dim for dim in (0, 1) if bias.shape[dim] == 1]
-    for r0, r1, k0, k1, ds in _score_gradient_blocks(saved, grad_out, scale, causal):
-        dbias[:, :, r0:r1, k0:k1] += ds.sum(reduce, keepdim=True) if reduce else ds
+    for r0 in range(0, q_len, ROW_BLOCK):
+        r1 = min(r0 + ROW_BLOCK, q_len)
+        keys = r1 + offset if causal else k_len
+        scores = torch.matmul(q[:, :, r0:r1], k[:, :, :keys].transpose(-1, -2)).mul_(scale)  # (B, H, rows, keys)
+        scores += bias[:, :, r0:r1, :keys]
+        if causal:  # the kernel's own causal masking left the bias unmasked above the diagonal
+            future = torch.ones(r1 - r0, keys, dtype=torch.bool, device=q.device).triu_(r0 + offset + 1)
+            scores.masked_fill_(future, float("-inf"))
+        probs = scores.sub_(lse[:, :, r0:r1, None]).clamp_(min=EXP_FLOOR).exp_()  # masked: exp(-87) ~ 0
+        dprobs = torch.matmul(grad_out[:, :, r0:r1], v[:, :, :keys].transpose(-1, -2))
+        ds = probs.mul_(dprobs.sub_(delta[:, :, r0:r1]))  # dS = P * (dP - rowsum(dO * O))
+        dbias[:, :, r0:r1, :keys] += ds.sum(reduce, keepdim=True) if reduce else ds
     return dbias
-
-
-def _flash_forward(ctx, q: Tensor, k: Tensor, v: Tensor, mask: Tensor, scale: float, causal: bool) -> Tensor:
-    out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-        q, k, v, 0.0, causal, attn_mask=mask, scale=scale
-    )
-    ctx.save_for_backward(q, k, v, mask, out, lse)
-    ctx.scale, ctx.causal = scale, causal
-    return out
-
-
-def _flash_backward(ctx, grad_out: Tensor) -> tuple[tuple[Tensor, ...], tuple[Tensor, ...]]:
-    """(dq, dk, dv) and the saved tensors (q, k, v, mask, out, lse)."""
-    saved = ctx.saved_tensors
-    q, k, v, mask, out, lse = saved
-    grads = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
-        grad_out, q, k, v, out, lse, 0.0, ctx.causal, attn_mask=mask, scale=ctx.scale
-    )
-    return grads, saved
 
 
 class _FlashBiasedAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q: Tensor, k: Tensor, v: Tensor, bias: Tensor, scale: float, causal: bool) -> Tensor:  # type: ignore[override]
-        return _flash_forward(ctx, q, k, v, bias.detach(), scale, causal)
+        mask = bias.detach()
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+            q, k, v, 0.0, causal, attn_mask=mask, scale=scale
+        )
+        ctx.save_for_backward(q, k, v, mask, out, lse)
+        ctx.scale, ctx.causal = scale, causal
+        return out
 
     @staticmethod
     def backward(ctx, grad_out: Tensor):  # type: ignore[override]
         grad_out = grad_out.contiguous()
-        (dq, dk, dv), saved = _flash_backward(ctx, grad_out)
+        saved = ctx.saved_tensors
+        q, k, v, mask, out, lse = saved
+        dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+            grad_out, q, k, v, out, lse, 0.0, ctx.causal, attn_mask=mask, scale=ctx.scale
+        )
         dbias = _bias_gradient(saved, grad_out, ctx.scale, ctx.causal) if ctx.needs_input_grad[3] else None
         return dq, dk, dv, dbias, None, None
 
