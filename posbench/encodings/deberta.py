@@ -64,6 +64,7 @@ class DeBERTa(PositionalEncoding):
     ``position_buckets`` > 0 maps distances to log buckets first (DeBERTa v2/v3), with that
     many buckets per side and ``span`` as the largest distance. ``share_att_key`` projects the
     relative embeddings with the layer's own query/key projections instead of separate ones.
+    Causal square scores longer than the span are a BandBias (see ``_band_scores``).
     """
 
     relative = True
@@ -117,10 +118,11 @@ class DeBERTa(PositionalEncoding):
         kr, qr = self.projected_positions(layer, q.dtype)
         if self.causal and q_span == k_span:
             far = 2 * self.att_span - 1  # δ of every key far enough back
-            deltas = self.delta(Span(Lq - 1, Lq), Span(0, Lq), q.device)[0].flip(0)  # δ at distances 0 .. L - 1
-            width = BandBias.width_for(self.delta(Span(Lq - 1, Lq), Span(0, Lq), torch.device("cpu"))[0].flip(0), far)
+            last_row = Span(Lq - 1, Lq), Span(0, Lq)  # the last query's keys: distances L - 1 .. 0
+            width = BandBias.width_for(self.delta(*last_row, torch.device("cpu"))[0].flip(0), far)
             if Lq > width:
-                return self._band_scores(q, k, kr, qr, deltas[:width].flip(0), far, scale)
+                band_deltas = self.delta(*last_row, q.device)[0, Lq - width :]  # keys i - W + 1 .. i
+                return self._band_scores(q, k, kr, qr, band_deltas, far, scale)
         delta = self.delta(q_span, k_span, q.device)  # (Lq, Lk)
         c2p = (q @ kr.transpose(-1, -2)).gather(-1, delta.expand(B, H, Lq, Lk))  # (B, H, Lq, Lk)
         if Lq == 1:  # decoding: Qr_δ(i,j) . Kc_j key by key, not all 2k rows against every key
