@@ -22,16 +22,17 @@ _CALLBACK_TYPE = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
 
 
 def _loaded_openmp_runtime() -> str | None:
-    """Path of the OpenMP runtime mapped into this process, or None (not Linux, or none)."""
+    """Path of the OpenMP runtime mapped into this process, torch's own first (a wheel ships
+    one in torch/lib; other packages may have loaded another), or None (not Linux, or none)."""
     try:
         with open("/proc/self/maps") as maps:
-            for line in maps:
-                path = line.split()[-1] if line.count("/") else ""
-                if any(os.path.basename(path).startswith(name) for name in _OPENMP_RUNTIMES):
-                    return path
+            paths = {line.split()[-1] for line in maps if "/" in line}
     except OSError:
         return None
-    return None
+    runtimes = sorted(p for p in paths if os.path.basename(p).startswith(_OPENMP_RUNTIMES))
+    torch_dir = os.path.dirname(torch.__file__)
+    runtimes.sort(key=lambda path: not path.startswith(torch_dir))  # stable: torch's first
+    return runtimes[0] if runtimes else None
 
 
 def _set_on_openmp_workers(n_threads: int) -> bool:
