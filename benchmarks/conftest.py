@@ -6,12 +6,12 @@ by how much a missed goal is missed."""
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pytest
 
 from posbench.cpu import configure_cpu
-from posbench.profiling import _time
+from posbench.profiling import interleaved_times
 
 THREADS = int(os.environ.get("POSBENCH_BENCH_THREADS", "2"))
 configure_cpu(THREADS)
@@ -56,14 +56,12 @@ ROUNDS = 3  # the fastest round of each side counts: on a shared machine interfe
 @pytest.fixture
 def interleaved_ratio():
     """ratio(run, baseline_run, config): median latency of run over baseline_run, timed
-    alternately (baseline, run, baseline, run, ...) over ROUNDS rounds."""
+    alternately (baseline, run, baseline, run, ...) over ROUNDS rounds of config.min_run_time."""
 
     def ratio(run, baseline_run, config) -> float:
-        times: dict[str, list[float]] = {"run": [], "base": []}
-        for _ in range(ROUNDS):
-            times["base"].append(_time(baseline_run, config)[0])
-            times["run"].append(_time(run, config)[0])
-        return min(times["run"]) / min(times["base"])
+        budget = replace(config, min_run_time=config.min_run_time * ROUNDS)
+        times = interleaved_times({"base": baseline_run, "run": run}, budget, rounds=ROUNDS)
+        return times["run"][0] / times["base"][0]
 
     return ratio
 

@@ -108,17 +108,17 @@ class _BandAttention(torch.autograd.Function):
         q, k, v, band, out, lse = ctx.saved_tensors
         scale, (B, H, L, _), W = ctx.scale, q.shape, band.shape[-1]
         grad_out = grad_out.contiguous()
-        dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
-        if L > W:
-            dq[:, :, W:], dk[:, :, : L - W], dv[:, :, : L - W] = (
+        k_padded, v_padded = (F.pad(t, (0, 0, W - 1, 0)) for t in (k, v))  # key -W+1 .. L-1
+        dq = torch.zeros_like(q)
+        dk_padded, dv_padded = torch.zeros_like(k_padded), torch.zeros_like(v_padded)
+        if L > W:  # far keys 0 .. L - W - 1 sit at rows W - 1 .. L - 2 of the padded keys
+            dq[:, :, W:], dk_padded[:, :, W - 1 : L - 1], dv_padded[:, :, W - 1 : L - 1] = (
                 torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
                     grad_out[:, :, W:].contiguous(), q[:, :, W:].contiguous(), k[:, :, : L - W].contiguous(),
                     v[:, :, : L - W].contiguous(), out[:, :, W:].contiguous(), _lse_layout(lse[:, :, W:]),
                     0.0, True, scale=scale,
                 )
             )
-        k_padded, v_padded = (F.pad(t, (0, 0, W - 1, 0)) for t in (k, v))
-        dk_padded, dv_padded = torch.zeros_like(k_padded), torch.zeros_like(v_padded)
         q3, k3, v3, grad3 = _flat(q), _flat(k_padded), _flat(v_padded), _flat(grad_out)
         dq3, dk3, dv3 = _flat(dq), _flat(dk_padded), _flat(dv_padded)
         minus_delta = _flat((grad_out * out).sum(-1, keepdim=True).neg_())  # (B * H, L, 1)
@@ -141,9 +141,7 @@ class _BandAttention(torch.autograd.Function):
                     dband[:, :, r0:r1] += block_band
                 else:
                     dband += block_band
-        dk += dk_padded[:, :, W - 1 :]
-        dv += dv_padded[:, :, W - 1 :]
-        return dq, dk, dv, dband, None
+        return dq, dk_padded[:, :, W - 1 :], dv_padded[:, :, W - 1 :], dband, None
 
 
 def band_attention(q: Tensor, k: Tensor, v: Tensor, band: Tensor, scale: float) -> Tensor:

@@ -22,23 +22,23 @@ FLASH_MIN_PAIRS = 128 * 128
 ROW_BLOCK = 64
 
 
-def _bias_gradient(saved: tuple[Tensor, ...], grad_out: Tensor, scale: float, causal: bool) -> Tensor:
-    """dL/dbias for a bias (Bb, Hb, Lq, Lk) broadcast against (B, H, Lq, Lk): dS one block of
-    query rows at a time over the keys those rows see (query row a is key position a + Lk - Lq)."""
+def _bias_gradient(saved: tuple[Tensor, ...], grad_out: Tensor, scale: float, causal_mask: Tensor | None) -> Tensor:
+    """dL/dbias for a bias (Bb, Hb, L, Lk) broadcast against (B, H, L, Lk): dS one block of
+    query rows at a time. With the kernel's causal masking (causal_mask (L, L)) only the keys
+    each block sees; otherwise every key, masked ones already -inf in the bias."""
     q, k, v, bias, out, lse = saved
     q_len, k_len = q.shape[2], k.shape[2]
-    offset = k_len - q_len
     delta = (grad_out * out).sum(-1, keepdim=True)  # (B, H, Lq, 1)
     dbias = torch.zeros(bias.shape, dtype=bias.dtype, device=bias.device)
     reduce = [dim for dim in (0, 1) if bias.shape[dim] == 1]
+    future = None if causal_mask is None else ~causal_mask  # (L, L)
     for r0 in range(0, q_len, ROW_BLOCK):
         r1 = min(r0 + ROW_BLOCK, q_len)
-        keys = r1 + offset if causal else k_len
+        keys = k_len if future is None else r1
         scores = torch.matmul(q[:, :, r0:r1], k[:, :, :keys].transpose(-1, -2)).mul_(scale)  # (B, H, rows, keys)
         scores += bias[:, :, r0:r1, :keys]
-        if causal:  # the kernel's own causal masking left the bias unmasked above the diagonal
-            future = torch.ones(r1 - r0, keys, dtype=torch.bool, device=q.device).triu_(r0 + offset + 1)
-            scores.masked_fill_(future, float("-inf"))
+        if future is not None:  # the kernel's own masking left the bias unmasked above the diagonal
+            scores.masked_fill_(future[r0:r1, :keys], float("-inf"))
         probs = scores.sub_(lse[:, :, r0:r1, None]).clamp_(min=EXP_FLOOR).exp_()  # masked: exp(-87) ~ 0
         dprobs = torch.matmul(grad_out[:, :, r0:r1], v[:, :, :keys].transpose(-1, -2))
         ds = probs.mul_(dprobs.sub_(delta[:, :, r0:r1]))  # dS = P * (dP - rowsum(dO * O))
@@ -48,13 +48,16 @@ def _bias_gradient(saved: tuple[Tensor, ...], grad_out: Tensor, scale: float, ca
 
 class _FlashBiasedAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, bias: Tensor, scale: float, causal: bool) -> Tensor:  # type: ignore[override]
+    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, bias: Tensor, scale: float,  # type: ignore[override]
+                causal_mask: Tensor | None) -> Tensor:
+        """causal_mask (L, L) for square scores the kernel masks itself, else None (any
+        masking is already -inf in the bias)."""
         mask = bias.detach()
         out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-            q, k, v, 0.0, causal, attn_mask=mask, scale=scale
+            q, k, v, 0.0, causal_mask is not None, attn_mask=mask, scale=scale
         )
         ctx.save_for_backward(q, k, v, mask, out, lse)
-        ctx.scale, ctx.causal = scale, causal
+        ctx.scale, ctx.causal_mask = scale, causal_mask
         return out
 
     @staticmethod
@@ -63,9 +66,9 @@ class _FlashBiasedAttention(torch.autograd.Function):
         saved = ctx.saved_tensors
         q, k, v, mask, out, lse = saved
         dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
-            grad_out, q, k, v, out, lse, 0.0, ctx.causal, attn_mask=mask, scale=ctx.scale
+            grad_out, q, k, v, out, lse, 0.0, ctx.causal_mask is not None, attn_mask=mask, scale=ctx.scale
         )
-        dbias = _bias_gradient(saved, grad_out, ctx.scale, ctx.causal) if ctx.needs_input_grad[3] else None
+        dbias = _bias_gradient(saved, grad_out, ctx.scale, ctx.causal_mask) if ctx.needs_input_grad[3] else None
         return dq, dk, dv, dbias, None, None
 
 
@@ -81,21 +84,19 @@ def biased_attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | BandBias, s
         q.device.type == "cpu" and q.dtype == torch.float32 and q.shape[-1] == v.shape[-1]
         and q_len * k_len >= FLASH_MIN_PAIRS  # below, the math path's few ops win
     )
-    grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
     if isinstance(bias, BandBias):
         if flash and fused_causal:
             return band_attention(q, k, v, bias.band.to(q.dtype), scale)
         bias = bias.dense(q_len)
     bias = bias.to(q.dtype)
-    grad = grad or bias.requires_grad
     bias = bias.reshape((1,) * (4 - bias.dim()) + tuple(bias.shape)) if bias.dim() < 4 else bias
     if causal_mask is not None and not (flash and fused_causal):
         bias = bias.masked_fill(~causal_mask, float("-inf"))
     if not flash:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=scale)
     q, k, v, bias = q.contiguous(), k.contiguous(), v.contiguous(), bias.contiguous()
-    if torch.is_grad_enabled() and grad:
-        return _FlashBiasedAttention.apply(q, k, v, bias, scale, fused_causal)
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, bias)):
+        return _FlashBiasedAttention.apply(q, k, v, bias, scale, causal_mask if fused_causal else None)
     out, _ = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
         q, k, v, 0.0, fused_causal, attn_mask=bias, scale=scale
     )

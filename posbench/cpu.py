@@ -36,6 +36,8 @@ def _loaded_openmp_runtime() -> str | None:
 
 
 def _set_on_openmp_workers(n_threads: int) -> bool:
+    """Run torch.set_flush_denormal on each thread of an n_threads OpenMP team; False when no
+    OpenMP runtime with the GNU entry point is mapped."""
     path = _loaded_openmp_runtime()
     if path is None:
         return False
@@ -53,13 +55,13 @@ def flush_denormals() -> bool:
     """Set flush-to-zero and denormals-are-zero on this thread and torch's CPU workers.
 
     Idempotent and cheap to repeat; call it again after ``torch.set_num_threads`` changes the
-    team. Returns False where the CPU does not support it (then nothing changes)."""
+    team. Returns False where the CPU does not support it (then nothing changes).
+    ``denormals_flushed`` tells whether the workers were reached too."""
     if not torch.set_flush_denormal(True):
         return False
     key = (os.getpid(), threading.get_ident(), torch.get_num_threads())
-    if key not in _applied and torch.get_num_threads() > 1:
-        _set_on_openmp_workers(torch.get_num_threads())
-    _applied.add(key)
+    if key not in _applied and (torch.get_num_threads() == 1 or _set_on_openmp_workers(torch.get_num_threads())):
+        _applied.add(key)  # without a reachable OpenMP runtime only this thread flushes: not recorded
     return True
 
 
@@ -73,5 +75,5 @@ def configure_cpu(threads: int | None = None) -> None:
 
 
 def denormals_flushed() -> bool:
-    """Whether this process flushes denormals (recorded in env.json)."""
+    """Whether this process flushes denormals on all its torch threads (recorded in env.json)."""
     return os.getpid() in {key[0] for key in _applied}

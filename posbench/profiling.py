@@ -20,7 +20,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Hashable, Iterable
 
 import torch
 from torch import Tensor, nn
@@ -93,6 +93,19 @@ def _time(fn: Callable[[], Any], config: BenchConfig) -> tuple[float, float]:
     return measurement.median * 1e3, measurement.iqr * 1e3
 
 
+def interleaved_times(runs: dict[Hashable, Callable[[], Any]], config: BenchConfig,
+                      rounds: int = LATENCY_ROUNDS) -> dict[Hashable, tuple[float, float]]:
+    """Median and IQR in ms of each run, timed in turn over `rounds` rounds that share
+    config.min_run_time; the fastest round's median counts (interference only adds time)."""
+    round_config = replace(config, min_run_time=config.min_run_time / rounds)
+    times: dict[Hashable, tuple[float, float]] = {}
+    for _ in range(rounds):
+        for key, run in runs.items():
+            measured = _time(run, round_config)
+            times[key] = min(times.get(key, measured), measured)
+    return times
+
+
 def _sync(device: str) -> None:
     if device.startswith("cuda"):
         torch.cuda.synchronize()
@@ -123,24 +136,20 @@ def latency_rows(spec: EncodingSpec, config: BenchConfig) -> list[dict[str, Any]
             rows += [_row(m, math.nan, L, note=reason) for m in ("latency_fwd_ms", "latency_fwdbwd_ms")]
             continue
         x = torch.randn(config.batch_size, L, d_model, device=config.device)
-        times: dict[tuple[str, str], tuple[float, float]] = {}
-        round_config = replace(config, min_run_time=config.min_run_time / LATENCY_ROUNDS)
-        for _ in range(LATENCY_ROUNDS):  # baseline, encoding, baseline, encoding, ...
-            for name in ("base", "enc"):
-                layer = layers[name]
+        runs: dict[tuple[str, str], Callable[[], Any]] = {}
+        for name, layer in layers.items():
 
-                def forward(layer: nn.Module = layer) -> None:
-                    with torch.no_grad():
-                        layer(x)
-                    _sync(config.device)
+            def forward(layer: nn.Module = layer) -> None:
+                with torch.no_grad():
+                    layer(x)
+                _sync(config.device)
 
-                def forward_backward(layer: nn.Module = layer) -> None:
-                    layer(x).sum().backward()
-                    _sync(config.device)
+            def forward_backward(layer: nn.Module = layer) -> None:
+                layer(x).sum().backward()
+                _sync(config.device)
 
-                for kind, fn in (("fwd", forward), ("fwdbwd", forward_backward)):
-                    measured = _time(fn, round_config)  # the least disturbed round counts
-                    times[(name, kind)] = min(times.get((name, kind), measured), measured)
+            runs[(name, "fwd")], runs[(name, "fwdbwd")] = forward, forward_backward
+        times = interleaved_times(runs, config)  # baseline and encoding alternate
         for kind in ("fwd", "fwdbwd"):
             median, iqr = times[("enc", kind)]
             rows += [
