@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from posbench.attention import causal_mask
 from posbench.encodings.base import LayerContext, Span
 from posbench.model import Decoder
 
@@ -32,4 +33,4 @@ def positional_bias(model: Decoder, tokens: Tensor, layer: int = 0, head: int = 
     bias = scores.logits() - scores.scale * (q @ k.transpose(-1, -2))  # (B, H, L, L)
     bias = bias[:, head].mean(0)
     bias = bias - bias.diagonal()[:, None]
-    return bias.masked_fill(~torch.ones(L, L, dtype=torch.bool).tril(), float("nan"))
+    return bias.masked_fill(~causal_mask(L, L, bias.device), float("nan"))

@@ -12,6 +12,7 @@ from typing import Any, Callable
 
 import torch
 
+from posbench.attention import causal_mask
 from posbench.encodings import REGISTRY, create_encoding
 from posbench.encodings.base import LayerContext, PositionalEncoding, Span
 from posbench.errors import PositionOutOfRangeError
@@ -100,7 +101,7 @@ def check_shift_invariance(encoding: str, shift: int = 37, **options: Any) -> No
     with torch.no_grad():
         base = attention_logits(enc, q, k, Span(4, 10), Span(0, 10))
         moved = attention_logits(enc, q, k, Span(4 + shift, 10 + shift), Span(shift, 10 + shift))
-    mask = torch.ones(6, 10, dtype=torch.bool).tril(4)
+    mask = causal_mask(6, 10, torch.device("cpu"))  # the 6 queries are the last of 10 positions
     base, moved = (x.masked_fill(~mask, float("-inf")).log_softmax(-1) for x in (base, moved))
     err = (base - moved)[..., mask].abs().max().item()
     assert err < 1e-4, f"{encoding}: shifting all positions by {shift} changed the logits by {err:.2e}"
