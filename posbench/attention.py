@@ -1,13 +1,15 @@
 """Causal self-attention that takes any positional encoding through its hooks."""
 from __future__ import annotations
 
+import copy
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from posbench.biased_attention import biased_attention
 from posbench.cache import Cache
-from posbench.encodings.base import LayerContext, PositionalEncoding, Span
+from posbench.encodings.base import BandBias, LayerContext, PositionalEncoding, Span
 
 _MASKS: dict[tuple[int, int, str], Tensor] = {}
 
@@ -72,3 +74,27 @@ class CausalSelfAttention(nn.Module):
             y = biased_attention(scores.q, scores.k, v, scores.bias, scores.scale, mask)  # (B, H, L, d')
         y = y[..., :d_v]
         return self.out(y.transpose(1, 2).reshape(B, L, D))
+
+
+def attention_tensor_bytes(encoding: PositionalEncoding, batch_size: int, length: int) -> int:
+    """Analytic size of the largest attention-side tensor for a sequence of `length`: the
+    dense (B, H, L, L) score matrix when the encoding adds a dense bias (the mask SDPA must
+    read), the (B, H, L, W) band of a BandBias, else the largest of the augmented q and k
+    (fused attention never forms the scores). Found by running the hooks on the meta device,
+    which computes shapes only."""
+    B, H, d, L = batch_size, encoding.n_heads, encoding.d_head, length
+    meta = torch.device("meta")
+    q = torch.empty(B, H, L, d, device=meta)
+    ctx = LayerContext(0, lambda t: t.new_empty(H, t.shape[0], d), lambda t: t.new_empty(H, t.shape[0], d))
+    try:
+        on_meta = copy.deepcopy(encoding).to(meta)
+        q2, k2 = on_meta.rotate(q, q.clone(), Span(0, L), ctx)
+        scores = on_meta.score(q2, k2, Span(0, L), Span(0, L), ctx)
+    except Exception:  # an encoding whose hooks cannot run on meta: assume dense scores
+        return 4 * B * H * L * L
+    sizes = [scores.q.numel(), scores.k.numel()]
+    if isinstance(scores.bias, BandBias):
+        sizes.append(B * H * L * scores.bias.width)  # plus blocks of ROWS x (ROWS + W - 1) pairs
+    elif scores.bias is not None:
+        sizes.append(B * H * L * L)
+    return 4 * max(sizes)

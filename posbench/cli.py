@@ -1,6 +1,7 @@
 """The `posbench` command line: list, run, bench, report."""
 from __future__ import annotations
 
+import signal
 import sys
 from pathlib import Path
 from typing import Callable, List, Optional, TypeVar
@@ -24,18 +25,31 @@ T = TypeVar("T")
 
 
 def user_errors(fn: Callable[..., T]) -> Callable[..., T]:
-    """Turn a PosbenchError into one line on stderr and exit code 2."""
+    """Turn a PosbenchError (or a file system error) into one line on stderr and exit code 2."""
     import functools
 
     @functools.wraps(fn)
     def wrapper(*args: object, **kwargs: object) -> T:
+        from posbench.results import describe_os_error
+
         try:
             return fn(*args, **kwargs)
         except PosbenchError as err:
-            err_console.print(Text.assemble(("error: ", "bold red"), str(err)), soft_wrap=True)
-            raise typer.Exit(2) from None
+            message = str(err)
+        except OSError as err:  # a disk or permission problem met outside the results store
+            message = describe_os_error(err, getattr(err, "filename", None) or "a file", "use")
+        err_console.print(Text.assemble(("error: ", "bold red"), message), soft_wrap=True)
+        raise typer.Exit(2) from None
 
     return wrapper
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (timeout, docker stop, Slurm) handled like Ctrl-C: workers stopped, runs kept."""
+
+
+def _raise_terminated(signum: int, frame: object) -> None:
+    raise Terminated()
 
 
 @app.callback()
@@ -100,7 +114,7 @@ def run_command(
     """Train a tiny decoder per encoding and task, evaluate it at and beyond the training
     length and through caches, and store tidy, resumable results."""
     from posbench.config import SweepConfig, apply_overrides, load_config_file
-    from posbench.progress import RichReporter, print_outcome
+    from posbench.progress import make_reporter, print_outcome
 
     sweep, name = load_config_file(config) if config else (SweepConfig(), None)
     sweep = apply_overrides(
@@ -110,17 +124,33 @@ def run_command(
     )
     out_dir = out or Path("results") / (name or ("quick" if sweep.quick else "default"))
     from posbench.executors import make_executor
+    from posbench.report import default_report_dir
+    from posbench.results import RunFolder, sweep_members
     from posbench.runner import run_sweep
 
     chosen = make_executor(executor, jobs, ray_address, cpus_per_run, gpus_per_run)
-    with RichReporter(console, quick=sweep.quick) as reporter:
-        outcome = run_sweep(sweep, out_dir, force=force, reporter=reporter, executor=chosen)
+    previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    try:
+        with make_reporter(console, quick=sweep.quick) as reporter:
+            outcome = run_sweep(sweep, out_dir, force=force, reporter=reporter, executor=chosen)
+    except KeyboardInterrupt as interrupt:
+        members = sweep_members(out_dir) if out_dir.is_dir() else None
+        kept = sum(RunFolder(out_dir / run_id).is_finished() for run_id in members or {})
+        how = "terminated" if isinstance(interrupt, Terminated) else "interrupted"
+        err_console.print(Text(
+            f"{how}: {kept} of {len(members or {})} run(s) of this sweep are stored in {out_dir}; "
+            "run the same command again to resume (finished runs are skipped).", style="yellow"), soft_wrap=True)
+        raise typer.Exit(143 if isinstance(interrupt, Terminated) else 130) from None
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     print_outcome(console, outcome)
-    if report:
+    if report and outcome.finished_any:
         from posbench.report import build_report
 
-        written = build_report(out_dir, Path("reports") / out_dir.name)
-        console.print(f"report: {written.html}")
+        written = build_report(out_dir, default_report_dir(out_dir))
+        console.print(Text(f"report: {written.html}"), soft_wrap=True)
+    elif report:
+        console.print(Text("no run of this sweep finished, so no report was written"), soft_wrap=True)
     if outcome.failures:
         raise typer.Exit(1)
 
@@ -149,13 +179,14 @@ def bench_command(
     from posbench.config import EncodingSpec
     from posbench.encodings import BUILTINS, REGISTRY
     from posbench.plugins import loaded_plugin_dirs
-    from posbench.profiling import BenchConfig, run_profile
+    from posbench.profiling import BenchConfig, ProfileRun, run_profile
     from posbench.progress import print_bench
-    from posbench.runner import prepare_out_dir
-    from posbench.results import write_results_csv
+    from posbench.results import prepare_sweep_dir, sweep_lock, write_results_csv, write_sweep_marker
 
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise ConfigError(f"--device {device} was asked for but CUDA is not available here; use --device cpu.")
+    if threads < 1 or batch_size < 1 or min_run_time <= 0:
+        raise ConfigError("--threads and --batch-size must be at least 1 and --min-run-time above 0.")
     names = REGISTRY.select(encodings) if encodings else list(BUILTINS)
     config = BenchConfig(batch_size=batch_size, device=device, threads=threads, min_run_time=min_run_time,
                          memory=memory, plugin_dirs=loaded_plugin_dirs())
@@ -166,14 +197,16 @@ def bench_command(
             if not lengths or min(lengths) < (0 if name == "cache_lens" else 1):
                 raise ConfigError(f"{flag} needs lengths of at least {0 if name == 'cache_lens' else 1}, got {value!r}.")
             config = dataclasses.replace(config, **{name: lengths})
-    from posbench.config import SweepConfig
-
-    prepare_out_dir(out, SweepConfig(encodings=tuple(EncodingSpec(n) for n in names)))
-    with console.status("") as status:
-        for name in names:
-            status.update(f"profiling {name} ...")
-            run_profile(EncodingSpec(name), config, out, force)
-            write_results_csv(out)
+    jobs = [ProfileRun(EncodingSpec(name), config) for name in names]
+    prepare_sweep_dir(out)
+    with sweep_lock(out):
+        write_sweep_marker(out, {"bench": jobs[0].to_dict()["bench"] if jobs else {}},
+                           {job.run_id: f"profile / {job.encoding.display()}" for job in jobs})
+        with console.status("") as status:
+            for job in jobs:
+                status.update(Text(f"profiling {job.encoding.display()} ..."))
+                run_profile(job, out, force)
+                write_results_csv(out)
     print_bench(console, out)
 
 
@@ -181,20 +214,22 @@ def bench_command(
 @user_errors
 def report_command(
     results_dir: Path = typer.Argument(..., help="A sweep folder written by `posbench run` or `posbench bench`."),
-    out: Optional[Path] = typer.Option(None, "-o", "--out", help="Report folder. Default: reports/<sweep folder name>."),
+    out: Optional[Path] = typer.Option(None, "-o", "--out", help="Report folder. Default: reports/<name> for results/<name>, else <sweep folder>/report."),
 ) -> None:
     """Build results.csv, summary.csv and a self-contained report.html from stored results."""
     from posbench.progress import print_headline
-    from posbench.report import build_report
+    from posbench.report import build_report, default_report_dir
 
-    written = build_report(results_dir, out or Path("reports") / results_dir.name)
+    written = build_report(results_dir, out or default_report_dir(results_dir))
     print_headline(console, written.headline)
     for problem in written.problems:
         err_console.print(Text(f"skipped: {problem}", style="yellow"), soft_wrap=True)
     if written.missing:
-        console.print(f"partial sweep: {len(written.missing)} run(s) not finished")
-    console.print(f"report: {written.html}")
-    console.print(f"tables: {written.results_csv}, {written.summary_csv}")
+        console.print(Text(f"partial sweep: {len(written.missing)} run(s) not finished"))
+    if written.other_runs:
+        console.print(Text(f"{len(written.other_runs)} run(s) of other configurations in {results_dir} are kept but not included"))
+    console.print(Text(f"report: {written.html}"), soft_wrap=True)
+    console.print(Text(f"tables: {written.results_csv}, {written.summary_csv}"), soft_wrap=True)
 
 
 def main() -> None:

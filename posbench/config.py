@@ -5,12 +5,14 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Annotated, Any, Mapping
 
 from posbench.errors import ConfigError
+from posbench.validation import Range, check_dataclass
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -18,47 +20,51 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 DEFAULT_TASKS = ("copy",)
+#: A run whose mean in-distribution exact match is below this is flagged as undertrained.
+UNDERTRAINED_BELOW = 0.9
+#: Devices a run may name: cpu, cuda or cuda:N, mps.
+DEVICE_PATTERN = r"cpu|cuda(:[0-9]+)?|mps"
 
 
 @dataclass(frozen=True)
 class ModelSize:
     """Decoder size shared by every run of a sweep."""
 
-    d_model: int = 64
-    n_layers: int = 2
-    n_heads: int = 8  # ALiBi needs the spread of 8 slopes to learn copy within the budget
-    d_ff: int | None = None
+    d_model: Annotated[int, Range(ge=1)] = 64
+    n_layers: Annotated[int, Range(ge=1)] = 2
+    n_heads: Annotated[int, Range(ge=1)] = 8  # ALiBi needs the spread of 8 slopes to learn copy within the budget
+    d_ff: Annotated[int | None, Range(ge=1)] = None
 
 
 @dataclass(frozen=True)
 class TrainConfig:
     """One training loop for every encoding: AdamW, warmup then cosine decay, clipping."""
 
-    steps: int = 2500
-    batch_size: int = 64
-    lr: float = 3e-3
-    warmup_steps: int = 100
-    weight_decay: float = 0.01
-    grad_clip: float = 1.0
+    steps: Annotated[int, Range(ge=1)] = 2500
+    batch_size: Annotated[int, Range(ge=1)] = 64
+    lr: Annotated[float, Range(gt=0)] = 3e-3
+    warmup_steps: Annotated[int, Range(ge=0)] = 100
+    weight_decay: Annotated[float, Range(ge=0)] = 0.01
+    grad_clip: Annotated[float, Range(gt=0)] = 1.0
     #: Transformer-XL recurrence: feed each sequence in segments through a cache of this many
     #: positions, gradients stopped at the memory. None trains on whole sequences.
-    train_mem_len: int | None = None
+    train_mem_len: Annotated[int | None, Range(ge=0)] = None
     #: Segment length for recurrent training (default: train_mem_len, as in Transformer-XL).
-    train_segment_len: int | None = None
+    train_segment_len: Annotated[int | None, Range(ge=1)] = None
 
 
 @dataclass(frozen=True)
 class EvalConfig:
     """Held-out evaluation at each length, whole and through caches of several sizes."""
 
-    n_samples: int = 256
-    batch_size: int = 128
+    n_samples: Annotated[int, Range(ge=1)] = 256
+    batch_size: Annotated[int, Range(ge=1)] = 128
     #: Segment length S for the cache sweep (default: half the longest training sequence).
-    segment_len: int | None = None
+    segment_len: Annotated[int | None, Range(ge=1)] = None
     #: Memory lengths M as multiples of S; "inf" (or -1 in TOML) means unbounded.
-    mem_len_factors: tuple[float, ...] = (0.0, 0.5, 1.0, 2.0, float("inf"))
+    mem_len_factors: Annotated[tuple[float, ...], Range(ge=0)] = (0.0, 0.5, 1.0, 2.0, float("inf"))
     #: Evaluate through the cache at these task lengths (default: every evaluation length).
-    cache_eval_lengths: tuple[int, ...] | None = None
+    cache_eval_lengths: Annotated[tuple[int, ...] | None, Range(ge=1)] = None
 
 
 @dataclass(frozen=True)
@@ -92,12 +98,12 @@ class SweepConfig:
 
     tasks: tuple[TaskSpec, ...] = tuple(TaskSpec(t) for t in DEFAULT_TASKS)
     encodings: tuple[EncodingSpec, ...] = ()  # empty: every built-in encoding
-    seeds: tuple[int, ...] = (0,)
+    seeds: Annotated[tuple[int, ...], Range(ge=0)] = (0,)
     model: ModelSize = ModelSize()
     train: TrainConfig = TrainConfig()
     eval: EvalConfig = EvalConfig()
     device: str = "cpu"
-    threads: int | None = None  # torch threads per run (None: torch's default)
+    threads: Annotated[int | None, Range(ge=1)] = None  # torch threads per run (None: torch's default)
     quick: bool = False
     profile: bool = True
 
@@ -140,13 +146,21 @@ class RunConfig:
         )
 
 
+def _eval_values(data: Mapping[str, Any]) -> dict[str, Any]:
+    """[eval] values as EvalConfig takes them: lists as tuples, "inf" or -1 as an unbounded cache."""
+    values = dict(data)
+    if isinstance(values.get("mem_len_factors"), (list, tuple)):
+        values["mem_len_factors"] = tuple(math.inf if f in ("inf", -1, None) else f for f in values["mem_len_factors"])
+    if isinstance(values.get("cache_eval_lengths"), list):
+        values["cache_eval_lengths"] = tuple(values["cache_eval_lengths"])
+    return values
+
+
 def _eval_from(data: Mapping[str, Any]) -> EvalConfig:
-    data = dict(data)
-    if "mem_len_factors" in data:
-        data["mem_len_factors"] = tuple(float("inf") if f in ("inf", -1, None) else float(f) for f in data["mem_len_factors"])
-    if data.get("cache_eval_lengths") is not None:
-        data["cache_eval_lengths"] = tuple(int(x) for x in data["cache_eval_lengths"])
-    return EvalConfig(**data)
+    values = _eval_values(data)
+    if "mem_len_factors" in values:
+        values["mem_len_factors"] = tuple(float(f) for f in values["mem_len_factors"])
+    return EvalConfig(**values)
 
 
 def to_jsonable(value: Any) -> Any:
@@ -186,31 +200,25 @@ def load_config_file(path: Path) -> tuple[SweepConfig, str | None]:
 
 
 def config_from_mapping(data: Mapping[str, Any], source: str = "config") -> SweepConfig:
-    """Build a SweepConfig from parsed TOML, rejecting unknown keys and bad values."""
+    """Build a SweepConfig from parsed TOML, rejecting unknown keys and values of the wrong
+    type or range (each named in one sentence)."""
     _reject_unknown(data, _TOP_KEYS, source)
     kwargs: dict[str, Any] = {}
-    try:
-        if "tasks" in data:
-            kwargs["tasks"] = tuple(_spec(entry, TaskSpec, source, "tasks") for entry in _as_list(data["tasks"]))
-        if "encodings" in data:
-            kwargs["encodings"] = tuple(_spec(entry, EncodingSpec, source, "encodings") for entry in _as_list(data["encodings"]))
-        if "seeds" in data:
-            kwargs["seeds"] = tuple(int(s) for s in _as_list(data["seeds"]))
-        for key, cls in (("model", ModelSize), ("train", TrainConfig)):
-            if key in data:
-                _reject_unknown(data[key], {f.name for f in dataclasses.fields(cls)}, f"{source} [{key}]")
-                kwargs[key] = cls(**data[key])
-        if "eval" in data:
-            _reject_unknown(data["eval"], {f.name for f in dataclasses.fields(EvalConfig)}, f"{source} [eval]")
-            kwargs["eval"] = _eval_from(data["eval"])
-        for key in ("device", "threads", "quick", "profile"):
-            if key in data:
-                kwargs[key] = data[key]
-    except (TypeError, ValueError) as err:
-        if isinstance(err, ConfigError):
-            raise
-        raise ConfigError(f"{source}: a value has the wrong type ({err}); see README's config example.") from None
-    return SweepConfig(**kwargs)
+    if "tasks" in data:
+        kwargs["tasks"] = tuple(_spec(entry, TaskSpec, source, "tasks") for entry in _as_list(data["tasks"]))
+    if "encodings" in data:
+        kwargs["encodings"] = tuple(_spec(entry, EncodingSpec, source, "encodings") for entry in _as_list(data["encodings"]))
+    for key, cls in (("model", ModelSize), ("train", TrainConfig), ("eval", EvalConfig)):
+        if key in data:
+            section = f"{source} [{key}]"
+            _reject_unknown(data[key], {f.name for f in dataclasses.fields(cls)}, section)
+            values = _eval_values(data[key]) if cls is EvalConfig else dict(data[key])
+            check_dataclass(cls, values, section)
+            kwargs[key] = cls(**values)
+    top = {k: (tuple(_as_list(v)) if k == "seeds" else v) for k, v in data.items()
+           if k in ("seeds", "device", "threads", "quick", "profile")}
+    check_dataclass(SweepConfig, top, source)
+    return SweepConfig(**kwargs, **top)
 
 
 def _as_list(value: Any) -> list[Any]:

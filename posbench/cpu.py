@@ -13,6 +13,8 @@ from __future__ import annotations
 import ctypes
 import os
 import threading
+from contextlib import contextmanager
+from typing import Iterator
 
 import torch
 
@@ -35,9 +37,9 @@ def _loaded_openmp_runtime() -> str | None:
     return runtimes[0] if runtimes else None
 
 
-def _set_on_openmp_workers(n_threads: int) -> bool:
-    """Run torch.set_flush_denormal on each thread of an n_threads OpenMP team; False when no
-    OpenMP runtime with the GNU entry point is mapped."""
+def _set_on_openmp_workers(n_threads: int, enabled: bool) -> bool:
+    """Run torch.set_flush_denormal(enabled) on each thread of an n_threads OpenMP team; False
+    when no OpenMP runtime with the GNU entry point is mapped."""
     path = _loaded_openmp_runtime()
     if path is None:
         return False
@@ -46,7 +48,7 @@ def _set_on_openmp_workers(n_threads: int) -> bool:
         return False
     runtime.GOMP_parallel.argtypes = [_CALLBACK_TYPE, ctypes.c_void_p, ctypes.c_uint, ctypes.c_uint]
     runtime.GOMP_parallel.restype = None
-    callback = _CALLBACK_TYPE(lambda _: torch.set_flush_denormal(True))
+    callback = _CALLBACK_TYPE(lambda _: torch.set_flush_denormal(enabled))
     runtime.GOMP_parallel(callback, None, n_threads, 0)  # the caller joins the team as thread 0
     return True
 
@@ -56,13 +58,27 @@ def flush_denormals() -> bool:
 
     Idempotent and cheap to repeat; call it again after ``torch.set_num_threads`` changes the
     team. Returns False where the CPU does not support it (then nothing changes).
-    ``denormals_flushed`` tells whether the workers were reached too."""
+    ``denormals_flushed`` tells whether the workers were reached too. Library code should use
+    ``compute_settings``, which undoes this on exit."""
     if not torch.set_flush_denormal(True):
         return False
     key = (os.getpid(), threading.get_ident(), torch.get_num_threads())
-    if key not in _applied and (torch.get_num_threads() == 1 or _set_on_openmp_workers(torch.get_num_threads())):
+    if key not in _applied and (torch.get_num_threads() == 1 or _set_on_openmp_workers(torch.get_num_threads(), True)):
         _applied.add(key)  # without a reachable OpenMP runtime only this thread flushes: not recorded
     return True
+
+
+def _stop_flushing(n_threads: int) -> None:
+    """Undo flush_denormals on this thread and on an n_threads OpenMP team."""
+    torch.set_flush_denormal(False)
+    if n_threads > 1:
+        _set_on_openmp_workers(n_threads, False)
+    _applied.clear()
+
+
+def flushing_denormals() -> bool:
+    """Whether this thread flushes float32 denormals to zero now (1e-30 * 1e-10 gives 0)."""
+    return float(torch.tensor(1e-30, dtype=torch.float32) * 1e-10) == 0.0
 
 
 def configure_cpu(threads: int | None = None) -> None:
@@ -72,6 +88,23 @@ def configure_cpu(threads: int | None = None) -> None:
     if threads:
         torch.set_num_threads(threads)
     flush_denormals()
+
+
+@contextmanager
+def compute_settings(threads: int | None = None) -> Iterator[None]:
+    """``configure_cpu`` for the duration of a block: afterwards torch's thread count and the
+    denormal mode of this thread and the OpenMP workers are as they were, so library callers
+    find their process as they left it."""
+    old_threads = torch.get_num_threads()
+    was_flushing = flushing_denormals()
+    configure_cpu(threads)
+    try:
+        yield
+    finally:
+        team = max(old_threads, torch.get_num_threads())
+        if not was_flushing:
+            _stop_flushing(team)
+        torch.set_num_threads(old_threads)
 
 
 def denormals_flushed() -> bool:

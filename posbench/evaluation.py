@@ -10,6 +10,7 @@ from typing import Iterator
 import torch
 import torch.nn.functional as F
 
+from posbench.attention import attention_tensor_bytes
 from posbench.config import EvalConfig
 from posbench.encodings.base import Span
 from posbench.model import Decoder
@@ -86,25 +87,45 @@ def _not_applicable(length: int, mem_len: float | None, reason: str) -> list[Mea
     return [Measurement(length, mem_len, m, float("nan"), reason) for m in ("exact_match", "token_accuracy", "loss")]
 
 
-def evaluate(model: Decoder, task: Task, config: EvalConfig, device: torch.device | str = "cpu") -> list[Measurement]:
-    """Every measurement of a trained model: full context at each evaluation length, then
-    through caches of each memory size at the cache-evaluation lengths."""
+def iter_evaluate(model: Decoder, task: Task, config: EvalConfig, device: torch.device | str = "cpu") -> Iterator[Measurement]:
+    """Every measurement of a trained model, one length at a time (so a failure at a long
+    length keeps the shorter ones): full context at each evaluation length, then through
+    caches of each memory size at the cache-evaluation lengths."""
     model.eval()
-    rows: list[Measurement] = []
     for length in task.eval_lengths:
         reason = model.encoding.supports(Span(0, task.sequence_length(length)))
         if reason:
-            rows += _not_applicable(length, None, reason)
+            yield from _not_applicable(length, None, reason)
             continue
-        rows += [Measurement(length, None, k, v) for k, v in _accuracy(model, task, length, config, device).items()]
+        for k, v in _accuracy(model, task, length, config, device).items():
+            yield Measurement(length, None, k, v)
     segment = default_segment_len(task, config)
     cache_lengths = config.cache_eval_lengths or task.eval_lengths
     for length in cache_lengths:
         reason = model.encoding.supports(Span(0, task.sequence_length(length)))
         for mem_len in mem_lens(task, config):
+            stored_mem = math.inf if mem_len is None else mem_len
             if reason:
-                rows += _not_applicable(length, math.inf if mem_len is None else mem_len, reason)
+                yield from _not_applicable(length, stored_mem, reason)
                 continue
             acc = _accuracy(model, task, length, config, device, segment, mem_len)
-            rows += [Measurement(length, math.inf if mem_len is None else mem_len, k, v) for k, v in acc.items()]
-    return rows
+            for k, v in acc.items():
+                yield Measurement(length, stored_mem, k, v)
+
+
+def evaluate(model: Decoder, task: Task, config: EvalConfig, device: torch.device | str = "cpu") -> list[Measurement]:
+    """All of iter_evaluate's measurements as a list."""
+    return list(iter_evaluate(model, task, config, device))
+
+
+def evaluation_memory_bytes(model: Decoder, task: Task, config: EvalConfig, length: int) -> int:
+    """A rough upper estimate of the memory evaluating `length` in full context takes: the
+    largest attention-side tensor (with a copy: bias and weights) plus one evaluation batch's
+    hidden states, projections, feed-forward activations and logits."""
+    tokens = task.sequence_length(length)
+    batch = min(config.batch_size, config.n_samples)
+    size = model.config
+    d_ff = size.d_ff or 4 * size.d_model
+    attention = attention_tensor_bytes(model.encoding, batch, tokens)
+    activations = 4 * batch * tokens * (size.vocab_size + d_ff + 6 * size.d_model)
+    return 2 * attention + activations

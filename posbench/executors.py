@@ -1,43 +1,116 @@
-"""Executors run a sweep's pending runs and hand back each RunOutput as it finishes; the
+"""Executors compute a sweep's pending runs and hand back each RunOutput as it finishes; the
 driver (runner.run_sweep) alone writes results. `local` runs in this process, `processes`
-in a pool on this machine, `ray` as Ray tasks on a local runtime or an existing cluster."""
+in a pool on this machine, `ray` as Ray tasks on a local runtime or an existing cluster.
+Workers forward their progress events to the driver, and die with it."""
 from __future__ import annotations
 
+import ctypes
 import multiprocessing
 import os
-from concurrent.futures import ProcessPoolExecutor, as_completed
+import queue
+import signal
+import sys
+import threading
+import time
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
-from typing import Iterator, Protocol
+from typing import Any, Iterator, Protocol
 
-from posbench.config import RunConfig
+from posbench.compute import ProgressSink, Reporter, RunJob, RunOutput, compute_run, failed_output, relay
 from posbench.errors import ConfigError
-from posbench.runner import Reporter, RunOutput, compute_run, failed_output
 
 EXECUTORS = ("local", "processes", "ray")
+#: How often the driver forwards worker progress, and a worker checks its driver is alive (s).
+POLL_SECONDS = 0.25
+_PR_SET_PDEATHSIG = 1
 
 
 class Executor(Protocol):
-    """Runs RunConfigs and yields their outputs in completion order."""
+    """Computes RunJobs and yields their outputs in completion order."""
 
-    def map(self, runs: list[RunConfig], threads: int | None, reporter: Reporter,
+    def map(self, jobs: list[RunJob], threads: int | None, reporter: Reporter,
             plugin_dirs: tuple[str, ...]) -> Iterator[RunOutput]: ...
 
 
 class LocalExecutor:
     """One run after another in this process, with per-step progress."""
 
-    def map(self, runs: list[RunConfig], threads: int | None, reporter: Reporter,
+    def map(self, jobs: list[RunJob], threads: int | None, reporter: Reporter,
             plugin_dirs: tuple[str, ...]) -> Iterator[RunOutput]:
-        for run in runs:
-            reporter.run_started(run, run.train.steps)
-            yield compute_run(run, threads, reporter.step)
+        sink = relay(reporter, [job.run for job in jobs])
+        for job in jobs:
+            yield compute_run(job, threads, sink)
+
+
+# ---- worker processes -----------------------------------------------------------------------
+_events: Any = None  # the worker's queue to the driver
+
+
+def die_with_parent(parent_pid: int) -> None:
+    """Make this process exit when `parent_pid` does: the kernel's parent-death signal where
+    Linux offers it, and a watchdog thread that notices being orphaned everywhere."""
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        except (OSError, AttributeError):
+            pass
+
+    def watch() -> None:
+        while True:
+            if os.getppid() != parent_pid:
+                os._exit(1)
+            time.sleep(POLL_SECONDS)
+
+    if os.getppid() != parent_pid:  # the parent died before the signal was armed
+        os._exit(1)
+    threading.Thread(target=watch, name="posbench-orphan-watch", daemon=True).start()
+
+
+def _worker_init(parent_pid: int, events: Any) -> None:
+    global _events
+    die_with_parent(parent_pid)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's to handle
+    _events = events
+
+
+def _send(run_id: str, event: str, payload: Any) -> None:
+    try:
+        _events.put_nowait((run_id, event, payload))
+    except Exception:  # progress is best effort; a full or closed queue must not stop a run
+        pass
+
+
+def _compute_in_worker(job: RunJob, threads: int, plugin_dirs: tuple[str, ...]) -> RunOutput:
+    return compute_run(job, threads, _send, plugin_dirs)
+
+
+def _drain(events: Any, sink: ProgressSink) -> None:
+    while True:
+        try:
+            sink(*events.get_nowait())
+        except queue.Empty:
+            return
+        except (OSError, EOFError, ValueError):  # the queue went away with the pool
+            return
+
+
+def _stop(pool: ProcessPoolExecutor) -> None:
+    """Stop a pool now: cancel what has not started and kill the workers."""
+    processes = list((getattr(pool, "_processes", None) or {}).values())
+    pool.shutdown(wait=False, cancel_futures=True)
+    for process in processes:
+        if process.is_alive():
+            process.kill()
+    for process in processes:
+        process.join(timeout=5)
 
 
 class ProcessExecutor:
     """`jobs` runs at a time in worker processes; torch threads divided between them. A
     worker that dies breaks the whole pool, so the runs it left unfinished are then retried
     one at a time, each in a fresh process, and a run whose process dies on every one of
-    1 + `max_retries` tries is recorded as failed."""
+    1 + `max_retries` tries is recorded as failed. Workers exit when the driver dies, and an
+    interrupted driver kills them before it returns."""
 
     def __init__(self, jobs: int, max_retries: int = 2) -> None:
         if jobs < 1:
@@ -45,35 +118,76 @@ class ProcessExecutor:
         self.jobs = jobs
         self.max_retries = max_retries
 
-    def map(self, runs: list[RunConfig], threads: int | None, reporter: Reporter,
+    def map(self, jobs: list[RunJob], threads: int | None, reporter: Reporter,
             plugin_dirs: tuple[str, ...]) -> Iterator[RunOutput]:
         per_job = threads or max(1, (os.cpu_count() or 1) // self.jobs)
         context = multiprocessing.get_context("spawn")
-        reporter.note(f"{len(runs)} run(s) on {self.jobs} worker processes, {per_job} thread(s) each")
-        unfinished: list[RunConfig] = []
-        with ProcessPoolExecutor(max_workers=self.jobs, mp_context=context) as pool:
-            futures = {pool.submit(compute_run, run, per_job, None, plugin_dirs): run for run in runs}
+        events = context.Queue()
+        sink = relay(reporter, [job.run for job in jobs])
+        reporter.note(f"{len(jobs)} run(s) on {self.jobs} worker processes, {per_job} thread(s) each")
+        unfinished: list[RunJob] = []
+        try:
+            pool = self._pool(self.jobs, context, events)
             try:
-                for future in as_completed(futures):
+                futures = {pool.submit(_compute_in_worker, job, per_job, plugin_dirs): job for job in jobs}
+                for future in self._completed(futures, events, sink):
                     try:
-                        yield future.result()
+                        output = future.result()
                     except BrokenProcessPool:
                         unfinished.append(futures[future])
-            except KeyboardInterrupt:
-                for future in futures:
-                    future.cancel()
+                        continue
+                    yield output
+            except BaseException:
+                _stop(pool)
                 raise
-        for run in sorted(unfinished, key=runs.index):
-            yield self._isolated(run, per_job, plugin_dirs, context)
+            pool.shutdown(wait=True)
+            for job in sorted(unfinished, key=jobs.index):
+                yield self._isolated(job, per_job, plugin_dirs, context, events, sink)
+        finally:
+            _drain(events, sink)
+            events.close()
 
-    def _isolated(self, run: RunConfig, threads: int, plugin_dirs: tuple[str, ...], context) -> RunOutput:
+    @staticmethod
+    def _pool(workers: int, context: Any, events: Any) -> ProcessPoolExecutor:
+        return ProcessPoolExecutor(max_workers=workers, mp_context=context, initializer=_worker_init,
+                                   initargs=(os.getpid(), events))
+
+    @staticmethod
+    def _completed(futures: dict[Future, RunJob], events: Any, sink: ProgressSink) -> Iterator[Future]:
+        """Futures as they complete, forwarding progress events while waiting."""
+        pending = set(futures)
+        while pending:
+            done, pending = wait(pending, timeout=POLL_SECONDS, return_when=FIRST_COMPLETED)
+            _drain(events, sink)
+            yield from sorted(done, key=list(futures).index)
+
+    def _isolated(self, job: RunJob, threads: int, plugin_dirs: tuple[str, ...], context: Any,
+                  events: Any, sink: ProgressSink) -> RunOutput:
         for _ in range(1 + self.max_retries):
-            with ProcessPoolExecutor(max_workers=1, mp_context=context) as pool:
-                try:
-                    return pool.submit(compute_run, run, threads, None, plugin_dirs).result()
-                except BrokenProcessPool:
-                    continue
-        return failed_output(run, f"worker process died on each of {1 + self.max_retries} tries")
+            pool = self._pool(1, context, events)
+            try:
+                future = pool.submit(_compute_in_worker, job, threads, plugin_dirs)
+                for done in self._completed({future: job}, events, sink):
+                    return done.result()
+            except BrokenProcessPool:
+                continue
+            except BaseException:
+                _stop(pool)
+                raise
+            finally:
+                pool.shutdown(wait=True)
+        return failed_output(job.run, f"worker process died on each of {1 + self.max_retries} tries")
+
+
+# ---- Ray ------------------------------------------------------------------------------------
+def _compute_on_ray(job: RunJob, threads: int, plugin_dirs: tuple[str, ...], events: Any) -> RunOutput:
+    def send(run_id: str, event: str, payload: Any) -> None:
+        try:
+            events.put_nowait((run_id, event, payload))
+        except Exception:  # progress is best effort
+            pass
+
+    return compute_run(job, threads, send, plugin_dirs)
 
 
 class RayExecutor:
@@ -100,31 +214,46 @@ class RayExecutor:
         else:
             ray.init(num_cpus=self.num_cpus, include_dashboard=False, log_to_driver=False)
 
-    def map(self, runs: list[RunConfig], threads: int | None, reporter: Reporter,
+    def map(self, jobs: list[RunJob], threads: int | None, reporter: Reporter,
             plugin_dirs: tuple[str, ...]) -> Iterator[RunOutput]:
         import ray
         from ray.exceptions import RayError
+        from ray.util.queue import Empty, Queue
 
         self._start()
+        events = Queue(actor_options={"num_cpus": 0})
+        sink = relay(reporter, [job.run for job in jobs])
         remote = ray.remote(num_cpus=self.cpus_per_run, num_gpus=self.gpus_per_run,
-                            max_retries=self.max_retries, retry_exceptions=False)(compute_run)
+                            max_retries=self.max_retries, retry_exceptions=False)(_compute_on_ray)
         per_run = threads or max(1, int(self.cpus_per_run))
-        refs = {remote.remote(run, per_run, None, plugin_dirs): run for run in runs}
-        reporter.note(f"{len(runs)} run(s) submitted to Ray ({self.cpus_per_run} CPU, {self.gpus_per_run} GPU each)")
+        refs = {remote.remote(job, per_run, plugin_dirs, events): job for job in jobs}
+        reporter.note(f"{len(jobs)} run(s) submitted to Ray ({self.cpus_per_run} CPU, {self.gpus_per_run} GPU each)")
+
+        def forward() -> None:
+            while True:
+                try:
+                    sink(*events.get_nowait())
+                except Empty:
+                    return
+
         pending = list(refs)
         try:
             while pending:
-                done, pending = ray.wait(pending, num_returns=1)
+                done, pending = ray.wait(pending, num_returns=1, timeout=POLL_SECONDS)
+                forward()
                 for ref in done:
                     try:
                         yield ray.get(ref)
                     except RayError as err:  # the worker died on every try
                         first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-                        yield failed_output(refs[ref], f"{type(err).__name__} after {self.max_retries} retries: {first_line}")
-        except KeyboardInterrupt:
+                        yield failed_output(refs[ref].run, f"{type(err).__name__} after {self.max_retries} retries: {first_line}")
+            forward()
+        except BaseException:
             for ref in pending:
                 ray.cancel(ref, force=True)
             raise
+        finally:
+            ray.kill(events.actor)
 
 
 def make_executor(name: str, jobs: int = 2, ray_address: str | None = None,

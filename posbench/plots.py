@@ -7,31 +7,47 @@ import io
 import math
 from typing import Sequence
 
+import functools
+from typing import Any, Callable, TypeVar
+
 import matplotlib
+import matplotlib.colors
+import matplotlib.ticker
+import numpy as np
+import pandas as pd
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
 
-matplotlib.use("Agg")
-import matplotlib.ticker  # noqa: E402
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
+from posbench.summary import encoding_order
 
-from posbench.summary import encoding_order  # noqa: E402
+#: The report's look, applied per figure through rc_context: the caller's rcParams and
+#: backend are never touched (no pyplot, no matplotlib.use).
+STYLE = {"figure.dpi": 100, "font.size": 9, "axes.grid": True, "grid.alpha": 0.3}
+F = TypeVar("F", bound=Callable[..., Any])
 
-plt.rcParams.update({"figure.dpi": 100, "font.size": 9, "axes.grid": True, "grid.alpha": 0.3})
+
+def styled(fn: F) -> F:
+    """Draw inside the report's style, restoring the caller's rcParams afterwards."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        with matplotlib.rc_context(STYLE):
+            return fn(*args, **kwargs)
+
+    return wrapper  # type: ignore[return-value]
 
 
 def colour_map(labels: Sequence[str]) -> dict[str, str]:
     """A fixed colour per encoding label: built-ins first in their usual order, then the rest."""
     order = encoding_order(labels)
-    palette = plt.get_cmap("tab10").colors + plt.get_cmap("Dark2").colors
+    palette = matplotlib.colormaps["tab10"].colors + matplotlib.colormaps["Dark2"].colors
     return {label: matplotlib.colors.to_hex(palette[i % len(palette)]) for i, label in enumerate(order)}
 
 
-def to_png(fig: plt.Figure) -> str:
-    """Encode a figure as a base64 PNG and close it."""
+def to_png(fig: Figure) -> str:
+    """Encode a figure as a base64 PNG (an object-oriented Figure: nothing to close)."""
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", bbox_inches="tight")
-    plt.close(fig)
     return base64.b64encode(buffer.getvalue()).decode("ascii")
 
 
@@ -39,7 +55,7 @@ def _mean_spread(rows: pd.DataFrame, x: str) -> pd.DataFrame:
     return rows.groupby(x)["value"].agg(["mean", "min", "max"]).reset_index().sort_values(x)
 
 
-def _lines(ax: plt.Axes, rows: pd.DataFrame, x: str, colours: dict[str, str], positions: dict | None = None) -> None:
+def _lines(ax: Axes, rows: pd.DataFrame, x: str, colours: dict[str, str], positions: dict | None = None) -> None:
     for label in sorted(rows["encoding_label"].unique(), key=list(colours).index):
         stats = _mean_spread(rows[rows["encoding_label"] == label], x)
         xs = stats[x].map(positions) if positions else stats[x]
@@ -47,10 +63,12 @@ def _lines(ax: plt.Axes, rows: pd.DataFrame, x: str, colours: dict[str, str], po
         ax.fill_between(xs, stats["min"], stats["max"], color=colours[label], alpha=0.15, linewidth=0)
 
 
+@styled
 def accuracy_vs_length(frame: pd.DataFrame, task: str, colours: dict[str, str], metric: str = "exact_match") -> str:
     """Accuracy against evaluation length (full context), seed spread shaded."""
     rows = frame[(frame["task"] == task) & (frame["metric"] == metric) & frame["mem_len"].isna() & frame["eval_len"].notna()]
-    fig, ax = plt.subplots(figsize=(6.4, 3.6))
+    fig = Figure(figsize=(6.4, 3.6))
+    ax = fig.subplots()
     _lines(ax, rows, "eval_len", colours)
     train_max = rows["train_len_max"].max()
     ax.axvline(train_max, color="black", ls="--", lw=1)
@@ -67,6 +85,7 @@ def accuracy_vs_length(frame: pd.DataFrame, task: str, colours: dict[str, str], 
     return to_png(fig)
 
 
+@styled
 def accuracy_vs_cache(frame: pd.DataFrame, task: str, colours: dict[str, str], metric: str = "exact_match") -> str:
     """Accuracy against memory length M (segments through the cache), at the longest training
     length and at 2x it, one panel each."""
@@ -75,7 +94,8 @@ def accuracy_vs_cache(frame: pd.DataFrame, task: str, colours: dict[str, str], m
     lengths = [L for L in sorted(rows["eval_len"].unique()) if L in (train_max, 2 * train_max)] or [rows["eval_len"].max()]
     mems = sorted(rows["mem_len"].unique())
     positions = {m: i for i, m in enumerate(mems)}
-    fig, axes = plt.subplots(1, len(lengths), figsize=(3.4 * len(lengths), 3.2), squeeze=False, sharey=True)
+    fig = Figure(figsize=(3.4 * len(lengths), 3.2))
+    axes = fig.subplots(1, len(lengths), squeeze=False, sharey=True)
     for ax, length in zip(axes[0], lengths):
         _lines(ax, rows[rows["eval_len"] == length], "mem_len", colours, positions)
         ax.set_xticks(range(len(mems)), ["∞" if math.isinf(m) else str(int(m)) for m in mems])
@@ -88,12 +108,14 @@ def accuracy_vs_cache(frame: pd.DataFrame, task: str, colours: dict[str, str], m
     return to_png(fig)
 
 
+@styled
 def cost_plot(frame: pd.DataFrame, metric: str, x: str, colours: dict[str, str], ylabel: str, title: str) -> str | None:
     """A latency or memory metric against sequence or cache length (log-log)."""
     rows = frame[(frame["metric"] == metric) & frame[x].notna() & frame["value"].notna()]
     if rows.empty:
         return None
-    fig, ax = plt.subplots(figsize=(5.2, 3.4))
+    fig = Figure(figsize=(5.2, 3.4))
+    ax = fig.subplots()
     _lines(ax, rows, x, colours)
     lengths = sorted(rows[x].unique())
     if lengths[0] == 0:  # a zero cache length: linear near zero, log beyond
@@ -112,9 +134,11 @@ def cost_plot(frame: pd.DataFrame, metric: str, x: str, colours: dict[str, str],
     return to_png(fig)
 
 
+@styled
 def bias_heatmap(bias: np.ndarray, label: str) -> str:
     """One head's bias over (query, key) positions."""
-    fig, ax = plt.subplots(figsize=(2.6, 2.4))
+    fig = Figure(figsize=(2.6, 2.4))
+    ax = fig.subplots()
     finite = bias[np.isfinite(bias)]
     limit = float(np.abs(finite).max()) if finite.size else 1.0
     image = ax.imshow(bias, cmap="RdBu_r", vmin=-limit, vmax=limit, interpolation="nearest")

@@ -10,7 +10,6 @@ on CPU each encoding runs in a fresh child process that resets its resident high
 threshold fixed so freed tensors leave the resident set."""
 from __future__ import annotations
 
-import copy
 import hashlib
 import json
 import math
@@ -26,13 +25,13 @@ import torch
 from torch import Tensor, nn
 from torch.utils import benchmark
 
-from posbench.attention import CausalSelfAttention
+from posbench.attention import CausalSelfAttention, attention_tensor_bytes
 from posbench.cache import Cache
 from posbench.config import EncodingSpec, to_jsonable
 from posbench.cpu import configure_cpu
 from posbench.encodings import create_encoding
-from posbench.encodings.base import BandBias, LayerContext, Span
-from posbench.results import RunFolder, atomic_write_json, environment
+from posbench.encodings.base import Span
+from posbench.results import RunFolder, environment
 
 BASELINE = "nope"
 #: Latency is timed in this many interleaved rounds per layer; the fastest round's median counts.
@@ -157,7 +156,7 @@ def latency_rows(spec: EncodingSpec, config: BenchConfig) -> list[dict[str, Any]
                 _row(f"latency_{kind}_iqr_ms", iqr, L),
                 _row(f"latency_{kind}_ratio", median / times[("base", kind)][0], L),
             ]
-        rows.append(_row("attention_tensor_mb", attention_tensor_bytes(layers["enc"], config, L) / 2**20, L))
+        rows.append(_row("attention_tensor_mb", attention_tensor_bytes(layers["enc"].encoding, config.batch_size, L) / 2**20, L))
     return rows
 
 
@@ -241,31 +240,6 @@ def _once(fn: Callable[[], None], repeats: int = 3) -> float:
         fn()
         times.append((time.perf_counter() - start) * 1e3)
     return sorted(times)[len(times) // 2]
-
-
-def attention_tensor_bytes(layer: AttentionUnderTest, config: BenchConfig, L: int) -> int:
-    """Analytic size of the largest attention-side tensor for sequence length L: the dense
-    (B, H, L, L) score matrix when the encoding adds a dense bias (the mask SDPA must read),
-    the (B, H, L, W) band of a BandBias, else the largest of the augmented q and k (fused
-    attention never forms the scores). Found by
-    running the hooks on the meta device, which computes shapes only."""
-    B, H, d = config.batch_size, config.n_heads, config.d_head
-    enc = layer.encoding
-    meta = torch.device("meta")
-    q = torch.empty(B, H, L, d, device=meta)
-    ctx = LayerContext(0, lambda t: t.new_empty(H, t.shape[0], d), lambda t: t.new_empty(H, t.shape[0], d))
-    try:
-        on_meta = copy.deepcopy(enc).to(meta)
-        q2, k2 = on_meta.rotate(q, q.clone(), Span(0, L), ctx)
-        scores = on_meta.score(q2, k2, Span(0, L), Span(0, L), ctx)
-    except Exception:  # an encoding whose hooks cannot run on meta: assume dense scores
-        return 4 * B * H * L * L
-    sizes = [scores.q.numel(), scores.k.numel()]
-    if isinstance(scores.bias, BandBias):
-        sizes.append(B * H * L * scores.bias.width)  # plus blocks of ROWS x (ROWS + W - 1) pairs
-    elif scores.bias is not None:
-        sizes.append(B * H * L * L)
-    return 4 * max(sizes)
 
 
 # ---- memory ---------------------------------------------------------------------------------
@@ -385,26 +359,23 @@ class ProfileRun:
         return "profile-" + hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
-def run_profile(spec: EncodingSpec, config: BenchConfig, out_dir: Path, force: bool = False) -> tuple[str, bool]:
-    """Profile `spec` into out_dir/<id>/ unless already there; returns (run id, whether it ran)."""
-    job = ProfileRun(spec, config)
+def run_profile(job: ProfileRun, out_dir: Path, force: bool = False) -> tuple[str, bool]:
+    """Profile one encoding into out_dir/<id>/ unless already there; returns (run id, whether it ran)."""
     folder = RunFolder(out_dir / job.run_id)
     if folder.is_finished() and not force:
         return job.run_id, False
-    folder.path.mkdir(parents=True, exist_ok=True)
-    folder.clear()
-    atomic_write_json(folder.path / "config.json", job.to_dict())
-    atomic_write_json(folder.path / "env.json", environment(config.device) | {"torch_threads": config.threads,
-                                                                            "memory_method": MEMORY_METHOD})
-    result: dict[str, Any] = {"encoding_label": spec.display(), "kind": "profile"}
+    config = job.bench
+    env = environment(config.device) | {"torch_threads": config.threads, "memory_method": MEMORY_METHOD}
+    result: dict[str, Any] = {"encoding_label": job.encoding.display(), "kind": "profile"}
+    rows: list[dict[str, Any]] | None = None
     start = time.perf_counter()
     try:
-        folder.write_measurements(profile_encoding(spec, config))
+        rows = profile_encoding(job.encoding, config)
         result["status"] = "ok"
     except Exception as err:  # one encoding's failure must not stop the others
         result["status"], result["error"] = "error", f"{type(err).__name__}: {err}"
     result["seconds"] = time.perf_counter() - start
-    atomic_write_json(folder.path / "result.json", result)
+    folder.store(job.to_dict(), env, [], result, rows)
     return job.run_id, True
 
 

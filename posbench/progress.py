@@ -8,13 +8,15 @@ from pathlib import Path
 
 import pandas as pd
 from types import TracebackType
+from typing import TextIO
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.progress import TaskID, BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 from rich.text import Text
 
-from posbench.config import RunConfig
+from posbench.compute import run_label
+from posbench.config import UNDERTRAINED_BELOW, RunConfig
 from posbench.results import collect
 from posbench.runner import SweepOutcome
 from posbench.summary import headline
@@ -23,29 +25,29 @@ QUICK_BANNER = "QUICK RUN: few training steps and a small evaluation sample, for
 
 
 class RichReporter:
-    """A runner Reporter drawing two progress bars."""
+    """A runner Reporter drawing a sweep bar and one bar per run in progress (several when
+    workers run in parallel). Labels are shown literally, never read as markup."""
 
     def __init__(self, console: Console, quick: bool = False) -> None:
         self.console = console
         self.quick = quick
         self.progress = Progress(
-            TextColumn("{task.description}"),
+            TextColumn("{task.description}", markup=False),
             BarColumn(),
             MofNCompleteColumn(),
-            TextColumn("{task.fields[detail]}"),
+            TextColumn("{task.fields[detail]}", markup=False),
             TimeElapsedColumn(),
             TextColumn("ETA"),
             TimeRemainingColumn(),
             console=console,
             transient=False,
         )
-        self._sweep = None
-        self._run = None
-        self._run_start = 0.0
+        self._sweep: TaskID | None = None
+        self._runs: dict[str, tuple[TaskID, float]] = {}  # run id -> (bar, start time)
 
     def __enter__(self) -> "RichReporter":
         if self.quick:
-            self.console.print(f"[bold yellow]{QUICK_BANNER}[/]")
+            self.console.print(Text(QUICK_BANNER, style="bold yellow"))
         self.progress.__enter__()
         return self
 
@@ -58,22 +60,25 @@ class RichReporter:
         self._sweep = self.progress.add_task("sweep", total=to_run, detail=detail)
 
     def run_started(self, run: RunConfig, steps: int) -> None:
-        if self._run is not None:
-            self.progress.remove_task(self._run)
-        label = Text(f"{run.task.name}/{run.encoding.display()}/s{run.seed}").plain
-        self._run = self.progress.add_task(label, total=steps, detail="")
-        self._run_start = time.perf_counter()
+        bar = self.progress.add_task(run_label(run), total=steps, detail="")
+        self._runs[run.run_id] = (bar, time.perf_counter())
 
-    def step(self, step: int, loss: float) -> None:
-        if self._run is None or (step % 10 and step):
+    def step(self, run: RunConfig, step: int, loss: float) -> None:
+        if run.run_id not in self._runs:
             return
-        rate = (step + 1) / max(time.perf_counter() - self._run_start, 1e-9)
-        self.progress.update(self._run, completed=step + 1, detail=f"loss {loss:.3f}  {rate:.0f} steps/s")
+        bar, start = self._runs[run.run_id]
+        rate = (step + 1) / max(time.perf_counter() - start, 1e-9)
+        self.progress.update(bar, completed=step + 1, detail=f"loss {loss:.3f}  {rate:.0f} steps/s")
 
-    def run_finished(self, run: RunConfig, status: str) -> None:
-        if self._run is not None:
-            task = self.progress.tasks[[t.id for t in self.progress.tasks].index(self._run)]
-            self.progress.update(self._run, completed=task.total, detail=status)
+    def evaluating(self, run: RunConfig) -> None:
+        if run.run_id in self._runs:
+            self.progress.update(self._runs[run.run_id][0], detail="evaluating")
+
+    def run_finished(self, run: RunConfig, status: str, seconds: float) -> None:
+        if run.run_id in self._runs:
+            bar, _ = self._runs.pop(run.run_id)
+            self.progress.remove_task(bar)
+        self.progress.console.print(Text(f"{run_label(run)}: {status} ({seconds:.1f} s)", style="dim"))
         if self._sweep is not None:
             self.progress.advance(self._sweep)
 
@@ -81,15 +86,79 @@ class RichReporter:
         self.progress.console.print(Text(message, style="dim"))
 
 
+class PlainReporter:
+    """A runner Reporter for logs (stdout not a terminal: CI, nohup, Slurm): one plain,
+    flushed line per event, a training line every tenth of the steps."""
+
+    def __init__(self, stream: TextIO, quick: bool = False) -> None:
+        self.stream = stream
+        self.quick = quick
+        self._done = 0
+        self._to_run = 0
+        self._runs: dict[str, tuple[float, int]] = {}  # run id -> (start time, next step to print)
+
+    def __enter__(self) -> "PlainReporter":
+        if self.quick:
+            self._line(QUICK_BANNER)
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, value: BaseException | None, tb: TracebackType | None) -> None:
+        self.stream.flush()
+
+    def _line(self, text: str) -> None:
+        print(f"{time.strftime('%H:%M:%S')} {text}", file=self.stream, flush=True)
+
+    def sweep_started(self, total: int, to_run: int) -> None:
+        self._to_run = to_run
+        self._line(f"sweep: {total} run(s), {total - to_run} already done, {to_run} to run")
+
+    def run_started(self, run: RunConfig, steps: int) -> None:
+        self._runs[run.run_id] = (time.perf_counter(), 0)
+        self._line(f"{run_label(run)}: started, {steps} steps")
+
+    def step(self, run: RunConfig, step: int, loss: float) -> None:
+        if run.run_id not in self._runs:
+            return
+        start, due = self._runs[run.run_id]
+        if step + 1 < due:
+            return
+        every = max(1, run.train.steps // 10)
+        self._runs[run.run_id] = (start, (step + 1) // every * every + every)
+        rate = (step + 1) / max(time.perf_counter() - start, 1e-9)
+        self._line(f"{run_label(run)}: step {step + 1}/{run.train.steps}, loss {loss:.4f}, {rate:.1f} steps/s")
+
+    def evaluating(self, run: RunConfig) -> None:
+        self._line(f"{run_label(run)}: evaluating")
+
+    def run_finished(self, run: RunConfig, status: str, seconds: float) -> None:
+        self._runs.pop(run.run_id, None)
+        self._done += 1
+        self._line(f"{run_label(run)}: stored, {status} in {seconds:.1f} s [{self._done}/{self._to_run}]")
+
+    def note(self, message: str) -> None:
+        self._line(message)
+
+
+def make_reporter(console: Console, quick: bool = False) -> RichReporter | PlainReporter:
+    """Rich bars on a terminal, plain lines otherwise."""
+    return RichReporter(console, quick) if console.is_terminal else PlainReporter(console.file, quick)
+
+
 def _cell(value: float) -> str:
     return "n/a" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.2f}"
 
 
 def print_outcome(console: Console, outcome: SweepOutcome) -> None:
-    """The headline table (encoding x task), what was written, and one line per failure."""
-    print_headline(console, headline(collect(outcome.out_dir)))
-    console.print(f"ran {len(outcome.ran)} run(s), skipped {len(outcome.skipped)} finished run(s)")
-    console.print(f"results: {outcome.results_csv}")
+    """The headline table (encoding x task), what was written, and one line per failure,
+    damaged run set aside and problem."""
+    if outcome.finished_any:
+        print_headline(console, headline(collect(outcome.out_dir, [])))
+    console.print(Text(f"ran {len(outcome.ran)} run(s), skipped {len(outcome.skipped)} finished run(s)"))
+    console.print(Text(f"results: {outcome.results_csv}"), soft_wrap=True)
+    for label, damage in outcome.set_aside.items():
+        console.print(Text(f"set aside and redone: {label} ({damage})", style="yellow"), soft_wrap=True)
+    for problem in outcome.problems:
+        console.print(Text(f"skipped: {problem}", style="yellow"), soft_wrap=True)
     for label, error in outcome.failures.items():
         console.print(Text(f"FAILED {label}: {error}", style="bold red"), soft_wrap=True)
 
@@ -100,8 +169,9 @@ def print_headline(console: Console, summary: pd.DataFrame) -> None:
     for column in ("task", "encoding", "in-dist", "2x len", "4x len", "seeds"):
         table.add_column(column, justify="left" if column in ("task", "encoding") else "right")
     for row in summary.itertuples():
-        flag = " [yellow](undertrained)[/]" if not math.isnan(row.in_distribution) and row.in_distribution < 0.9 else ""
-        table.add_row(Text(row.task), Text(row.encoding_label), _cell(row.in_distribution) + flag,
+        undertrained = not math.isnan(row.in_distribution) and row.in_distribution < UNDERTRAINED_BELOW
+        in_dist = Text(_cell(row.in_distribution)) + (Text(" (undertrained)", style="yellow") if undertrained else Text(""))
+        table.add_row(Text(row.task), Text(row.encoding_label), in_dist,
                       _cell(row.at_2x), _cell(row.at_4x), str(row.seeds))
     console.print(table)
 

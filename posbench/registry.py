@@ -8,6 +8,7 @@ import inspect
 from typing import Callable, Generic, Iterable, TypeVar
 
 from posbench.errors import OptionError, UnknownNameError
+from posbench.validation import check_declared
 
 T = TypeVar("T")
 
@@ -89,14 +90,15 @@ class Registry(Generic[T]):
 
 
 def check_options(factory: object, options: dict[str, object], what: str) -> None:
-    """Raise OptionError naming each option that `factory` does not accept."""
+    """Raise OptionError naming each option that `factory` does not accept, or whose value
+    does not fit the type and range it declares (see posbench.validation)."""
     params = inspect.signature(factory).parameters  # type: ignore[arg-type]
-    if any(p.kind is p.VAR_KEYWORD for p in params.values()):
-        return
-    unknown = [k for k in options if k not in params]
+    open_ended = any(p.kind is p.VAR_KEYWORD for p in params.values())
+    unknown = [] if open_ended else [k for k in options if k not in params]
     if unknown:
         known = [n for n, p in params.items() if p.kind is p.KEYWORD_ONLY]
         accepted = ", ".join(known) if known else "no options"
         raise OptionError(
             f"Unknown option {', '.join(repr(u) for u in unknown)} for {what}; it accepts: {accepted}."
         )
+    check_declared(factory, options, what)  # type: ignore[arg-type]

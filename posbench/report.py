@@ -17,7 +17,19 @@ from posbench import plots
 from posbench.bias import positional_bias
 from posbench.errors import ResultsError
 from posbench.profiling import MEMORY_METHOD
-from posbench.results import SWEEP_MARKER, atomic_write_bytes, atomic_write_text, collect, read_json, run_folders
+from posbench.config import UNDERTRAINED_BELOW
+from posbench.results import (
+    RunFolder,
+    atomic_write_bytes,
+    atomic_write_text,
+    collect,
+    other_runs,
+    read_json,
+    run_folders,
+    run_label,
+    sweep_marker,
+    sweep_members,
+)
 from posbench.summary import headline
 
 ACCURACY_COLUMNS = ("in_distribution", "at_2x", "at_4x", "longest_cache")
@@ -35,6 +47,16 @@ class Report:
     headline: pd.DataFrame
     problems: list[str] = field(default_factory=list)
     missing: list[str] = field(default_factory=list)
+    other_runs: list[dict[str, str]] = field(default_factory=list)
+
+
+def default_report_dir(sweep_dir: Path) -> Path:
+    """Where a sweep's report goes: reports/NAME for a sweep in ./results/NAME (the documented
+    layout), else a report/ folder inside the sweep folder, so reports never collide."""
+    sweep_dir = Path(sweep_dir)
+    if sweep_dir.resolve().parent == (Path.cwd() / "results").resolve():
+        return Path("reports") / sweep_dir.name
+    return sweep_dir / "report"
 
 
 def summarise(frame: pd.DataFrame) -> pd.DataFrame:
@@ -96,7 +118,7 @@ def _headline_rows(frame: pd.DataFrame) -> tuple[list[dict[str, Any]], dict[str,
             cells[column] = {"text": text, "best": not missing and best.get((record["task"], column)) == value}
         rows.append({
             "task": record["task"], "encoding": record["encoding_label"], "seeds": int(record["seeds"]),
-            "undertrained": not math.isnan(record["in_distribution"]) and record["in_distribution"] < 0.9,
+            "undertrained": not math.isnan(record["in_distribution"]) and record["in_distribution"] < UNDERTRAINED_BELOW,
             "cells": cells,
         })
     notes = {}
@@ -146,23 +168,25 @@ def _environment(sweep_dir: Path) -> dict[str, Any]:
 
 
 def _failures_and_missing(sweep_dir: Path) -> tuple[list[dict[str, str]], list[str]]:
+    """The sweep's failed runs (with their errors) and the labels of its unfinished runs."""
+    members = sweep_members(sweep_dir)
     failures, finished = [], set()
     for folder in run_folders(sweep_dir):
+        if members is not None and folder.run_id not in members:
+            continue
         try:
             result = folder.result()
+            config = read_json(folder.path / "config.json")
         except ResultsError:
             continue
         if result is None:
             continue
-        finished.add(folder.run_id)
         if result.get("status") in ("error", "diverged"):
-            config = read_json(folder.path / "config.json")
-            label = result.get("encoding_label", config.get("encoding", {}).get("name", "?"))
-            task = config.get("task", {}).get("name", "profile")
-            failures.append({"run": f"{task} / {label} / seed {config.get('seed', '-')}", "error": result.get("error", "")})
-    marker = sweep_dir / SWEEP_MARKER
-    expected = read_json(marker).get("runs", {}) if marker.exists() else {}
-    missing = [label for run_id, label in expected.items() if run_id not in finished]
+            failures.append({"run": run_label(config, result), "error": result.get("error", "")})
+        elif folder.is_finished():
+            finished.add(folder.run_id)
+    missing = [label for run_id, label in (members or {}).items()
+               if run_id not in finished and not any(f["run"] == label for f in failures)]
     return failures, missing
 
 
@@ -188,7 +212,6 @@ def build_report(sweep_dir: Path, out_dir: Path) -> Report:
         raise ResultsError(
             f"{sweep_dir} holds no finished posbench runs{detail}; run `posbench run --out {sweep_dir}` first."
         )
-    out_dir.mkdir(parents=True, exist_ok=True)
     results_csv, summary_csv = out_dir / "results.csv", out_dir / "summary.csv"
     atomic_write_text(results_csv, frame.to_csv(index=False))
     atomic_write_text(summary_csv, summarise(frame).to_csv(index=False))
@@ -203,8 +226,8 @@ def build_report(sweep_dir: Path, out_dir: Path) -> Report:
         "decode": plots.cost_plot(frame, "latency_decode_ms", "cache_len", colours, "median latency per token (ms)", "decoding through the cache"),
     }
     failures, missing = _failures_and_missing(sweep_dir)
-    sweep_marker = sweep_dir / SWEEP_MARKER
-    config = read_json(sweep_marker).get("config", {}) if sweep_marker.exists() else {}
+    config = sweep_marker(sweep_dir).get("config", {})
+    others = other_runs(sweep_dir)
     context = {
         "title": f"posbench report: {sweep_dir.name}",
         "sweep_dir": str(sweep_dir),
@@ -223,6 +246,7 @@ def build_report(sweep_dir: Path, out_dir: Path) -> Report:
         "failures": failures,
         "missing": missing,
         "problems": problems,
+        "other_runs": others,
         "quick": bool(config.get("quick")),
     }
     _write_figures(out_dir, context)
@@ -230,4 +254,4 @@ def build_report(sweep_dir: Path, out_dir: Path) -> Report:
     html = env.get_template("report.html.j2").render(**context)
     html_path = out_dir / "report.html"
     atomic_write_text(html_path, html)
-    return Report(out_dir, html_path, results_csv, summary_csv, headline(frame), problems, missing)
+    return Report(out_dir, html_path, results_csv, summary_csv, headline(frame), problems, missing, others)

@@ -2,13 +2,18 @@
 rebuilt from those folders so it always agrees with them."""
 from __future__ import annotations
 
+import errno
+import fcntl
+import hashlib
 import json
 import os
 import platform
 import subprocess
-import tempfile
+import time
+import uuid
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
 import pandas as pd
 import torch
@@ -17,6 +22,8 @@ from posbench.cpu import denormals_flushed
 from posbench.errors import ResultsError
 
 SWEEP_MARKER = "sweep.json"
+DAMAGED_DIR = "damaged"  # damaged runs are moved here, never deleted
+LOCK_FILE = ".lock"
 RUN_FILES = ("config.json", "measurements.csv", "env.json", "log.txt", "model.pt", "result.json")
 COLUMNS = [
     "run_id", "task", "encoding", "encoding_label", "seed", "train_len_max",
@@ -25,24 +32,37 @@ COLUMNS = [
 MEASUREMENT_COLUMNS = ["eval_len", "mem_len", "seq_len", "cache_len", "metric", "value", "note"]
 
 
-_UMASK = os.umask(0)
-os.umask(_UMASK)
+def describe_os_error(err: OSError, path: Path | str, action: str = "write") -> str:
+    """One sentence for a failed read or write, naming the path and the fix."""
+    where = getattr(err, "filename", None) or path
+    if err.errno == errno.ENOSPC or err.errno == errno.EDQUOT:
+        return (f"No space left on the device to {action} {where}; free some disk space (or choose another --out) "
+                "and run the same command again: finished runs are kept.")
+    if err.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+        return (f"Cannot {action} {where} ({err.strerror}); make that folder writable or choose another --out: "
+                "finished runs are kept.")
+    return f"Could not {action} {where} ({err.strerror or err}); check that path and run the same command again."
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write then rename, so a kill at any moment never leaves a file that looks complete."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    """Write then rename, so a kill at any moment never leaves a file that looks complete.
+    The temporary file is created with mode 0666, so the process umask applies as usual.
+    A failing write (disk full, read-only folder) raises ResultsError in one sentence."""
+    tmp = path.parent / f".{path.name}.{uuid.uuid4().hex[:12]}.tmp"
     try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes 0600; give the usual permissions
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        try:
+            with os.fdopen(fd, "wb") as handle:
+                handle.write(data)
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+    except OSError as err:
+        raise ResultsError(describe_os_error(err, path)) from None
 
 
 def atomic_write_text(path: Path, text: str) -> None:
@@ -61,8 +81,18 @@ def read_json(path: Path) -> Any:
         raise ResultsError(f"{path} is missing; rerun the sweep to recreate it.") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise ResultsError(
-            f"{path} is corrupt ({err}); delete that run's folder and rerun the sweep to redo it."
+            f"{path} is corrupt ({err}); run the same command again: a damaged run is set aside and redone."
         ) from None
+    except OSError as err:
+        raise ResultsError(describe_os_error(err, path, "read")) from None
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def environment(device: str) -> dict[str, Any]:
@@ -96,7 +126,8 @@ def git_commit() -> str | None:
 
 
 class RunFolder:
-    """The files of one run; result.json is written last and marks the run as finished."""
+    """The files of one run. result.json is written last and marks the run as finished; it
+    records a SHA-256 and a row count of every data file, so a damaged run is never used."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -106,38 +137,91 @@ class RunFolder:
         return self.path.name
 
     def result(self) -> dict[str, Any] | None:
-        """The finished run's status record, or None when the run has not finished."""
+        """The run's status record, or None when the run has not finished."""
         file = self.path / "result.json"
         return read_json(file) if file.exists() else None
 
+    def damage(self) -> str | None:
+        """Why a run that has a result.json cannot be trusted (a file missing, cut short or
+        changed since it was written), or None when it is whole or has no result yet."""
+        try:
+            result = self.result()
+        except ResultsError as err:
+            return str(err)
+        if result is None:
+            return None
+        if not isinstance(result, dict) or "status" not in result:
+            return f"{self.path / 'result.json'} is not a posbench result"
+        for name, record in (result.get("files") or {}).items():
+            file = self.path / name
+            if not file.is_file():
+                return f"{file} is missing"
+            if sha256_of(file) != record["sha256"]:
+                return f"{file} was changed or cut short after the run wrote it (its SHA-256 differs)"
+        if result["status"] == "ok" and "files" not in result:
+            return f"{self.path / 'result.json'} records no file checksums (written by an older posbench)"
+        return None
+
     def is_finished(self) -> bool:
-        """Finished means ok or diverged: rerunning would give the same outcome. Errors redo."""
+        """Finished means ok and whole: failed, diverged and damaged runs are redone."""
         try:
             result = self.result()
         except ResultsError:
             return False
-        return result is not None and result.get("status") in ("ok", "diverged")
+        return result is not None and result.get("status") == "ok" and self.damage() is None
 
     def clear(self) -> None:
         """Remove the completion marker first, then the other files of an earlier attempt."""
-        for name in ("result.json",) + RUN_FILES:
-            (self.path / name).unlink(missing_ok=True)
+        try:
+            for name in ("result.json",) + RUN_FILES:
+                (self.path / name).unlink(missing_ok=True)
+        except OSError as err:
+            raise ResultsError(describe_os_error(err, self.path, "clear the run folder")) from None
 
-    def write_measurements(self, rows: Iterable[dict[str, Any]]) -> None:
-        frame = pd.DataFrame(list(rows), columns=MEASUREMENT_COLUMNS)
-        atomic_write_text(self.path / "measurements.csv", frame.to_csv(index=False))
+    def set_aside(self) -> Path:
+        """Move a damaged run to <sweep>/damaged/<id>-<time>/ (kept for inspection, never read)."""
+        target = self.path.parent / DAMAGED_DIR / f"{self.run_id}-{time.strftime('%Y%m%dT%H%M%S')}"
+        try:
+            target.parent.mkdir(exist_ok=True)
+            os.replace(self.path, target)
+        except OSError as err:
+            raise ResultsError(describe_os_error(err, self.path, "move aside the damaged run")) from None
+        return target
+
+    def store(self, config: dict[str, Any], env: dict[str, Any], log: list[str], result: dict[str, Any],
+              measurements: list[dict[str, Any]] | None = None, model_state: bytes | None = None) -> None:
+        """Write a run's files atomically, result.json last with the checksums of the others."""
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise ResultsError(describe_os_error(err, self.path, "create")) from None
+        self.clear()
+        atomic_write_json(self.path / "config.json", config)
+        if env:
+            atomic_write_json(self.path / "env.json", env)
+        atomic_write_text(self.path / "log.txt", "\n".join(log) + "\n")
+        files: dict[str, dict[str, Any]] = {}
+        if measurements is not None:
+            frame = pd.DataFrame(list(measurements), columns=MEASUREMENT_COLUMNS)
+            data = frame.to_csv(index=False).encode("utf-8")
+            atomic_write_bytes(self.path / "measurements.csv", data)
+            files["measurements.csv"] = {"sha256": hashlib.sha256(data).hexdigest(), "rows": len(frame)}
+        if model_state is not None:
+            atomic_write_bytes(self.path / "model.pt", model_state)
+            files["model.pt"] = {"sha256": hashlib.sha256(model_state).hexdigest()}
+        atomic_write_json(self.path / "result.json", dict(result, files=files))
 
     def measurements(self) -> pd.DataFrame:
         file = self.path / "measurements.csv"
         try:
             frame = pd.read_csv(file, keep_default_na=False, na_values=[""], dtype={"note": str})
         except FileNotFoundError:
-            raise ResultsError(f"{file} is missing although the run is marked finished; delete {self.path} and rerun.") from None
+            raise ResultsError(f"{file} is missing although the run is marked finished; run the same command again to redo it.") from None
         except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as err:
-            raise ResultsError(f"{file} is corrupt ({err}); delete {self.path} and rerun.") from None
+            raise ResultsError(f"{file} is corrupt ({err}); run the same command again to redo it.") from None
         missing = set(MEASUREMENT_COLUMNS) - set(frame.columns)
         if missing:
-            raise ResultsError(f"{file} lacks the columns {sorted(missing)}; delete {self.path} and rerun.")
+            raise ResultsError(f"{file} lacks the columns {sorted(missing)}; run the same command again to redo it.")
         frame["note"] = frame["note"].fillna("")
         return frame
 
@@ -147,15 +231,84 @@ def run_folders(sweep_dir: Path) -> list[RunFolder]:
     return [RunFolder(p.parent) for p in sorted(sweep_dir.glob("*/config.json"))]
 
 
-def collect(sweep_dir: Path, problems: list[str] | None = None) -> pd.DataFrame:
-    """All measurements of the finished runs as one tidy frame with the COLUMNS. With a
-    `problems` list, unreadable runs are skipped and described there instead of raising."""
+# ---- the sweep folder: which runs belong to it, and who is writing it ------------------------
+def prepare_sweep_dir(out_dir: Path) -> None:
+    """Create the sweep folder, refusing a file or a folder that holds files posbench did not write."""
+    if out_dir.exists() and not out_dir.is_dir():
+        raise ResultsError(f"--out {out_dir} is a file, not a folder; choose another --out.")
+    try:
+        if out_dir.is_dir() and not (out_dir / SWEEP_MARKER).exists() and any(
+            p.name != LOCK_FILE for p in out_dir.iterdir()
+        ):
+            raise ResultsError(f"{out_dir} already holds files that are not a posbench sweep; choose another --out.")
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ResultsError(describe_os_error(err, out_dir, "create")) from None
+
+
+def write_sweep_marker(out_dir: Path, config: dict[str, Any], members: dict[str, str]) -> None:
+    """Record the sweep's configuration and its runs (id -> label). Only these runs make the
+    sweep's results and report; runs of earlier configurations stay in the folder, apart."""
+    atomic_write_json(out_dir / SWEEP_MARKER, {"posbench_sweep": 2, "config": config, "runs": members})
+
+
+def sweep_marker(sweep_dir: Path) -> dict[str, Any]:
+    """The sweep's record ({} when the folder has none)."""
+    marker = sweep_dir / SWEEP_MARKER
+    return read_json(marker) if marker.exists() else {}
+
+
+def sweep_members(sweep_dir: Path) -> dict[str, str] | None:
+    """Run id -> label of the runs the sweep's current configuration asks for; None when the
+    folder has no sweep record (then every run folder counts)."""
+    marker = sweep_marker(sweep_dir)
+    return dict(marker.get("runs", {})) if marker else None
+
+
+@contextmanager
+def sweep_lock(out_dir: Path) -> Iterator[None]:
+    """Hold an exclusive lock on the sweep folder while writing it, so two commands on the
+    same --out never redo the same runs side by side. The lock dies with its process."""
+    path = out_dir / LOCK_FILE
+    try:
+        handle = open(path, "a+")
+    except OSError as err:
+        raise ResultsError(describe_os_error(err, path, "lock")) from None
+    try:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            holder = handle.read().strip() or "unknown"
+            raise ResultsError(
+                f"{out_dir} is being written by another posbench command ({holder}); wait for it to finish "
+                "or choose another --out."
+            ) from None
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"process {os.getpid()} since {time.strftime('%Y-%m-%d %H:%M:%S')}")
+        handle.flush()
+        yield
+    finally:
+        handle.close()  # closing releases the lock
+
+
+def collect(sweep_dir: Path, problems: list[str] | None = None, run_ids: Iterable[str] | None = None) -> pd.DataFrame:
+    """All measurements of the sweep's finished runs as one tidy frame with the COLUMNS: the
+    runs its record names (or `run_ids`), every run folder when it has none. With a
+    `problems` list, damaged or unreadable runs are skipped and described there instead of raising."""
+    wanted = set(run_ids) if run_ids is not None else sweep_members(sweep_dir)
     frames = []
     for folder in run_folders(sweep_dir):
+        if wanted is not None and folder.run_id not in wanted:
+            continue
         try:
             result = folder.result()
             if result is None or result.get("status") != "ok":
                 continue
+            damage = folder.damage()
+            if damage:
+                raise ResultsError(f"{damage}; run the same command again: the damaged run is set aside and redone.")
             config = read_json(folder.path / "config.json")
             frame = folder.measurements()
         except ResultsError as err:
@@ -176,8 +329,37 @@ def collect(sweep_dir: Path, problems: list[str] | None = None) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True)[COLUMNS]
 
 
-def write_results_csv(sweep_dir: Path) -> Path:
-    """Rebuild sweep_dir/results.csv from the run folders; returns its path."""
+def other_runs(sweep_dir: Path) -> list[dict[str, str]]:
+    """Finished runs in the folder that the sweep's current configuration does not ask for
+    (an earlier --steps, say): kept, listed apart, never pooled into the results."""
+    members = sweep_members(sweep_dir)
+    if members is None:
+        return []
+    others = []
+    for folder in run_folders(sweep_dir):
+        if folder.run_id in members:
+            continue
+        try:
+            result = folder.result() or {}
+            config = read_json(folder.path / "config.json")
+        except ResultsError:
+            continue
+        if result.get("status") == "ok":
+            others.append({"run_id": folder.run_id, "label": run_label(config, result)})
+    return others
+
+
+def run_label(config: dict[str, Any], result: dict[str, Any]) -> str:
+    """How a stored run is named to people: task / encoding label / seed (or profile / label)."""
+    label = result.get("encoding_label") or config.get("encoding", {}).get("name", "?")
+    if config.get("kind") == "profile":
+        return f"profile / {label}"
+    return f"{config.get('task', {}).get('name', '?')} / {label} / seed {config.get('seed', '-')}"
+
+
+def write_results_csv(sweep_dir: Path, problems: list[str] | None = None) -> Path:
+    """Rebuild sweep_dir/results.csv from the sweep's run folders (damaged runs are left out
+    and described in `problems`); returns its path."""
     path = sweep_dir / "results.csv"
-    atomic_write_text(path, collect(sweep_dir).to_csv(index=False))
+    atomic_write_text(path, collect(sweep_dir, problems if problems is not None else []).to_csv(index=False))
     return path

@@ -2,10 +2,13 @@
 user would write one: a file in a plugin folder, no edit to posbench."""
 from __future__ import annotations
 
+from typing import Annotated
+
 import torch
 from torch import Tensor
 
 from posbench import Task, register_task
+from posbench.validation import Range
 
 
 @register_task("sort")
@@ -19,7 +22,7 @@ class Sort(Task):
     default_train_lengths = (1, 8)
     default_eval_lengths = (4, 8, 16, 32)
 
-    def __init__(self, *, train_lengths=None, eval_lengths=None, n_symbols: int = 5) -> None:
+    def __init__(self, *, train_lengths=None, eval_lengths=None, n_symbols: Annotated[int, Range(ge=2)] = 5) -> None:
         super().__init__(train_lengths=train_lengths, eval_lengths=eval_lengths)
         self.n_symbols = n_symbols
 

@@ -95,7 +95,7 @@ def test_bad_flags(tmp_path: Path, args: list[str], fragments: list[str]) -> Non
         ('tasks = [{ name = "copy", train_lengths = [0, 4] }]\n', ["train_lengths", "1 <= lo <= hi"]),
         ('encodings = [{ name = "learned", max_positions = 4 }]\ntasks = ["copy"]\n',
          ["trains on sequences of 16 tokens", "represents positions 0..3 only"]),
-        ("seeds = [\"a\"]\n", ["wrong type"]),
+        ("seeds = [\"a\"]\n", ["option 'seeds' must be a list of integers >= 0"]),
     ],
 )
 def test_bad_config(tmp_path: Path, toml: str, fragments: list[str]) -> None:
@@ -121,7 +121,7 @@ def test_foreign_output_folder_keeps_its_files(tmp_path: Path) -> None:
 
 def test_failed_run_exits_nonzero_with_summary(tmp_path: Path) -> None:
     config = tmp_path / "sweep.toml"
-    config.write_text(TINY_TOML.replace('"nope"', '"nope", { name = "sinusoidal", base = -1.0 }'))
-    result = invoke("run", "--config", str(config), "--out", str(tmp_path / "out"))
+    config.write_text(TINY_TOML.replace('"nope"', '"nope", "test_exploding"'))
+    result = invoke("--plugins", "tests/plugins", "run", "--config", str(config), "--out", str(tmp_path / "out"))
     assert result.exit_code == 1
-    assert "FAILED copy / sinusoidal(base=-1.0) / seed 0" in result.output
+    assert "FAILED copy / test_exploding / seed 0" in result.output

@@ -10,7 +10,7 @@ import torch
 
 import posbench
 from posbench.config import EncodingSpec
-from posbench.profiling import BenchConfig, measure_peak_mb, memory_rows, profile_encoding, reset_peak_rss, run_profile
+from posbench.profiling import BenchConfig, ProfileRun, measure_peak_mb, memory_rows, profile_encoding, reset_peak_rss, run_profile
 from posbench.results import collect
 
 TINY = BenchConfig(seq_lens=(16, 32), cache_lens=(0, 8), window_lens=(16,), window=4, batch_size=2,
@@ -61,9 +61,9 @@ def test_profile_rows_have_the_expected_shape(encoding: str) -> None:
 
 def test_profiles_are_stored_as_tidy_rows_and_skipped_when_done(tmp_path: Path) -> None:
     config = TINY.__class__(**{**TINY.__dict__, "memory": False})
-    run_id, ran = run_profile(EncodingSpec("rope"), config, tmp_path)
+    run_id, ran = run_profile(ProfileRun(EncodingSpec("rope"), config), tmp_path)
     assert ran and run_id.startswith("profile-")
-    assert run_profile(EncodingSpec("rope"), config, tmp_path) == (run_id, False)
+    assert run_profile(ProfileRun(EncodingSpec("rope"), config), tmp_path) == (run_id, False)
     frame = collect(tmp_path)
     assert set(frame["encoding"]) == {"rope"} and frame["task"].isna().all()
     assert frame[frame["metric"] == "latency_fwd_ms"]["seq_len"].tolist() == [16, 32]
@@ -84,13 +84,13 @@ def test_decoding_reuses_position_tables(encoding: str) -> None:
 
 
 def test_attention_tensor_size_is_quadratic_only_for_dense_biases() -> None:
-    from posbench.profiling import AttentionUnderTest, attention_tensor_bytes
+    from posbench.attention import attention_tensor_bytes
+    from posbench.encodings import create_encoding
 
-    config = BenchConfig(batch_size=2, n_heads=2, d_head=8)
     sizes = {}
     for name in ("nope", "alibi", "t5", "txl", "deberta"):
-        layer = AttentionUnderTest(EncodingSpec(name), 2, 8)
-        sizes[name] = (attention_tensor_bytes(layer, config, 256), attention_tensor_bytes(layer, config, 512))
+        encoding = create_encoding(name, 2, 8)
+        sizes[name] = (attention_tensor_bytes(encoding, 2, 256), attention_tensor_bytes(encoding, 2, 512))
     assert sizes["alibi"][1] == 4 * sizes["alibi"][0] == 4 * 4 * 2 * 2 * 256 * 256
     for name in ("nope", "t5", "deberta", "txl"):  # no L x L tensor: band biases, folds
         assert sizes[name][1] == 2 * sizes[name][0], name

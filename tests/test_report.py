@@ -23,7 +23,6 @@ from posbench.runner import run_sweep
 
 from helpers import tiny_sweep
 
-ROOT = Path(__file__).resolve().parents[1]
 SECTIONS = ("headline", "length", "cache", "cost", "bias", "problems", "config")
 EVIL = "<script>alert(1)</script>"
 
@@ -97,12 +96,12 @@ def test_partial_and_corrupt_sweeps(sweep_dir: Path, tmp_path: Path) -> None:
     shutil.copytree(sweep_dir, broken)
     runs = sorted(p for p in broken.iterdir() if (p / "result.json").exists() and not p.name.startswith("profile"))
     (runs[0] / "result.json").unlink()  # unfinished
-    (runs[1] / "measurements.csv").write_bytes(b"\x00\xff garbage")  # corrupt
+    (runs[1] / "measurements.csv").write_bytes(b"\x00\xff garbage")  # damaged: its checksum differs
     (runs[2] / "result.json").write_text("{not json")  # corrupt marker: counts as unfinished
     written = build_report(broken, tmp_path / "out")
     html = written.html.read_text()
-    assert "Partial sweep" in html and len(written.missing) == 2
-    assert any(str(runs[1] / "measurements.csv") in p for p in written.problems)
+    assert "Partial sweep" in html and len(written.missing) == 3  # a damaged run is not finished
+    assert any(str(runs[1] / "measurements.csv") in p and "SHA-256" in p for p in written.problems)
 
 
 def test_empty_or_missing_folder_is_a_clear_error(tmp_path: Path) -> None:
@@ -117,7 +116,7 @@ def _chromium() -> str | None:
 
 
 @pytest.mark.skipif(_chromium() is None and not os.environ.get("CI"), reason="Debian's chromium is not installed")
-def test_report_in_a_real_headless_browser(report) -> None:
+def test_report_in_a_real_headless_browser(report, tmp_path: Path) -> None:
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 
@@ -140,8 +139,6 @@ def test_report_in_a_real_headless_browser(report) -> None:
         assert all(complete and width > 0 for _, complete, width in images), images
         errors = [entry for entry in driver.get_log("browser") if entry["level"] == "SEVERE"]
         assert errors == [], json.dumps(errors)
-        artifacts = ROOT / "reports" / "test-artifacts"
-        artifacts.mkdir(parents=True, exist_ok=True)
-        assert driver.save_screenshot(str(artifacts / "report.png"))
+        assert driver.save_screenshot(str(tmp_path / "report.png"))
     finally:
         driver.quit()

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import math
-import textwrap
 from pathlib import Path
 
 import pandas as pd
@@ -71,25 +70,7 @@ def test_run_is_reproducible_from_its_stored_config(tmp_path: Path) -> None:
 
 
 def test_failing_run_is_recorded_and_sweep_carries_on(tmp_path: Path) -> None:
-    plugin_dir = tmp_path / "plugins"
-    plugin_dir.mkdir()
-    (plugin_dir / "exploding.py").write_text(
-        textwrap.dedent(
-            '''
-            from posbench import PositionalEncoding, register_encoding
-
-            @register_encoding("test_exploding")
-            class Exploding(PositionalEncoding):
-                """Raises during training."""
-
-                def embed(self, x, span):
-                    if self.training:
-                        raise RuntimeError("boom in embed")
-                    return x
-            '''
-        )
-    )
-    load_plugin_dir(plugin_dir)
+    load_plugin_dir(Path("tests/plugins"))
     outcome = run_sweep(tiny_sweep("nope", "test_exploding", "rope"), tmp_path / "sw")
     assert len(outcome.ran) == 3
     assert list(outcome.failures) == ["copy / test_exploding / seed 0"]

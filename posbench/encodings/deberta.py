@@ -8,12 +8,15 @@ The position-to-position term is dropped, as in the paper.
 from __future__ import annotations
 
 import math
+from typing import Annotated
 
 import torch
 from torch import Tensor, nn
 
 from posbench.encodings import register_encoding
+from posbench.errors import OptionError
 from posbench.encodings.base import BandBias, LayerContext, PositionalEncoding, Scores, Span
+from posbench.validation import Range
 
 
 def log_bucket_position(relative_pos: Tensor, bucket_size: int, max_position: int) -> Tensor:
@@ -76,11 +79,16 @@ class DeBERTa(PositionalEncoding):
         causal: bool = True,
         n_layers: int = 1,
         *,
-        span: int = 64,
-        position_buckets: int = 0,
+        span: Annotated[int, Range(ge=1)] = 64,
+        position_buckets: Annotated[int, Range(ge=0)] = 0,
         share_att_key: bool = False,
     ) -> None:
         super().__init__(n_heads, d_head, causal, n_layers)
+        if position_buckets and (position_buckets < 2 or span <= position_buckets // 2 + 1):
+            raise OptionError(
+                "encoding 'deberta': position_buckets must be 0 (off) or >= 2 with span > position_buckets/2 + 1, "
+                f"got position_buckets={position_buckets}, span={span}."
+            )
         self.span = span
         self.position_buckets = position_buckets
         self.att_span = position_buckets if position_buckets > 0 else span

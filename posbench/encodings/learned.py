@@ -1,10 +1,13 @@
 """Learned absolute positions (GPT-2): an embedding table added at the input."""
 from __future__ import annotations
 
+from typing import Annotated
+
 from torch import Tensor, nn
 
 from posbench.encodings import register_encoding
 from posbench.encodings.base import PositionalEncoding, Span
+from posbench.validation import Range
 
 
 @register_encoding("learned")
@@ -18,7 +21,7 @@ class Learned(PositionalEncoding):
         causal: bool = True,
         n_layers: int = 1,
         *,
-        max_positions: int = 1024,
+        max_positions: Annotated[int, Range(ge=1)] = 1024,
     ) -> None:
         super().__init__(n_heads, d_head, causal, n_layers)
         self.max_positions = max_positions

@@ -1,11 +1,15 @@
 """Rotary position embedding (Su et al. 2021), half-split pairing as in HF Llama."""
 from __future__ import annotations
 
+from typing import Annotated
+
 import torch
 from torch import Tensor
 
 from posbench.encodings import register_encoding
+from posbench.errors import OptionError
 from posbench.encodings.base import LayerContext, PositionalEncoding, Span, sinusoid
+from posbench.validation import Range
 
 
 def rotate_half(x: Tensor) -> Tensor:
@@ -32,12 +36,15 @@ class RoPE(PositionalEncoding):
         causal: bool = True,
         n_layers: int = 1,
         *,
-        base: float = 10000.0,
-        interpolation: float = 1.0,
+        base: Annotated[float, Range(gt=1)] = 10000.0,
+        interpolation: Annotated[float, Range(gt=0)] = 1.0,
     ) -> None:
         super().__init__(n_heads, d_head, causal, n_layers)
         if d_head % 2:
-            raise ValueError(f"rope needs an even head size, got d_head={d_head}")
+            raise OptionError(
+                f"encoding 'rope' rotates pairs of dimensions and needs an even head size, got "
+                f"d_head={d_head}; choose d_model and n_heads with an even d_model / n_heads."
+            )
         self.base = base
         self.interpolation = interpolation
 

@@ -1,11 +1,14 @@
 """Absolute sinusoidal positions added to the token embeddings (Vaswani et al. 2017)."""
 from __future__ import annotations
 
+from typing import Annotated
+
 import torch
 from torch import Tensor
 
 from posbench.encodings import register_encoding
 from posbench.encodings.base import PositionalEncoding, Span, sinusoid
+from posbench.validation import Range
 
 
 @register_encoding("sinusoidal")
@@ -24,7 +27,7 @@ class Sinusoidal(PositionalEncoding):
         causal: bool = True,
         n_layers: int = 1,
         *,
-        base: float = 10000.0,
+        base: Annotated[float, Range(gt=1)] = 10000.0,
         restart_per_segment: bool = False,
     ) -> None:
         super().__init__(n_heads, d_head, causal, n_layers)

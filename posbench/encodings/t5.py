@@ -2,12 +2,15 @@
 from __future__ import annotations
 
 import math
+from typing import Annotated
 
 import torch
 from torch import Tensor, nn
 
 from posbench.encodings import register_encoding
+from posbench.errors import OptionError
 from posbench.encodings.base import BandBias, PositionalEncoding, Span, toeplitz
+from posbench.validation import Range
 
 
 def t5_bucket(relative_position: Tensor, bidirectional: bool, num_buckets: int, max_distance: int) -> Tensor:
@@ -53,8 +56,8 @@ class T5Bias(PositionalEncoding):
         causal: bool = True,
         n_layers: int = 1,
         *,
-        num_buckets: int = 32,
-        max_distance: int = 128,
+        num_buckets: Annotated[int, Range(ge=2)] = 32,
+        max_distance: Annotated[int, Range(ge=2)] = 128,
         bidirectional: bool | None = None,
         per_layer: bool = False,
     ) -> None:
@@ -62,6 +65,12 @@ class T5Bias(PositionalEncoding):
         self.num_buckets = num_buckets
         self.max_distance = max_distance
         self.bidirectional = (not causal) if bidirectional is None else bidirectional
+        exact = num_buckets // (4 if self.bidirectional else 2)  # exact buckets per direction
+        if exact < 1 or max_distance <= exact:
+            raise OptionError(
+                f"encoding 't5': needs num_buckets >= {4 if self.bidirectional else 2} and max_distance > "
+                f"the {max(exact, 1)} exact buckets, got num_buckets={num_buckets}, max_distance={max_distance}."
+            )
         self.tables = nn.ModuleList(
             nn.Embedding(num_buckets, n_heads) for _ in range(n_layers if per_layer else 1)
         )

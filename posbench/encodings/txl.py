@@ -6,12 +6,14 @@ which expands into the four terms (a) q.k, (b) q.W_kR R, (c) u.k_j, (d) v.W_kR R
 from __future__ import annotations
 
 import math
+from typing import Annotated
 
 import torch
 from torch import Tensor, nn
 
 from posbench.encodings import register_encoding
 from posbench.encodings.base import LayerContext, PositionalEncoding, Scores, Span, sinusoid
+from posbench.validation import Range
 
 
 @register_encoding("txl")
@@ -37,7 +39,7 @@ class TransformerXL(PositionalEncoding):
         causal: bool = True,
         n_layers: int = 1,
         *,
-        clamp_len: int | None = None,
+        clamp_len: Annotated[int | None, Range(ge=1)] = None,
         scale: bool = True,
         share_uv: bool = False,
     ) -> None:

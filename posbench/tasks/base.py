@@ -3,12 +3,13 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import ClassVar, Sequence
+from typing import Annotated, ClassVar, Optional, Sequence
 
 import torch
 from torch import Tensor
 
 from posbench.errors import OptionError
+from posbench.validation import Length, check_value
 
 IGNORE = -100  # target value with no loss (cross_entropy's ignore_index)
 
@@ -45,6 +46,9 @@ class Task(ABC):
         train_lengths: Sequence[int] | None = None,
         eval_lengths: Sequence[int] | None = None,
     ) -> None:
+        what = f"task {self.name!r}"
+        check_value("train_lengths", train_lengths, Annotated[Optional[Sequence[int]], Length(2)], what)
+        check_value("eval_lengths", eval_lengths, Optional[Sequence[int]], what)
         lo, hi = tuple(train_lengths) if train_lengths is not None else self.default_train_lengths
         evals = tuple(eval_lengths) if eval_lengths is not None else self.default_eval_lengths
         if lo < self.min_length or hi < lo:

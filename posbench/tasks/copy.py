@@ -1,11 +1,14 @@
 """Copy: repeat a random string after a separator."""
 from __future__ import annotations
 
+from typing import Annotated
+
 import torch
 from torch import Tensor
 
 from posbench.tasks import register_task
 from posbench.tasks.base import Task, random_symbols
+from posbench.validation import Range
 
 
 @register_task("copy")
@@ -20,7 +23,7 @@ class Copy(Task):
     default_train_lengths = (1, 8)
     default_eval_lengths = (2, 4, 6, 8, 12, 16, 24, 32)
 
-    def __init__(self, *, train_lengths=None, eval_lengths=None, n_symbols: int = 10) -> None:
+    def __init__(self, *, train_lengths=None, eval_lengths=None, n_symbols: Annotated[int, Range(ge=2)] = 10) -> None:
         super().__init__(train_lengths=train_lengths, eval_lengths=eval_lengths)
         self.n_symbols = n_symbols
         self.sep = n_symbols

@@ -1,11 +1,14 @@
 """Multi-query associative recall (Zoology's MQAR)."""
 from __future__ import annotations
 
+from typing import Annotated
+
 import torch
 from torch import Tensor
 
 from posbench.tasks import register_task
 from posbench.tasks.base import Task
+from posbench.validation import Range
 
 
 @register_task("mqar")
@@ -23,7 +26,8 @@ class MQAR(Task):
     length_unit = "key-value pairs"
 
     def __init__(
-        self, *, train_lengths=None, eval_lengths=None, n_keys: int | None = None, n_values: int = 16
+        self, *, train_lengths=None, eval_lengths=None, n_keys: Annotated[int | None, Range(ge=1)] = None,
+        n_values: Annotated[int, Range(ge=2)] = 16,
     ) -> None:
         super().__init__(train_lengths=train_lengths, eval_lengths=eval_lengths)
         longest = max(self.train_lengths[1], max(self.eval_lengths))

@@ -1,11 +1,14 @@
 """Passkey retrieval: a needle in a haystack of filler tokens."""
 from __future__ import annotations
 
+from typing import Annotated
+
 import torch
 from torch import Tensor
 
 from posbench.tasks import register_task
 from posbench.tasks.base import Task, random_symbols
+from posbench.validation import Range
 
 
 @register_task("passkey")
@@ -22,7 +25,10 @@ class Passkey(Task):
     default_eval_lengths = (8, 16, 32, 64)
     length_unit = "filler tokens between key and question"
 
-    def __init__(self, *, train_lengths=None, eval_lengths=None, digits: int = 2, n_filler: int = 4) -> None:
+    def __init__(
+        self, *, train_lengths=None, eval_lengths=None, digits: Annotated[int, Range(ge=1)] = 2,
+        n_filler: Annotated[int, Range(ge=1)] = 4,
+    ) -> None:
         super().__init__(train_lengths=train_lengths, eval_lengths=eval_lengths)
         self.digits = digits
         self.n_filler = n_filler

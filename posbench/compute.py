@@ -1,0 +1,220 @@
+"""One run computed in whatever process an executor chose: train, evaluate, and hand back a
+RunOutput. Nothing here writes results; the sweep's driver alone stores them. Progress goes
+out as small events, so a worker process can forward them to the driver."""
+from __future__ import annotations
+
+import io
+import math
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable, Protocol
+
+import torch
+
+from posbench.config import UNDERTRAINED_BELOW, EncodingSpec, ModelSize, RunConfig
+from posbench.cpu import compute_settings
+from posbench.evaluation import iter_evaluate
+from posbench.model import Decoder, ModelConfig, model_from_config
+from posbench.plugins import load_plugins
+from posbench.results import environment
+from posbench.tasks import create_task
+from posbench.tasks.base import Task
+from posbench.training import Diverged, train
+
+#: (run id, event, payload): ("started", steps), ("step", (step, loss)), ("evaluating", None).
+ProgressSink = Callable[[str, str, Any], None]
+#: A worker sends a training-step event at most this often (seconds); the last step always.
+STEP_EVENT_INTERVAL = 0.5
+#: What a result keeps of training, so a retry after a failed evaluation can skip training.
+TRAINING_FIELDS = ("train_losses", "train_seconds", "train_loss_final", "steps_done")
+
+
+class Reporter(Protocol):
+    """Progress callbacks; the CLI implements them with rich bars or plain lines."""
+
+    def sweep_started(self, total: int, to_run: int) -> None: ...
+    def run_started(self, run: RunConfig, steps: int) -> None: ...
+    def step(self, run: RunConfig, step: int, loss: float) -> None: ...
+    def evaluating(self, run: RunConfig) -> None: ...
+    def run_finished(self, run: RunConfig, status: str, seconds: float) -> None: ...
+    def note(self, message: str) -> None: ...
+
+
+class SilentReporter:
+    """A Reporter that reports nothing (tests, library use)."""
+
+    def sweep_started(self, total: int, to_run: int) -> None:
+        """Nothing to show."""
+
+    def run_started(self, run: RunConfig, steps: int) -> None:
+        """Nothing to show."""
+
+    def step(self, run: RunConfig, step: int, loss: float) -> None:
+        """Nothing to show."""
+
+    def evaluating(self, run: RunConfig) -> None:
+        """Nothing to show."""
+
+    def run_finished(self, run: RunConfig, status: str, seconds: float) -> None:
+        """Nothing to show."""
+
+    def note(self, message: str) -> None:
+        """Nothing to show."""
+
+
+def relay(reporter: Reporter, runs: Iterable[RunConfig]) -> ProgressSink:
+    """A ProgressSink that hands each event to the reporter method it stands for."""
+    by_id = {run.run_id: run for run in runs}
+
+    def sink(run_id: str, event: str, payload: Any) -> None:
+        run = by_id.get(run_id)
+        if run is None:
+            return
+        if event == "started":
+            reporter.run_started(run, payload)
+        elif event == "step":
+            reporter.step(run, *payload)
+        elif event == "evaluating":
+            reporter.evaluating(run)
+
+    return sink
+
+
+@dataclass
+class RunJob:
+    """A run to compute; `trained_state` and `trained_result` carry a model that an earlier
+    attempt trained before its evaluation failed, so the retry only evaluates."""
+
+    run: RunConfig
+    trained_state: bytes | None = None
+    trained_result: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class RunOutput:
+    """Everything one run produced. Workers return it; the driver alone writes it, so
+    workers need no shared filesystem."""
+
+    run_id: str
+    config: dict[str, Any]
+    env: dict[str, Any]
+    log: list[str]
+    measurements: list[dict[str, Any]]
+    model_state: bytes | None
+    result: dict[str, Any]
+
+    @property
+    def status(self) -> str:
+        return self.result["status"]
+
+
+def run_label(run: RunConfig) -> str:
+    """How a run is named to people: task / encoding label / seed."""
+    return f"{run.task.name} / {run.encoding.display()} / seed {run.seed}"
+
+
+def build_model(size: ModelSize, spec: EncodingSpec, task: Task) -> Decoder:
+    """The decoder of a run: the sweep's size, the task's vocabulary, the encoding."""
+    config = ModelConfig(task.vocab_size, size.d_model, size.n_layers, size.n_heads, size.d_ff, spec.name, dict(spec.options))
+    return model_from_config(config)
+
+
+def rng_devices(device: str) -> list[int]:
+    """The CUDA devices whose RNG a run may touch (for torch.random.fork_rng)."""
+    if device.startswith("cuda") and torch.cuda.is_available():
+        return [torch.device(device).index or 0]
+    return []
+
+
+def compute_run(
+    job: RunJob,
+    threads: int | None = None,
+    progress: ProgressSink | None = None,
+    plugin_dirs: tuple[str, ...] = (),
+) -> RunOutput:
+    """Train (unless the job carries a trained model) and evaluate one run in this process.
+    Failures become a failed RunOutput. The caller's thread count, denormal mode and global
+    RNG state are as they were afterwards."""
+    if plugin_dirs:
+        load_plugins([Path(p) for p in plugin_dirs])
+    with compute_settings(threads), torch.random.fork_rng(devices=rng_devices(job.run.device)):
+        return _compute(job, progress or (lambda *_: None))
+
+
+def _compute(job: RunJob, progress: ProgressSink) -> RunOutput:
+    run = job.run
+    log: list[str] = []
+
+    def note(message: str) -> None:
+        log.append(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {message}")
+
+    last_event = [0.0]
+
+    def on_step(step: int, loss: float) -> None:
+        now = time.perf_counter()
+        if now - last_event[0] >= STEP_EVENT_INTERVAL or step == run.train.steps - 1:
+            last_event[0] = now
+            progress(run.run_id, "step", (step, loss))
+
+    result: dict[str, Any] = {"encoding_label": run.encoding.display(), "quick": run.quick}
+    measurements: list[dict[str, Any]] = []
+    state: bytes | None = None
+    stage = "setup"
+    start = time.perf_counter()
+    try:
+        task = create_task(run.task.name, **run.task.options)
+        result["train_len_max"] = task.train_lengths[1]
+        torch.manual_seed(run.seed)
+        model = build_model(run.model, run.encoding, task)
+        note(f"run {run.run_id}: {run_label(run)}, {sum(p.numel() for p in model.parameters())} parameters, "
+             f"{torch.get_num_threads()} threads")
+        if job.trained_state is not None:
+            model.load_state_dict(torch.load(io.BytesIO(job.trained_state), map_location="cpu", weights_only=True))
+            model.to(run.device)
+            state = job.trained_state
+            result.update({k: job.trained_result[k] for k in TRAINING_FIELDS if k in job.trained_result})
+            note("reusing the model an earlier attempt trained (its evaluation had failed); evaluating only")
+        else:
+            stage = "training"
+            progress(run.run_id, "started", run.train.steps)
+            trained = train(model, task, run.train, run.seed, run.device, on_step=on_step)
+            note(f"trained {trained.steps_done} steps in {trained.seconds:.1f}s, final loss {trained.final_loss:.4f}")
+            state = _state_bytes(model)
+            result.update(train_losses=trained.losses, train_seconds=trained.seconds,
+                          train_loss_final=trained.final_loss, steps_done=trained.steps_done)
+        stage = "evaluation"
+        progress(run.run_id, "evaluating", None)
+        for m in iter_evaluate(model, task, run.eval, run.device):
+            measurements.append(m.__dict__ | {"seq_len": None, "cache_len": None})
+        measurements.append({"eval_len": None, "mem_len": None, "seq_len": None, "cache_len": None,
+                             "metric": "train_loss_final", "value": result["train_loss_final"], "note": ""})
+        in_dist = [m["value"] for m in measurements if m["metric"] == "exact_match" and m["mem_len"] is None
+                   and m["eval_len"] is not None and m["eval_len"] <= task.train_lengths[1] and not math.isnan(m["value"])]
+        result["in_distribution_exact_match"] = sum(in_dist) / len(in_dist) if in_dist else None
+        result["undertrained"] = bool(in_dist) and result["in_distribution_exact_match"] < UNDERTRAINED_BELOW
+        result["status"] = "ok"
+    except Diverged as err:
+        result["status"], result["error"] = "diverged", f"diverged: {err}"
+        note(result["error"])
+    except Exception as err:  # one run's failure must not stop the sweep
+        result["status"], result["error"], result["stage"] = "error", f"{type(err).__name__}: {err}", stage
+        note(traceback.format_exc())
+        if stage == "evaluation":
+            note(f"evaluation failed: the trained model and {len(measurements)} measurement(s) are kept; "
+                 "the next run of the same command evaluates again without retraining")
+    result["seconds"] = time.perf_counter() - start
+    return RunOutput(run.run_id, run.to_dict(), environment(run.device), log, measurements, state, result)
+
+
+def failed_output(run: RunConfig, error: str) -> RunOutput:
+    """The record of a run whose worker died or was lost."""
+    return RunOutput(run.run_id, run.to_dict(), {}, [error], [], None,
+                     {"encoding_label": run.encoding.display(), "status": "error", "error": error})
+
+
+def _state_bytes(model: torch.nn.Module) -> bytes:
+    buffer = io.BytesIO()
+    torch.save({k: v.detach().cpu() for k, v in model.state_dict().items()}, buffer)
+    return buffer.getvalue()
