@@ -9,7 +9,8 @@ import torch
 
 from posbench.config import EncodingSpec
 from posbench.encodings import BUILTINS
-from posbench.profiling import BenchConfig, _layer, _once, _time, memory_rows, reset_peak_rss
+from posbench.profiling import BenchConfig, _layer, _once, memory_rows, reset_peak_rss
+from posbench.timing import time_ms
 
 CONFIG = BenchConfig(batch_size=8, n_heads=4, d_head=32, threads=torch.get_num_threads(), min_run_time=0.5)
 LIMITS = {"alibi": 1.2, "rope": 1.2, "sinusoidal": 1.2, "learned": 1.2, "t5": 2.0, "txl": 2.5, "deberta": 2.5}
@@ -66,7 +67,7 @@ def test_decoding_grows_linearly_with_cache(benchmark, record_goal, encoding: st
             with torch.no_grad():
                 layer(token, cache)
 
-        latency[M] = _time(step, CONFIG)[0]
+        latency[M] = time_ms(step, CONFIG.threads, CONFIG.min_run_time)[0]
     record_goal(f"{encoding} decode latency cache 4096 / cache 1024", latency[4096] / latency[1024], 4.5)
     benchmark.extra_info["decode_ms"] = latency
 

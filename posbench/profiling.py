@@ -17,13 +17,12 @@ import os
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Hashable, Iterable
 
 import torch
 from torch import Tensor, nn
-from torch.utils import benchmark
 
 from posbench.attention import CausalSelfAttention, attention_tensor_bytes
 from posbench.cache import Cache
@@ -32,6 +31,7 @@ from posbench.cpu import configure_cpu
 from posbench.encodings import create_encoding
 from posbench.encodings.base import Span
 from posbench.results import RunFolder, environment
+from posbench.timing import Guarded, guarded, interleaved_times, noise_note, time_ms
 
 BASELINE = "nope"
 #: Latency is timed in this many interleaved rounds per layer; the fastest round's median counts.
@@ -85,24 +85,9 @@ class AttentionUnderTest(nn.Module):
         return Cache(1, mem_len)
 
 
-def _time(fn: Callable[[], Any], config: BenchConfig) -> tuple[float, float]:
-    """Median and IQR in milliseconds."""
-    timer = benchmark.Timer(stmt="fn()", globals={"fn": fn}, num_threads=config.threads)
-    measurement = timer.blocked_autorange(min_run_time=config.min_run_time)
-    return measurement.median * 1e3, measurement.iqr * 1e3
-
-
-def interleaved_times(runs: dict[Hashable, Callable[[], Any]], config: BenchConfig,
-                      rounds: int = LATENCY_ROUNDS) -> dict[Hashable, tuple[float, float]]:
-    """Median and IQR in ms of each run, timed in turn over `rounds` rounds that share
-    config.min_run_time; the fastest round's median counts (interference only adds time)."""
-    round_config = replace(config, min_run_time=config.min_run_time / rounds)
-    times: dict[Hashable, tuple[float, float]] = {}
-    for _ in range(rounds):
-        for key, run in runs.items():
-            measured = _time(run, round_config)
-            times[key] = min(times.get(key, measured), measured)
-    return times
+def interleaved(runs: dict[Hashable, Callable[[], Any]], config: BenchConfig) -> Guarded:
+    """The runs timed in alternation (see posbench.timing), under the noise guard."""
+    return guarded(lambda: interleaved_times(runs, config.threads, config.min_run_time, LATENCY_ROUNDS))
 
 
 def _sync(device: str) -> None:
@@ -148,13 +133,15 @@ def latency_rows(spec: EncodingSpec, config: BenchConfig) -> list[dict[str, Any]
                 _sync(config.device)
 
             runs[(name, "fwd")], runs[(name, "fwdbwd")] = forward, forward_backward
-        times = interleaved_times(runs, config)  # baseline and encoding alternate
+        guard = interleaved(runs, config)  # baseline and encoding alternate
+        times = guard.value
         for kind in ("fwd", "fwdbwd"):
             median, iqr = times[("enc", kind)]
+            note = noise_note(guard, (median, iqr), times[("base", kind)])
             rows += [
-                _row(f"latency_{kind}_ms", median, L),
-                _row(f"latency_{kind}_iqr_ms", iqr, L),
-                _row(f"latency_{kind}_ratio", median / times[("base", kind)][0], L),
+                _row(f"latency_{kind}_ms", median, L, note=note),
+                _row(f"latency_{kind}_iqr_ms", iqr, L, note=note),
+                _row(f"latency_{kind}_ratio", median / times[("base", kind)][0], L, note=note),
             ]
         rows.append(_row("attention_tensor_mb", attention_tensor_bytes(layers["enc"].encoding, config.batch_size, L) / 2**20, L))
     return rows
@@ -182,13 +169,17 @@ def decode_rows(spec: EncodingSpec, config: BenchConfig) -> list[dict[str, Any]]
                     layer(token, cache)
                 _sync(config.device)
 
-            median, iqr = _time(step, config)
+            guard = guarded(lambda: time_ms(step, config.threads, config.min_run_time))
+            median, iqr = guard.value
+            note = noise_note(guard, (median, iqr))
             if name == "enc":
-                rows += [_row("latency_decode_ms", median, cache_len=M), _row("latency_decode_iqr_ms", iqr, cache_len=M)]
+                rows += [_row("latency_decode_ms", median, cache_len=M, note=note),
+                         _row("latency_decode_iqr_ms", iqr, cache_len=M, note=note)]
             else:
                 for row in rows:
                     if row["metric"] == "latency_decode_ms" and row["cache_len"] == M and not math.isnan(row["value"]):
-                        rows.append(_row("latency_decode_ratio", row["value"] / median, cache_len=M))
+                        both = "; ".join(dict.fromkeys(filter(None, (row["note"], note))))
+                        rows.append(_row("latency_decode_ratio", row["value"] / median, cache_len=M, note=both))
     return rows
 
 
@@ -221,12 +212,13 @@ def window_rows(spec: EncodingSpec, config: BenchConfig) -> list[dict[str, Any]]
                     layer(x[:, lo : t + 1])
             _sync(config.device)
 
-        seg = _once(segments)
-        win = _once(sliding)
+        guard = guarded(lambda: (_once(segments), _once(sliding)))
+        seg, win = guard.value
+        note = guard.note()
         rows += [
-            _row("latency_segment_eval_ms", seg, N, S),
-            _row("latency_sliding_window_ms", win, N, S),
-            _row("speedup_segment_vs_window", win / seg, N, S),
+            _row("latency_segment_eval_ms", seg, N, S, note),
+            _row("latency_sliding_window_ms", win, N, S, note),
+            _row("speedup_segment_vs_window", win / seg, N, S, note),
         ]
     return rows
 

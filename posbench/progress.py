@@ -178,7 +178,7 @@ def print_headline(console: Console, summary: pd.DataFrame) -> None:
 
 def print_bench(console: Console, out_dir: Path) -> None:
     """Latency ratios to `nope` (forward+backward) and peak memory, encoding x length."""
-    frame = collect(out_dir)
+    frame = collect(out_dir, [])
     rows = frame[frame["seq_len"].notna()]
     if rows.empty:
         console.print("no latency rows were measured")
@@ -191,9 +191,14 @@ def print_bench(console: Console, out_dir: Path) -> None:
     for label, group in rows.groupby("encoding_label", sort=False):
         cells = []
         for L in lengths:
-            at = group[group["seq_len"] == L].set_index("metric")["value"]
-            ratio, mem = at.get("latency_fwdbwd_ratio", math.nan), at.get("peak_mem_mb", math.nan)
-            cells.append(f"{_cell(ratio)}x | {_cell(mem)}" if not math.isnan(ratio) else "n/a")
+            at = group[group["seq_len"] == L].set_index("metric")
+            ratio = at["value"].get("latency_fwdbwd_ratio", math.nan)
+            mem = at["value"].get("peak_mem_mb", math.nan)
+            noisy = str(at["note"].get("latency_fwdbwd_ratio", "")).startswith("noisy")
+            cells.append(f"{_cell(ratio)}x{'?' if noisy else ''} | {_cell(mem)}" if not math.isnan(ratio) else "n/a")
         table.add_row(Text(str(label)), *cells)
     console.print(table)
-    console.print(f"results: {out_dir / 'results.csv'}")
+    if rows["note"].fillna("").str.startswith("noisy").any():
+        console.print(Text("? marks a noisy timing (other processes competed for the CPU, or a wide IQR): "
+                           "see the note column of results.csv and measure again on a quiet machine.", style="yellow"))
+    console.print(Text(f"results: {out_dir / 'results.csv'}"), soft_wrap=True)

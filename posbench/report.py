@@ -31,6 +31,7 @@ from posbench.results import (
     sweep_members,
 )
 from posbench.summary import headline
+from posbench.timing import describe_method
 
 ACCURACY_COLUMNS = ("in_distribution", "at_2x", "at_4x", "longest_cache")
 COST_COLUMNS = ("latency_ratio", "memory_ratio")
@@ -79,8 +80,10 @@ def cost_columns(frame: pd.DataFrame) -> pd.DataFrame:
         ratio = group[group["metric"] == "latency_fwdbwd_ratio"]
         if not ratio.empty:
             longest = ratio["seq_len"].max()
-            entry["latency_ratio"] = ratio[ratio["seq_len"] == longest]["value"].median()
+            at_longest = ratio[ratio["seq_len"] == longest]
+            entry["latency_ratio"] = at_longest["value"].median()
             entry["latency_at"] = int(longest)
+            entry["latency_noisy"] = bool(at_longest["note"].str.startswith("noisy").any())
         memory = group[group["metric"] == "peak_mem_mb"]
         base = rows[(rows["encoding"] == "nope") & (rows["metric"] == "peak_mem_mb")]
         common = sorted(set(memory["seq_len"]) & set(base["seq_len"]))
@@ -91,7 +94,7 @@ def cost_columns(frame: pd.DataFrame) -> pd.DataFrame:
                 entry["memory_ratio"] = memory[memory["seq_len"] == L]["value"].median() / denominator
                 entry["memory_at"] = int(L)
         out.append(entry)
-    return pd.DataFrame(out, columns=["encoding_label", "latency_ratio", "latency_at", "memory_ratio", "memory_at"])
+    return pd.DataFrame(out, columns=["encoding_label", "latency_ratio", "latency_at", "latency_noisy", "memory_ratio", "memory_at"])
 
 
 def _headline_rows(frame: pd.DataFrame) -> tuple[list[dict[str, Any]], dict[str, str]]:
@@ -102,10 +105,12 @@ def _headline_rows(frame: pd.DataFrame) -> tuple[list[dict[str, Any]], dict[str,
     for column in COST_COLUMNS:
         if column not in table:
             table[column] = math.nan
+    noisy = table["latency_noisy"].fillna(False).astype(bool) if "latency_noisy" in table else pd.Series(False, index=table.index)
     best: dict[tuple[str, str], float] = {}
     for task, group in table.groupby("task"):
         for column in ACCURACY_COLUMNS + COST_COLUMNS:
-            values = group[column].dropna()
+            values = group[column][~noisy[group.index]] if column == "latency_ratio" else group[column]
+            values = values.dropna()
             if values.nunique() > 1:  # a tie everywhere marks nothing
                 best[(task, column)] = values.max() if column in ACCURACY_COLUMNS else values.min()
     rows = []
@@ -115,7 +120,9 @@ def _headline_rows(frame: pd.DataFrame) -> tuple[list[dict[str, Any]], dict[str,
             value = record.get(column)
             missing = value is None or (isinstance(value, float) and math.isnan(value))
             text = "n/a" if missing else (f"{value:.2f}x" if column in COST_COLUMNS else f"{value:.2f}")
-            cells[column] = {"text": text, "best": not missing and best.get((record["task"], column)) == value}
+            flagged = column == "latency_ratio" and bool(record.get("latency_noisy")) and not missing
+            cells[column] = {"text": text + (" (noisy)" if flagged else ""),
+                             "best": not missing and not flagged and best.get((record["task"], column)) == value}
         rows.append({
             "task": record["task"], "encoding": record["encoding_label"], "seeds": int(record["seeds"]),
             "undertrained": not math.isnan(record["in_distribution"]) and record["in_distribution"] < UNDERTRAINED_BELOW,
@@ -240,6 +247,8 @@ def build_report(sweep_dir: Path, out_dir: Path) -> Report:
         ],
         "costs": {k: v for k, v in costs.items() if v is not None},
         "memory_method": MEMORY_METHOD,
+        "timing_method": describe_method(),
+        "noisy_timings": int(frame["note"].fillna("").str.startswith("noisy").sum()),
         "bias": _bias_pictures(sweep_dir, frame, colours, problems) if tasks else [],
         "config": json.dumps(config, indent=2, sort_keys=True),
         "environment": _environment(sweep_dir),

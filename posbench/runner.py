@@ -166,13 +166,16 @@ def run_sweep(
     mode and RNG state are as they were afterwards."""
     from posbench.executors import LocalExecutor
 
-    reporter = reporter or SilentReporter()
-    executor = executor or LocalExecutor()
+    with torch.random.fork_rng(devices=rng_devices(sweep.device)):  # probe models draw weights too
+        return _run_sweep(sweep, Path(out_dir), force, reporter or SilentReporter(), executor or LocalExecutor())
+
+
+def _run_sweep(sweep: SweepConfig, out_dir: Path, force: bool, reporter: Reporter, executor: "Executor") -> SweepOutcome:
     sweep = resolve_sweep(sweep)
     runs = expand_runs(sweep)
     profiles = profile_jobs(sweep)
     prepare_sweep_dir(out_dir)
-    with sweep_lock(out_dir), compute_settings(None), torch.random.fork_rng(devices=rng_devices(sweep.device)):
+    with sweep_lock(out_dir), compute_settings(None):
         members = {run.run_id: run_label(run) for run in runs}
         members |= {job.run_id: f"profile / {job.encoding.display()}" for job in profiles}
         write_sweep_marker(out_dir, to_jsonable(dataclasses.asdict(sweep)), members)

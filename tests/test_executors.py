@@ -118,3 +118,75 @@ def test_resume_across_executors_redoes_only_missing_runs(ray_runtime, local_res
     (half[0] / "result.json").unlink()  # a run lost mid-way
     again = run_sweep(four_runs(), out, executor=make_executor("ray"))
     assert again.ran == [half[0].name]
+
+
+# ---- workers die with their driver -----------------------------------------------------------
+SLOW_TOML = """
+tasks = [{ name = "copy", train_lengths = [1, 3], eval_lengths = [2, 3] }]
+encodings = ["nope", "rope", "alibi", "t5"]
+seeds = [0]
+profile = false
+
+[model]
+d_model = 16
+n_layers = 1
+n_heads = 2
+
+[train]
+steps = 100000
+batch_size = 4
+warmup_steps = 1
+
+[eval]
+n_samples = 8
+batch_size = 8
+"""
+
+
+def _driver_with_training_workers(tmp_path: Path):
+    """A `posbench run --executor processes --jobs 2` whose two workers are training."""
+    import subprocess
+    import sys
+    import time
+
+    import psutil
+
+    config = tmp_path / "slow.toml"
+    config.write_text(SLOW_TOML)
+    log = (tmp_path / "driver.log").open("w")
+    command = [sys.executable, "-m", "posbench.cli", "run", "--config", str(config), "--out", str(tmp_path / "out"),
+               "--executor", "processes", "--jobs", "2", "--threads", "1", "--no-report"]
+    driver = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        text = (tmp_path / "driver.log").read_text()
+        if text.count(": step ") >= 2 and len({line.split(":")[2] for line in text.splitlines() if ": step " in line}) >= 2:
+            break
+        assert driver.poll() is None, text
+        time.sleep(0.2)
+    else:
+        driver.kill()
+        raise AssertionError((tmp_path / "driver.log").read_text())
+    children = psutil.Process(driver.pid).children(recursive=True)
+    assert len([c for c in children if "spawn_main" in " ".join(c.cmdline())]) == 2
+    return driver, children
+
+
+@pytest.mark.parametrize("signal_name", ["SIGTERM", "SIGKILL"])
+def test_workers_and_resource_tracker_die_with_the_driver(tmp_path: Path, signal_name: str) -> None:
+    import signal
+
+    import psutil
+
+    driver, children = _driver_with_training_workers(tmp_path)
+    driver.send_signal(getattr(signal, signal_name))
+    driver.wait(timeout=20)
+    gone, alive = psutil.wait_procs(children, timeout=10)
+    assert not alive, [" ".join(p.cmdline()) for p in alive]
+    text = (tmp_path / "driver.log").read_text()
+    if signal_name == "SIGTERM":
+        assert driver.returncode == 143
+        assert "terminated: 0 of 4 run(s) of this sweep are stored" in text and "run the same command again" in text
+        assert "Traceback" not in text
+    # progress lines came from the workers, one per event, with no terminal
+    assert "copy / nope / seed 0: started, 100000 steps" in text and "copy / rope / seed 0: step" in text

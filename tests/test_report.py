@@ -142,3 +142,26 @@ def test_report_in_a_real_headless_browser(report, tmp_path: Path) -> None:
         assert driver.save_screenshot(str(tmp_path / "report.png"))
     finally:
         driver.quit()
+
+
+def test_noisy_latency_is_marked_and_never_best(sweep_dir: Path) -> None:
+    from posbench.report import _headline_rows
+
+    frame = collect(sweep_dir)
+    ratio_rows = frame["metric"] == "latency_fwdbwd_ratio"
+    frame.loc[ratio_rows, "note"] = ""
+    frame.loc[ratio_rows & (frame["encoding"] == "alibi"), "note"] = "noisy: other processes used 1.0 cores"
+    frame.loc[ratio_rows & (frame["encoding"] == "alibi"), "value"] = 0.01  # would be the best if trusted
+    rows, _ = _headline_rows(frame)
+    cell = next(r for r in rows if r["encoding"] == "alibi")["cells"]["latency_ratio"]
+    assert cell["text"].endswith("(noisy)") and not cell["best"]
+    assert any(r["cells"]["latency_ratio"]["best"] for r in rows if r["encoding"] != "alibi")
+
+
+def test_building_a_report_leaves_matplotlib_as_it_found_it(report, sweep_dir: Path, tmp_path: Path) -> None:
+    import matplotlib
+
+    backend, params = matplotlib.get_backend(), dict(matplotlib.rcParams)
+    build_report(sweep_dir, tmp_path / "again")
+    assert matplotlib.get_backend() == backend
+    assert dict(matplotlib.rcParams) == params

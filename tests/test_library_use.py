@@ -1,0 +1,40 @@
+"""Library use leaves the caller's process as it found it."""
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+PROBE = textwrap.dedent(
+    """
+    import os, sys, tempfile
+    from pathlib import Path
+    sys.path.insert(0, "tests")
+    import torch
+    from helpers import tiny_sweep
+    from posbench.runner import run_sweep
+
+    def denormals():  # a parallel op: every worker thread's mode shows
+        return int((torch.full((1 << 22,), 1e-30) * 1e-10).count_nonzero())
+
+    torch.set_num_threads(2)
+    torch.manual_seed(123)
+    before = (denormals(), torch.get_num_threads(), torch.get_rng_state().clone(), os.umask(0o027))
+    os.umask(0o027)
+    with tempfile.TemporaryDirectory() as out:
+        outcome = run_sweep(tiny_sweep("nope", "alibi"), Path(out) / "sw")
+        mode = oct(os.stat(outcome.results_csv).st_mode & 0o777)
+    after = (denormals(), torch.get_num_threads(), torch.get_rng_state(), os.umask(0o027))
+    print(before[0], after[0], before[1], after[1], bool(torch.equal(before[2], after[2])), oct(after[3]), mode)
+    """
+)
+
+
+def test_a_sweep_leaves_threads_denormals_rng_and_umask_unchanged() -> None:
+    out = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, check=True).stdout.split()
+    denormals_before, denormals_after, threads_before, threads_after, same_rng, umask, mode = out
+    assert denormals_before == denormals_after == str(1 << 22)  # still not flushed, on every thread
+    assert threads_before == threads_after == "2"
+    assert same_rng == "True"
+    assert umask == "0o27"
+    assert mode == "0o640"  # files honour the caller's umask (0666 & ~027)
