@@ -10,13 +10,14 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from posbench.compute import SilentReporter, run_label
 from posbench.errors import ConfigError
 from posbench.executors import ProcessExecutor, make_executor
 from posbench.plugins import load_plugin_dir
 from posbench.results import RunFolder
 from posbench.runner import run_sweep
 
-from helpers import tiny_sweep
+from helpers import TINY_TOML, tiny_sweep
 
 HAS_RAY = importlib.util.find_spec("ray") is not None
 
@@ -94,10 +95,30 @@ def ray_runtime():
     ray.shutdown()
 
 
-def test_ray_gives_the_same_results(ray_runtime, local_results: Path, tmp_path: Path) -> None:
-    outcome = run_sweep(four_runs(), tmp_path / "sw", executor=make_executor("ray"))
+class RecordingReporter(SilentReporter):
+    """Keeps the (event, run label) pairs a sweep reports."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, str]] = []
+
+    def run_started(self, run, steps: int) -> None:
+        self.events.append(("started", run_label(run)))
+
+    def step(self, run, step: int, loss: float) -> None:
+        self.events.append(("step", run_label(run)))
+
+    def evaluating(self, run) -> None:
+        self.events.append(("evaluating", run_label(run)))
+
+
+def test_ray_gives_the_same_results_and_forwards_worker_progress(ray_runtime, local_results: Path, tmp_path: Path) -> None:
+    reporter = RecordingReporter()
+    outcome = run_sweep(four_runs(), tmp_path / "sw", executor=make_executor("ray"), reporter=reporter)
     assert len(outcome.ran) == 4 and not outcome.failures
     pd.testing.assert_frame_equal(values(outcome.results_csv), values(local_results))
+    for encoding in ("nope", "rope", "t5", "alibi"):
+        for event in ("started", "step", "evaluating"):
+            assert (event, f"copy / {encoding} / seed 0") in reporter.events
 
 
 def test_ray_retries_a_dying_worker_then_records_it(ray_runtime, dying_plugin: Path, tmp_path: Path) -> None:
@@ -121,26 +142,10 @@ def test_resume_across_executors_redoes_only_missing_runs(ray_runtime, local_res
 
 
 # ---- workers die with their driver -----------------------------------------------------------
-SLOW_TOML = """
-tasks = [{ name = "copy", train_lengths = [1, 3], eval_lengths = [2, 3] }]
-encodings = ["nope", "rope", "alibi", "t5"]
-seeds = [0]
-profile = false
-
-[model]
-d_model = 16
-n_layers = 1
-n_heads = 2
-
-[train]
-steps = 100000
-batch_size = 4
-warmup_steps = 1
-
-[eval]
-n_samples = 8
-batch_size = 8
-"""
+SLOW_TOML = (  # runs that train long enough to be killed mid-way
+    TINY_TOML.replace('"nope", { name = "t5", num_buckets = 8, max_distance = 16 }', '"nope", "rope", "alibi", "t5"')
+    .replace("steps = 3", "steps = 100000")
+)
 
 
 def _driver_with_training_workers(tmp_path: Path):
