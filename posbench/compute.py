@@ -7,7 +7,7 @@ import io
 import math
 import time
 import traceback
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterable, Protocol
 
@@ -15,7 +15,7 @@ import torch
 
 from posbench.config import UNDERTRAINED_BELOW, EncodingSpec, ModelSize, RunConfig
 from posbench.cpu import compute_settings
-from posbench.evaluation import iter_evaluate
+from posbench.evaluation import iter_evaluate, validation_exact_match
 from posbench.model import Decoder, ModelConfig, model_from_config
 from posbench.plugins import load_plugins
 from posbench.results import environment
@@ -28,7 +28,7 @@ ProgressSink = Callable[[str, str, Any], None]
 #: A worker sends a training-step event at most this often (seconds); the last step always.
 STEP_EVENT_INTERVAL = 0.5
 #: What a result keeps of training, so a retry after a failed evaluation can skip training.
-TRAINING_FIELDS = ("train_losses", "train_seconds", "train_loss_final", "steps_done")
+TRAINING_FIELDS = ("train_losses", "train_seconds", "train_loss_final", "steps_done", "steps_to_threshold")
 
 
 class Reporter(Protocol):
@@ -179,17 +179,18 @@ def _compute(job: RunJob, progress: ProgressSink) -> RunOutput:
         else:
             stage = "training"
             progress(run.run_id, "started", run.train.steps)
-            trained = train(model, task, run.train, run.seed, run.device, on_step=on_step)
+            trained = train(model, task, run.train, run.seed, run.device, on_step=on_step,
+                            should_stop=_stop_check(model, task, run, note))
             note(f"trained {trained.steps_done} steps in {trained.seconds:.1f}s, final loss {trained.final_loss:.4f}")
             state = _state_bytes(model)
             result.update(train_losses=trained.losses, train_seconds=trained.seconds,
-                          train_loss_final=trained.final_loss, steps_done=trained.steps_done)
+                          train_loss_final=trained.final_loss, steps_done=trained.steps_done,
+                          steps_to_threshold=trained.steps_to_threshold)
         stage = "evaluation"
         progress(run.run_id, "evaluating", None)
         for m in iter_evaluate(model, task, run.eval, run.device):
             measurements.append(m.__dict__ | {"seq_len": None, "cache_len": None})
-        measurements.append({"eval_len": None, "mem_len": None, "seq_len": None, "cache_len": None,
-                             "metric": "train_loss_final", "value": result["train_loss_final"], "note": ""})
+        measurements += _training_rows(result, run)
         in_dist = [m["value"] for m in measurements if m["metric"] == "exact_match" and m["mem_len"] is None
                    and m["eval_len"] is not None and m["eval_len"] <= task.train_lengths[1] and not math.isnan(m["value"])]
         result["in_distribution_exact_match"] = sum(in_dist) / len(in_dist) if in_dist else None
@@ -206,6 +207,32 @@ def _compute(job: RunJob, progress: ProgressSink) -> RunOutput:
                  "the next run of the same command evaluates again without retraining")
     result["seconds"] = time.perf_counter() - start
     return RunOutput(run.run_id, run.to_dict(), environment(run.device), log, measurements, state, result)
+
+
+def _stop_check(model: Decoder, task: Task, run: RunConfig, note: Callable[[str], None]) -> Callable[[int], bool] | None:
+    """Early stopping on held-out in-distribution exact match, when the run asks for it."""
+    if run.train.stop_at is None:
+        return None
+    sample = replace(run.eval, n_samples=min(run.eval.n_samples, 128))
+
+    def check(steps: int) -> bool:
+        score = validation_exact_match(model, task, sample, run.device)
+        note(f"step {steps}: held-out in-distribution exact match {score:.3f} (stop at {run.train.stop_at})")
+        return score >= run.train.stop_at
+
+    return check
+
+
+def _training_rows(result: dict[str, Any], run: RunConfig) -> list[dict[str, Any]]:
+    """What training measured, as tidy rows: the final loss and, with early stopping, the
+    steps it took to reach the threshold (NaN with a note when the cap came first)."""
+    empty = {"eval_len": None, "mem_len": None, "seq_len": None, "cache_len": None}
+    rows = [empty | {"metric": "train_loss_final", "value": result["train_loss_final"], "note": ""}]
+    if run.train.stop_at is not None:
+        reached = result.get("steps_to_threshold")
+        rows.append(empty | {"metric": "steps_to_threshold", "value": float("nan") if reached is None else reached,
+                             "note": "" if reached is not None else f"not reached within {run.train.steps} steps"})
+    return rows
 
 
 def failed_output(run: RunConfig, error: str) -> RunOutput:

@@ -51,6 +51,11 @@ class TrainConfig:
     train_mem_len: Annotated[int | None, Range(ge=0)] = None
     #: Segment length for recurrent training (default: train_mem_len, as in Transformer-XL).
     train_segment_len: Annotated[int | None, Range(ge=1)] = None
+    #: Train to convergence: every `check_every` steps, measure held-out exact match in the
+    #: training range and stop once it reaches `stop_at` (None: always train all `steps`,
+    #: which is then the cap). The step it was reached is recorded as steps_to_threshold.
+    stop_at: Annotated[float | None, Range(gt=0, le=1)] = None
+    check_every: Annotated[int, Range(ge=1)] = 250
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ from posbench.model import Decoder
 from posbench.tasks.base import IGNORE, Batch, Task
 
 HELD_OUT_SEED = 1_000_003  # the held-out sample per length is the same for every run
+VALIDATION_SEED = 2_000_003  # the early-stopping sample: never the evaluation sample
 
 
 @dataclass
@@ -30,9 +31,9 @@ class Measurement:
     note: str = ""
 
 
-def held_out(task: Task, length: int, config: EvalConfig) -> Iterator[Batch]:
+def held_out(task: Task, length: int, config: EvalConfig, seed: int = HELD_OUT_SEED) -> Iterator[Batch]:
     """The fixed evaluation sample for `length`, in batches."""
-    generator = torch.Generator().manual_seed(HELD_OUT_SEED + length)
+    generator = torch.Generator().manual_seed(seed + length)
     remaining = config.n_samples
     while remaining > 0:
         size = min(config.batch_size, remaining)
@@ -66,11 +67,11 @@ def _logits(model: Decoder, tokens: torch.Tensor, segment: int | None, mem_len: 
 
 def _accuracy(
     model: Decoder, task: Task, length: int, config: EvalConfig, device: torch.device | str,
-    segment: int | None = None, mem_len: int | None = None,
+    segment: int | None = None, mem_len: int | None = None, seed: int = HELD_OUT_SEED,
 ) -> dict[str, float]:
     exact = correct = answers = sequences = 0
     loss_sum = 0.0
-    for batch in held_out(task, length, config):
+    for batch in held_out(task, length, config, seed):
         batch = batch.to(device)
         logits = _logits(model, batch.tokens, segment, mem_len)  # (B, T, V)
         mask = batch.targets != IGNORE
@@ -85,6 +86,16 @@ def _accuracy(
 
 def _not_applicable(length: int, mem_len: float | None, reason: str) -> list[Measurement]:
     return [Measurement(length, mem_len, m, float("nan"), reason) for m in ("exact_match", "token_accuracy", "loss")]
+
+
+def validation_exact_match(model: Decoder, task: Task, config: EvalConfig, device: torch.device | str = "cpu") -> float:
+    """Mean exact match over the training range (its shortest, middle and longest length) on a
+    sample of its own, disjoint from the evaluation sample: the early-stopping signal."""
+    lo, hi = task.train_lengths
+    lengths = sorted({lo, (lo + hi) // 2, hi})
+    model.eval()
+    scores = [_accuracy(model, task, n, config, device, seed=VALIDATION_SEED)["exact_match"] for n in lengths]
+    return sum(scores) / len(scores)
 
 
 def iter_evaluate(model: Decoder, task: Task, config: EvalConfig, device: torch.device | str = "cpu") -> Iterator[Measurement]:

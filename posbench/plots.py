@@ -18,6 +18,7 @@ import pandas as pd
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
+from posbench.stats import mean_interval
 from posbench.summary import encoding_order
 
 #: The report's look, applied per figure through rc_context: the caller's rcParams and
@@ -51,21 +52,26 @@ def to_png(fig: Figure) -> str:
     return base64.b64encode(buffer.getvalue()).decode("ascii")
 
 
-def _mean_spread(rows: pd.DataFrame, x: str) -> pd.DataFrame:
-    return rows.groupby(x)["value"].agg(["mean", "min", "max"]).reset_index().sort_values(x)
+def _mean_interval(rows: pd.DataFrame, x: str) -> pd.DataFrame:
+    """Per x: the mean over seeds and its 95% t interval (NaN bounds, so no band, with one seed)."""
+    out = []
+    for value, group in rows.groupby(x):
+        interval = mean_interval(group["value"].values)
+        out.append({x: value, "mean": interval.mean, "low": interval.low, "high": interval.high})
+    return pd.DataFrame(out, columns=[x, "mean", "low", "high"]).sort_values(x)
 
 
 def _lines(ax: Axes, rows: pd.DataFrame, x: str, colours: dict[str, str], positions: dict | None = None) -> None:
     for label in sorted(rows["encoding_label"].unique(), key=list(colours).index):
-        stats = _mean_spread(rows[rows["encoding_label"] == label], x)
+        stats = _mean_interval(rows[rows["encoding_label"] == label], x)
         xs = stats[x].map(positions) if positions else stats[x]
         ax.plot(xs, stats["mean"], marker="o", ms=3, color=colours[label], label=label)
-        ax.fill_between(xs, stats["min"], stats["max"], color=colours[label], alpha=0.15, linewidth=0)
+        ax.fill_between(xs, stats["low"], stats["high"], color=colours[label], alpha=0.15, linewidth=0)
 
 
 @styled
 def accuracy_vs_length(frame: pd.DataFrame, task: str, colours: dict[str, str], metric: str = "exact_match") -> str:
-    """Accuracy against evaluation length (full context), seed spread shaded."""
+    """Accuracy against evaluation length (full context), the 95% interval over seeds shaded."""
     rows = frame[(frame["task"] == task) & (frame["metric"] == metric) & frame["mem_len"].isna() & frame["eval_len"].notna()]
     fig = Figure(figsize=(6.4, 3.6))
     ax = fig.subplots()

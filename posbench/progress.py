@@ -19,6 +19,7 @@ from posbench.compute import run_label
 from posbench.config import UNDERTRAINED_BELOW, RunConfig
 from posbench.results import collect
 from posbench.runner import SweepOutcome
+from posbench.stats import Interval
 from posbench.summary import headline
 
 QUICK_BANNER = "QUICK RUN: few training steps and a small evaluation sample, for a first look only."
@@ -164,16 +165,23 @@ def print_outcome(console: Console, outcome: SweepOutcome) -> None:
 
 
 def print_headline(console: Console, summary: pd.DataFrame) -> None:
-    """encoding x task: in-distribution and beyond-length exact match."""
-    table = Table(title="exact-match accuracy (mean over seeds)", title_justify="left")
-    for column in ("task", "encoding", "in-dist", "2x len", "4x len", "seeds"):
-        table.add_column(column, justify="left" if column in ("task", "encoding") else "right")
-    for row in summary.itertuples():
-        undertrained = not math.isnan(row.in_distribution) and row.in_distribution < UNDERTRAINED_BELOW
-        in_dist = Text(_cell(row.in_distribution)) + (Text(" (undertrained)", style="yellow") if undertrained else Text(""))
-        table.add_row(Text(row.task), Text(row.encoding_label), in_dist,
-                      _cell(row.at_2x), _cell(row.at_4x), str(row.seeds))
+    """encoding x task: exact match in distribution, at 2x and 4x, token accuracy at 2x and
+    4x, each the mean over seeds ± the half-width of its 95% t interval."""
+    one_seed = summary.empty or (summary["seeds"] <= 1).all()
+    title = "accuracy, mean over seeds" + (" (one seed: no interval)" if one_seed else " ± 95% t interval")
+    table = Table(title=title, title_justify="left")
+    for column in ("task", "encoding", "in-dist", "2x len", "4x len", "token 2x", "token 4x", "seeds"):
+        table.add_column(column, justify="left" if column in ("task", "encoding") else "right", no_wrap=True)
+    for row in summary.to_dict("records"):
+        cells = {c: Interval(row[c], row[f"{c}_low"], row[f"{c}_high"], 0).text()
+                 for c in ("in_distribution", "at_2x", "at_4x", "token_at_2x", "token_at_4x")}
+        undertrained = not math.isnan(row["in_distribution"]) and row["in_distribution"] < UNDERTRAINED_BELOW
+        in_dist = Text(cells["in_distribution"]) + (Text(" *", style="yellow") if undertrained else Text(""))
+        table.add_row(Text(row["task"]), Text(row["encoding_label"]), in_dist, cells["at_2x"], cells["at_4x"],
+                      cells["token_at_2x"], cells["token_at_4x"], str(row["seeds"]))
     console.print(table)
+    if not summary.empty and (summary["in_distribution"] < UNDERTRAINED_BELOW).any():
+        console.print(Text(f"* undertrained: in-distribution exact match below {UNDERTRAINED_BELOW}", style="yellow"))
 
 
 def print_bench(console: Console, out_dir: Path) -> None:

@@ -30,10 +30,11 @@ from posbench.results import (
     sweep_marker,
     sweep_members,
 )
-from posbench.summary import headline
+from posbench.stats import GENERALISES_AT, Interval, mean_interval
+from posbench.summary import HEADLINE_COLUMNS, headline
 from posbench.timing import describe_method
 
-ACCURACY_COLUMNS = ("in_distribution", "at_2x", "at_4x", "longest_cache")
+ACCURACY_COLUMNS = tuple(column for column, _, _ in HEADLINE_COLUMNS)
 COST_COLUMNS = ("latency_ratio", "memory_ratio")
 
 
@@ -61,10 +62,14 @@ def default_report_dir(sweep_dir: Path) -> Path:
 
 
 def summarise(frame: pd.DataFrame) -> pd.DataFrame:
-    """One row per task x encoding x length or cache length x metric: mean, std, seeds."""
+    """One row per task x encoding x length or cache length x metric: mean, std, the 95%
+    t interval of the mean over seeds (NaN with one seed), the best seed's value, seeds."""
     keys = ["task", "encoding_label", "metric", "eval_len", "mem_len", "seq_len", "cache_len"]
     grouped = frame.groupby(keys, dropna=False)
-    summary = grouped["value"].agg(mean="mean", std="std").reset_index()
+    summary = grouped["value"].agg(mean="mean", std="std", best="max").reset_index()
+    intervals = [mean_interval(group.values) for _, group in grouped["value"]]
+    summary["ci95_low"] = [i.low for i in intervals]
+    summary["ci95_high"] = [i.high for i in intervals]
     summary["n_seeds"] = grouped["seed"].nunique(dropna=False).values
     summary["n"] = grouped["value"].count().values
     return summary
@@ -119,16 +124,23 @@ def _headline_rows(frame: pd.DataFrame) -> tuple[list[dict[str, Any]], dict[str,
         for column in ACCURACY_COLUMNS + COST_COLUMNS:
             value = record.get(column)
             missing = value is None or (isinstance(value, float) and math.isnan(value))
-            text = "n/a" if missing else (f"{value:.2f}x" if column in COST_COLUMNS else f"{value:.2f}")
+            if column in ACCURACY_COLUMNS:
+                text = Interval(value if not missing else math.nan, record[f"{column}_low"], record[f"{column}_high"], 0).text()
+            else:
+                text = "n/a" if missing else f"{value:.2f}x"
             flagged = column == "latency_ratio" and bool(record.get("latency_noisy")) and not missing
             cells[column] = {"text": text + (" (noisy)" if flagged else ""),
                              "best": not missing and not flagged and best.get((record["task"], column)) == value}
         rows.append({
             "task": record["task"], "encoding": record["encoding_label"], "seeds": int(record["seeds"]),
+            "best_at_2x": "n/a" if math.isnan(record["best_at_2x"]) else f"{record['best_at_2x']:.2f}",
+            "generalising": "n/a" if math.isnan(record["generalising"]) else f"{record['generalising']:.0%}",
             "undertrained": not math.isnan(record["in_distribution"]) and record["in_distribution"] < UNDERTRAINED_BELOW,
             "cells": cells,
         })
-    notes = {}
+    notes = {"interval": "mean over seeds ± the half-width of its 95% Student-t interval"
+                         if (table["seeds"] > 1).any() else "one seed per encoding: no interval can be given (run --seeds 0,1,2)",
+             "generalises": f"{GENERALISES_AT:.0%}"}
     if costs["latency_at"].notna().any():
         notes["latency"] = f"fwd+bwd latency / nope at L={int(costs['latency_at'].max())}"
     if costs["memory_at"].notna().any():

@@ -9,6 +9,7 @@ from typing import Iterable
 import pandas as pd
 
 from posbench.encodings import BUILTINS
+from posbench.stats import GENERALISES_AT, mean_interval
 
 
 def encoding_order(labels: Iterable[str]) -> list[str]:
@@ -33,31 +34,60 @@ def length_at(frame: pd.DataFrame, multiple: float) -> pd.Series:
     return frame.apply(pick, axis=1) if len(frame) else pd.Series(dtype=float)
 
 
-def headline(frame: pd.DataFrame, metric: str = "exact_match") -> pd.DataFrame:
-    """One row per (task, encoding_label): mean accuracy in distribution, at 2x and 4x the
-    longest training length (full context), and through the longest finite cache at the
-    longest evaluation length; plus the number of seeds."""
-    rows = _accuracy_rows(frame, metric)
+#: The headline's accuracy columns: (column, metric, which lengths).
+HEADLINE_COLUMNS = (
+    ("in_distribution", "exact_match", "in"),
+    ("at_2x", "exact_match", 2),
+    ("at_4x", "exact_match", 4),
+    ("token_at_2x", "token_accuracy", 2),
+    ("token_at_4x", "token_accuracy", 4),
+    ("longest_cache", "exact_match", "cache"),
+)
+
+
+def _per_seed(rows: pd.DataFrame, which: object) -> pd.Series:
+    """Each seed's mean accuracy over the lengths a headline column covers, by (task, label, seed)."""
+    keys = ["task", "encoding_label", "seed"]
     full = rows[rows["mem_len"].isna()]
+    if which == "in":
+        picked = full[full["eval_len"] <= full["train_len_max"]]
+    elif which == "cache":
+        cached = rows[rows["mem_len"].notna() & (rows["mem_len"] != math.inf)]
+        if cached.empty:
+            return pd.Series(dtype=float)
+        picked = cached[cached["mem_len"] == cached.groupby("task")["mem_len"].transform("max")]
+        picked = picked[picked["eval_len"] == picked.groupby("task")["eval_len"].transform("max")]
+    else:
+        picked = full[full["eval_len"] == length_at(full, float(which))] if not full.empty else full
+    return picked.groupby(keys)["value"].mean()
+
+
+def headline(frame: pd.DataFrame) -> pd.DataFrame:
+    """One row per (task, encoding_label): each HEADLINE_COLUMNS value as the mean over seeds
+    with its 95% t interval (<column>_low, <column>_high; NaN with one seed), the number of
+    seeds, the best seed's exact match at 2x, and the share of seeds that generalise (exact
+    match >= GENERALISES_AT at 2x the longest training length)."""
     keys = ["task", "encoding_label"]
-    if full.empty:
-        return pd.DataFrame(columns=keys + ["in_distribution", "at_2x", "at_4x", "longest_cache", "seeds"])
-    in_dist = full[full["eval_len"] <= full["train_len_max"]].groupby(keys)["value"].mean().rename("in_distribution")
-    out = [in_dist]
-    for name, multiple in (("at_2x", 2), ("at_4x", 4)):
-        picked = full[full["eval_len"] == length_at(full, multiple)]
-        out.append(picked.groupby(keys)["value"].mean().rename(name))
-    cached = rows[rows["mem_len"].notna() & (rows["mem_len"] != math.inf)]
-    if not cached.empty:
-        longest = cached[cached["mem_len"] == cached.groupby("task")["mem_len"].transform("max")]
-        longest = longest[longest["eval_len"] == longest.groupby("task")["eval_len"].transform("max")]
-        out.append(longest.groupby(keys)["value"].mean().rename("longest_cache"))
-    seeds = full.groupby(keys)["seed"].nunique().rename("seeds")
-    table = pd.concat(out + [seeds], axis=1).reset_index()
+    records: dict[tuple[str, str], dict[str, object]] = {}
+    for column, metric, which in HEADLINE_COLUMNS:
+        per_seed = _per_seed(_accuracy_rows(frame, metric), which)
+        if per_seed.empty:
+            continue
+        for (task, label), seeds in per_seed.groupby(level=[0, 1]):
+            interval = mean_interval(seeds.values)
+            record = records.setdefault((task, label), {"task": task, "encoding_label": label})
+            record |= {column: interval.mean, f"{column}_low": interval.low, f"{column}_high": interval.high}
+            if column == "in_distribution":
+                record["seeds"] = interval.n
+            if column == "at_2x":
+                record["best_at_2x"] = float(seeds.max())
+                record["generalising"] = float((seeds >= GENERALISES_AT).mean())
+    columns = keys + [f"{c}{suffix}" for c, _, _ in HEADLINE_COLUMNS for suffix in ("", "_low", "_high")]
+    columns += ["seeds", "best_at_2x", "generalising"]
+    table = pd.DataFrame(list(records.values())).reindex(columns=columns)
+    if table.empty:
+        return table
+    table["seeds"] = table["seeds"].fillna(0).astype(int)
     order = encoding_order(table["encoding_label"])
     table = table.sort_values(["task", "encoding_label"], key=lambda c: c.map(order.index) if c.name == "encoding_label" else c)
-    table = table.reset_index(drop=True)
-    for column in ("in_distribution", "at_2x", "at_4x", "longest_cache"):
-        if column not in table:
-            table[column] = math.nan
-    return table
+    return table.reset_index(drop=True)

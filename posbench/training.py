@@ -15,6 +15,8 @@ from posbench.model import Decoder
 from posbench.tasks.base import IGNORE, Batch, Task
 
 StepCallback = Callable[[int, float], None]
+#: Called every config.check_every steps with the step count done; True stops training.
+StopCheck = Callable[[int], bool]
 
 
 class Diverged(RuntimeError):
@@ -29,6 +31,8 @@ class TrainResult:
     final_loss: float
     seconds: float
     steps_done: int
+    #: Steps after which the stop check first passed (None: never, or no check).
+    steps_to_threshold: int | None = None
 
 
 def learning_rate(step: int, config: TrainConfig) -> float:
@@ -68,8 +72,10 @@ def train(
     device: torch.device | str = "cpu",
     on_step: StepCallback | None = None,
     log_every: int = 50,
+    should_stop: StopCheck | None = None,
 ) -> TrainResult:
-    """Train `model` on `task` for config.steps steps; raises Diverged on a non-finite loss."""
+    """Train `model` on `task` for config.steps steps, or until `should_stop` (asked every
+    config.check_every steps) says so; raises Diverged on a non-finite loss."""
     model.to(device).train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
     generator = torch.Generator().manual_seed(seed)
@@ -98,4 +104,11 @@ def train(
             losses.append((step, loss_value))
         if on_step is not None:
             on_step(step, loss_value)
+        done = step + 1
+        if should_stop is not None and done % config.check_every == 0 and done < config.steps:
+            stopped = should_stop(done)
+            model.train()
+            if stopped:
+                losses.append((step, loss_value))
+                return TrainResult(losses, loss_value, time.perf_counter() - start_time, done, done)
     return TrainResult(losses, loss_value, time.perf_counter() - start_time, config.steps)

@@ -74,3 +74,43 @@ def test_unbounded_cache_equals_full_context() -> None:
     rows = evaluate(model, task, EvalConfig(n_samples=16, batch_size=16, segment_len=3))
     value = {(r.mem_len, r.metric): r.value for r in rows}
     assert value[(math.inf, "loss")] == pytest.approx(value[(None, "loss")], rel=1e-5)
+
+
+def test_early_stopping_checks_every_n_steps_and_records_when_it_passed() -> None:
+    import dataclasses
+
+    from posbench.config import TrainConfig
+    from posbench.model import build_model
+    from posbench.tasks import create_task
+    from posbench.training import train
+
+    task = create_task("copy", train_lengths=[1, 3])
+    config = TrainConfig(steps=40, batch_size=4, warmup_steps=1, check_every=5)
+    asked: list[int] = []
+    model = build_model("nope", task.vocab_size, 16, 1, 2)
+    result = train(model, task, config, 0, should_stop=lambda steps: asked.append(steps) or steps >= 15)
+    assert asked == [5, 10, 15] and result.steps_done == 15 and result.steps_to_threshold == 15
+    assert model.training  # the check may evaluate; training mode is restored
+    never = train(build_model("nope", task.vocab_size, 16, 1, 2), task, dataclasses.replace(config, steps=12),
+                  0, should_stop=lambda steps: False)
+    assert never.steps_done == 12 and never.steps_to_threshold is None
+
+
+def test_a_run_records_steps_to_threshold_or_why_not(tmp_path) -> None:
+    import dataclasses
+    import math
+
+    import pandas as pd
+
+    from posbench.runner import run_sweep
+
+    from helpers import tiny_sweep
+
+    sweep = tiny_sweep("nope", steps=30)
+    reached = dataclasses.replace(sweep, train=dataclasses.replace(sweep.train, stop_at=1e-9, check_every=10))
+    frame = pd.read_csv(run_sweep(reached, tmp_path / "a").results_csv)
+    assert frame.loc[frame["metric"] == "steps_to_threshold", "value"].tolist() == [10]
+    capped = dataclasses.replace(sweep, train=dataclasses.replace(sweep.train, stop_at=1.0, check_every=10))
+    frame = pd.read_csv(run_sweep(capped, tmp_path / "b").results_csv, keep_default_na=False, na_values=[""])
+    row = frame[frame["metric"] == "steps_to_threshold"].iloc[0]
+    assert math.isnan(row["value"]) and row["note"] == "not reached within 30 steps"

@@ -1,0 +1,50 @@
+"""Seed statistics: the mean with a Student-t 95% interval, the best seed, and the share of
+seeds that generalise. Out-of-distribution accuracy is brittle across seeds, so a ranking
+needs an interval, and one seed cannot give one."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Iterable
+
+import numpy as np
+from scipy import stats
+
+CONFIDENCE = 0.95
+#: A seed "generalises" when its exact match at twice the longest training length reaches this.
+GENERALISES_AT = 0.9
+
+
+@dataclass(frozen=True)
+class Interval:
+    """Mean of n values with a two-sided Student-t interval (NaN bounds when n < 2)."""
+
+    mean: float
+    low: float
+    high: float
+    n: int
+
+    @property
+    def half_width(self) -> float:
+        return (self.high - self.low) / 2
+
+    def text(self, digits: int = 2) -> str:
+        """'0.83 ± 0.05', or '0.83' alone when there is no interval."""
+        if math.isnan(self.mean):
+            return "n/a"
+        if math.isnan(self.low):
+            return f"{self.mean:.{digits}f}"
+        return f"{self.mean:.{digits}f} ± {self.half_width:.{digits}f}"
+
+
+def mean_interval(values: Iterable[float], confidence: float = CONFIDENCE) -> Interval:
+    """The mean and its t interval: mean ± t_{(1+c)/2, n-1} * s / sqrt(n) (NaNs dropped)."""
+    data = np.asarray([v for v in values if not math.isnan(v)], dtype=float)
+    n = len(data)
+    if n == 0:
+        return Interval(math.nan, math.nan, math.nan, 0)
+    mean = float(data.mean())
+    if n < 2:
+        return Interval(mean, math.nan, math.nan, n)
+    half = float(stats.t.ppf((1 + confidence) / 2, n - 1) * data.std(ddof=1) / math.sqrt(n))
+    return Interval(mean, mean - half, mean + half, n)
