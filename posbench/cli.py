@@ -73,6 +73,8 @@ def list_command(
     from posbench.encodings import REGISTRY as ENCODINGS
     from posbench.tasks import REGISTRY as TASKS
 
+    from posbench.suites import list_suites
+
     for title, registry in (("Encodings", ENCODINGS), ("Tasks", TASKS)):
         table = Table(title=title, title_justify="left")
         table.add_column("name", style="bold cyan", no_wrap=True)
@@ -80,6 +82,12 @@ def list_command(
         for name in registry.names(pattern):
             table.add_row(Text(name), Text(registry.description(name).replace("``", "")))
         console.print(table)
+    table = Table(title="Suites (posbench run --suite NAME)", title_justify="left")
+    table.add_column("name", style="bold cyan", no_wrap=True)
+    table.add_column("description")
+    for name, description in list_suites().items():
+        table.add_row(Text(name), Text(description))
+    console.print(table)
 
 
 def _int_list(value: str, flag: str) -> tuple[int, ...]:
@@ -99,6 +107,7 @@ def run_command(
     device: Optional[str] = typer.Option(None, help="cpu (default) or cuda."),
     out: Optional[Path] = typer.Option(None, help="Sweep folder. Default: results/<config name>, results/default or results/quick."),
     config: Optional[Path] = typer.Option(None, "--config", help="A TOML file describing the sweep; flags override it."),
+    suite: Optional[str] = typer.Option(None, "--suite", help="A suite that ships with posbench (`posbench list` shows them), e.g. standard."),
     train_mem_len: Optional[int] = typer.Option(None, help="Train Transformer-XL style through a cache of this many positions."),
     threads: Optional[int] = typer.Option(None, help="torch threads per run (recorded with the results)."),
     quick: bool = typer.Option(False, "--quick", help="A first look in about a minute: far fewer steps, a small evaluation sample."),
@@ -113,16 +122,22 @@ def run_command(
 ) -> None:
     """Train a tiny decoder per encoding and task, evaluate it at and beyond the training
     length and through caches, and store tidy, resumable results."""
-    from posbench.config import SweepConfig, apply_overrides, load_config_file
+    from posbench.config import apply_overrides, load_config_file
+    from posbench.suites import DEFAULT_SUITE, suite_file
     from posbench.progress import make_reporter, print_outcome
 
-    sweep, name = load_config_file(config) if config else (SweepConfig(), None)
+    if config and suite:
+        raise ConfigError("--config and --suite both describe a whole sweep; give one of them.")
+    sweep, name = load_config_file(config or suite_file(suite or DEFAULT_SUITE))
     sweep = apply_overrides(
         sweep, encodings=encodings, tasks=tasks,
         seeds=_int_list(seeds, "--seeds") if seeds is not None else None,
         steps=steps, device=device, train_mem_len=train_mem_len, threads=threads, quick=quick, profile=profile,
     )
-    out_dir = out or Path("results") / (name or ("quick" if sweep.quick else "default"))
+    name = name or (config.stem if config else DEFAULT_SUITE)
+    if sweep.quick:  # a quick look never mixes with the full runs of the same sweep
+        name = "quick" if name == DEFAULT_SUITE else f"{name}-quick"
+    out_dir = out or Path("results") / name
     from posbench.executors import make_executor
     from posbench.report import default_report_dir
     from posbench.results import RunFolder, sweep_members

@@ -210,8 +210,9 @@ def _compute(job: RunJob, progress: ProgressSink) -> RunOutput:
 
 
 def _stop_check(model: Decoder, task: Task, run: RunConfig, note: Callable[[str], None]) -> Callable[[int], bool] | None:
-    """Early stopping on held-out in-distribution exact match, when the run asks for it."""
-    if run.train.stop_at is None:
+    """Early stopping on held-out in-distribution exact match, when the run asks for it (a
+    task without a meaningful exact match, such as lm, always trains its full steps)."""
+    if run.train.stop_at is None or not task.exact_match_meaningful:
         return None
     sample = replace(run.eval, n_samples=min(run.eval.n_samples, 128))
 

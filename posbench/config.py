@@ -91,10 +91,12 @@ class EncodingSpec:
 
 @dataclass(frozen=True)
 class TaskSpec:
-    """A task with its options (train_lengths, eval_lengths and task-specific ones)."""
+    """A task with its options (train_lengths, eval_lengths and task-specific ones) and the
+    training settings it changes for its runs (`train`: TrainConfig fields, e.g. steps)."""
 
     name: str
     options: Mapping[str, Any] = field(default_factory=dict)
+    train: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -111,6 +113,8 @@ class SweepConfig:
     threads: Annotated[int | None, Range(ge=1)] = None  # torch threads per run (None: torch's default)
     quick: bool = False
     profile: bool = True
+    #: What the sweep is for, in a sentence; reports show it at the top.
+    about: str = ""
 
 
 @dataclass(frozen=True)
@@ -140,7 +144,7 @@ class RunConfig:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "RunConfig":
         return cls(
-            task=TaskSpec(data["task"]["name"], dict(data["task"]["options"])),
+            task=TaskSpec(data["task"]["name"], dict(data["task"]["options"]), dict(data["task"].get("train", {}))),
             encoding=EncodingSpec(data["encoding"]["name"], dict(data["encoding"]["options"]), data["encoding"].get("label", "")),
             seed=int(data["seed"]),
             model=ModelSize(**data["model"]),
@@ -182,7 +186,8 @@ def to_jsonable(value: Any) -> Any:
 def expand_runs(sweep: SweepConfig) -> list[RunConfig]:
     """The grid: every task x encoding x seed, in that nesting order."""
     return [
-        RunConfig(task, enc, seed, sweep.model, sweep.train, sweep.eval, sweep.device, sweep.quick)
+        RunConfig(task, enc, seed, sweep.model, dataclasses.replace(sweep.train, **task.train), sweep.eval,
+                  sweep.device, sweep.quick)
         for task in sweep.tasks
         for enc in sweep.encodings
         for seed in sweep.seeds
@@ -190,7 +195,7 @@ def expand_runs(sweep: SweepConfig) -> list[RunConfig]:
 
 
 # ---- loading TOML --------------------------------------------------------------------------
-_TOP_KEYS = {"name", "tasks", "encodings", "seeds", "model", "train", "eval", "device", "threads", "quick", "profile"}
+_TOP_KEYS = {"name", "about", "tasks", "encodings", "seeds", "model", "train", "eval", "device", "threads", "quick", "profile"}
 
 
 def load_config_file(path: Path) -> tuple[SweepConfig, str | None]:
@@ -221,7 +226,7 @@ def config_from_mapping(data: Mapping[str, Any], source: str = "config") -> Swee
             check_dataclass(cls, values, section)
             kwargs[key] = cls(**values)
     top = {k: (tuple(_as_list(v)) if k == "seeds" else v) for k, v in data.items()
-           if k in ("seeds", "device", "threads", "quick", "profile")}
+           if k in ("seeds", "device", "threads", "quick", "profile", "about")}
     check_dataclass(SweepConfig, top, source)
     return SweepConfig(**kwargs, **top)
 
@@ -239,7 +244,11 @@ def _spec(entry: Any, cls: type, source: str, key: str) -> Any:
             return EncodingSpec(entry["name"], options, entry.get("label", ""))
         if "label" in entry:
             raise ConfigError(f"{source}: tasks take no 'label'; remove it.")
-        return TaskSpec(entry["name"], options)
+        train = options.pop("train", {})
+        where = f"{source} [tasks] {entry['name']!r} train"
+        _reject_unknown(train, {f.name for f in dataclasses.fields(TrainConfig)}, where)
+        check_dataclass(TrainConfig, train, where)
+        return TaskSpec(entry["name"], options, dict(train))
     raise ConfigError(f"{source}: each entry of '{key}' must be a name or a table with a 'name' key, got {entry!r}.")
 
 
@@ -255,6 +264,17 @@ def _reject_unknown(data: Any, allowed: set[str], where: str) -> None:
 
 QUICK_STEPS = 200
 QUICK_SAMPLES = 64
+
+
+def _task_steps(spec: TaskSpec, steps: Any) -> TaskSpec:
+    """A task whose own step count (if it sets one) is changed by `steps` (a function of it)."""
+    if "steps" not in spec.train:
+        return spec
+    n = steps(spec.train["steps"])
+    train = dict(spec.train, steps=n)
+    if "warmup_steps" in train:
+        train["warmup_steps"] = min(train["warmup_steps"], max(1, n // 10))
+    return dataclasses.replace(spec, train=train)
 
 
 def apply_overrides(
@@ -289,14 +309,18 @@ def apply_overrides(
     if seeds is not None:
         changes["seeds"] = seeds
     train = sweep.train
+    task_specs = changes.get("tasks", sweep.tasks)
     if quick:
         changes["quick"] = True
         train = dataclasses.replace(train, steps=min(train.steps, QUICK_STEPS), warmup_steps=min(train.warmup_steps, QUICK_STEPS // 10))
         changes["eval"] = dataclasses.replace(sweep.eval, n_samples=min(sweep.eval.n_samples, QUICK_SAMPLES))
+        task_specs = tuple(_task_steps(t, lambda n: min(n, QUICK_STEPS)) for t in task_specs)
     if steps is not None:
         if steps < 1:
             raise ConfigError(f"--steps must be at least 1, got {steps}.")
         train = dataclasses.replace(train, steps=steps, warmup_steps=min(train.warmup_steps, max(1, steps // 10)))
+        task_specs = tuple(_task_steps(t, lambda n: steps) for t in task_specs)
+    changes["tasks"] = task_specs
     if train_mem_len is not None:
         train = dataclasses.replace(train, train_mem_len=train_mem_len)
     changes["train"] = train

@@ -34,10 +34,11 @@ class Measurement:
 def held_out(task: Task, length: int, config: EvalConfig, seed: int = HELD_OUT_SEED) -> Iterator[Batch]:
     """The fixed evaluation sample for `length`, in batches."""
     generator = torch.Generator().manual_seed(seed + length)
+    sampled = task.for_evaluation()
     remaining = config.n_samples
     while remaining > 0:
         size = min(config.batch_size, remaining)
-        yield task.batch(length, size, generator)
+        yield sampled.batch(length, size, generator)
         remaining -= size
 
 
@@ -81,11 +82,18 @@ def _accuracy(
         answers += int(mask.sum())
         sequences += batch.tokens.shape[0]
         loss_sum += float(F.cross_entropy(logits[mask], batch.targets[mask], reduction="sum"))
-    return {"exact_match": exact / sequences, "token_accuracy": correct / answers, "loss": loss_sum / answers}
+    scores = {"exact_match": exact / sequences, "token_accuracy": correct / answers, "loss": loss_sum / answers}
+    if not task.exact_match_meaningful:
+        del scores["exact_match"]
+    return scores
 
 
-def _not_applicable(length: int, mem_len: float | None, reason: str) -> list[Measurement]:
-    return [Measurement(length, mem_len, m, float("nan"), reason) for m in ("exact_match", "token_accuracy", "loss")]
+def _not_applicable(length: int, mem_len: float | None, reason: str, metrics: tuple[str, ...] = ("exact_match", "token_accuracy", "loss")) -> list[Measurement]:
+    return [Measurement(length, mem_len, m, float("nan"), reason) for m in metrics]
+
+
+def _metrics(task: Task) -> tuple[str, ...]:
+    return ("exact_match", "token_accuracy", "loss") if task.exact_match_meaningful else ("token_accuracy", "loss")
 
 
 def validation_exact_match(model: Decoder, task: Task, config: EvalConfig, device: torch.device | str = "cpu") -> float:
@@ -106,7 +114,7 @@ def iter_evaluate(model: Decoder, task: Task, config: EvalConfig, device: torch.
     for length in task.eval_lengths:
         reason = model.encoding.supports(Span(0, task.sequence_length(length)))
         if reason:
-            yield from _not_applicable(length, None, reason)
+            yield from _not_applicable(length, None, reason, _metrics(task))
             continue
         for k, v in _accuracy(model, task, length, config, device).items():
             yield Measurement(length, None, k, v)
@@ -117,11 +125,67 @@ def iter_evaluate(model: Decoder, task: Task, config: EvalConfig, device: torch.
         for mem_len in mem_lens(task, config):
             stored_mem = math.inf if mem_len is None else mem_len
             if reason:
-                yield from _not_applicable(length, stored_mem, reason)
+                yield from _not_applicable(length, stored_mem, reason, _metrics(task))
                 continue
             acc = _accuracy(model, task, length, config, device, segment, mem_len)
             for k, v in acc.items():
                 yield Measurement(length, stored_mem, k, v)
+    if task.per_position:
+        yield from position_rows(model, task, config, device)
+
+
+#: Loss-by-position metrics: full context, strided sliding window, and their difference.
+POSITION_METRICS = ("lm_loss", "lm_loss_window", "lm_penalty")
+
+
+@torch.no_grad()
+def position_rows(model: Decoder, task: Task, config: EvalConfig, device: torch.device | str = "cpu") -> list[Measurement]:
+    """Next-token loss by position at the longest evaluation length E, in bins of L/4 positions
+    (L the longest training length; eval_len is a bin's last position, counted in tokens of
+    context). Full context sees every earlier token. The sliding window re-reads the sequence
+    in windows of L tokens every L/2, each scoring its last L/2 tokens (the first window all
+    of them), with positions restarting in every window, so no token is ever seen at a
+    position the model was not trained on. lm_penalty = full - window at the same tokens: the
+    cost of the positions themselves, with whatever position dependence the data has removed."""
+    L, E = task.train_lengths[1], max(task.eval_lengths)
+    reason = model.encoding.supports(Span(0, E))
+    bins = list(range(0, E, max(1, L // 4)))
+    if reason:
+        return [m for start in bins for m in _not_applicable(min(start + max(1, L // 4), E), None, reason, POSITION_METRICS)]
+    stride = max(1, L // 2)
+    starts = list(range(0, max(E - L, 0) + 1, stride))
+    if starts[-1] + L < E:
+        starts.append(E - L)
+    full = torch.zeros(E, dtype=torch.float64)
+    window = torch.zeros(E, dtype=torch.float64)
+    count = 0
+    for batch in held_out(task, E, config):
+        tokens, targets = batch.tokens.to(device), batch.targets.to(device)  # (B, E)
+        full += _token_losses(model(tokens), targets).sum(0).cpu()
+        scored = torch.zeros(E, dtype=torch.float64)
+        for i, s in enumerate(starts):
+            w = min(L, E - s)
+            losses = _token_losses(model(tokens[:, s : s + w]), targets[:, s : s + w]).sum(0).cpu()  # (w,)
+            first = 0 if i == 0 else max(0, (starts[i - 1] + L) - s)  # score what no earlier window scored
+            window[s + first : s + w] += losses[first:]
+            scored[s + first : s + w] += 1
+        assert bool((scored == 1).all()), "every position is scored by exactly one window"
+        count += tokens.shape[0]
+    full, window = full / count, window / count
+    rows: list[Measurement] = []
+    width = max(1, L // 4)
+    for start in bins:
+        stop = min(start + width, E)
+        f, w = float(full[start:stop].mean()), float(window[start:stop].mean())
+        rows += [Measurement(stop, None, "lm_loss", f), Measurement(stop, None, "lm_loss_window", w),
+                 Measurement(stop, None, "lm_penalty", f - w)]
+    return rows
+
+
+def _token_losses(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Per-token cross-entropy (B, T), 0 where the target is IGNORE."""
+    losses = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=IGNORE, reduction="none")
+    return losses.view(targets.shape).double()
 
 
 def evaluate(model: Decoder, task: Task, config: EvalConfig, device: torch.device | str = "cpu") -> list[Measurement]:

@@ -69,32 +69,71 @@ def _lines(ax: Axes, rows: pd.DataFrame, x: str, colours: dict[str, str], positi
         ax.fill_between(xs, stats["low"], stats["high"], color=colours[label], alpha=0.15, linewidth=0)
 
 
+def _task_metrics(frame: pd.DataFrame, task: str) -> list[str]:
+    """The accuracy metrics a task has: exact match (when meaningful) and token accuracy."""
+    present = set(frame.loc[frame["task"] == task, "metric"])
+    return [m for m in ("exact_match", "token_accuracy") if m in present]
+
+
 @styled
-def accuracy_vs_length(frame: pd.DataFrame, task: str, colours: dict[str, str], metric: str = "exact_match") -> str:
-    """Accuracy against evaluation length (full context), the 95% interval over seeds shaded."""
-    rows = frame[(frame["task"] == task) & (frame["metric"] == metric) & frame["mem_len"].isna() & frame["eval_len"].notna()]
-    fig = Figure(figsize=(6.4, 3.6))
-    ax = fig.subplots()
-    _lines(ax, rows, "eval_len", colours)
-    train_max = rows["train_len_max"].max()
-    ax.axvline(train_max, color="black", ls="--", lw=1)
-    ax.text(train_max, 1.02, " longest training length", fontsize=8, va="bottom")
-    ax.set_xscale("log", base=2)
-    lengths = sorted(rows["eval_len"].unique())
-    ax.set_xticks(lengths, [str(int(v)) for v in lengths])
-    ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
-    ax.set_xlabel("evaluation length (task units, log scale)")
-    ax.set_ylabel(f"{metric.replace('_', ' ')} (fraction)")
-    ax.set_ylim(-0.03, 1.08)
-    ax.legend(fontsize=7, ncol=2, loc="lower left")
-    ax.set_title(f"{task}: accuracy vs evaluation length")
+def accuracy_vs_length(frame: pd.DataFrame, task: str, colours: dict[str, str]) -> str:
+    """Accuracy against evaluation length (full context), one panel per metric (exact match
+    and token accuracy), the 95% interval over seeds shaded."""
+    metrics = _task_metrics(frame, task)
+    fig = Figure(figsize=(4.6 * len(metrics), 3.6))
+    axes = fig.subplots(1, len(metrics), squeeze=False, sharey=True)[0]
+    for ax, metric in zip(axes, metrics):
+        rows = frame[(frame["task"] == task) & (frame["metric"] == metric) & frame["mem_len"].isna() & frame["eval_len"].notna()]
+        _lines(ax, rows, "eval_len", colours)
+        train_max = rows["train_len_max"].max()
+        ax.axvline(train_max, color="black", ls="--", lw=1)
+        ax.text(train_max, 1.02, " longest training length", fontsize=8, va="bottom")
+        ax.set_xscale("log", base=2)
+        lengths = sorted(rows["eval_len"].unique())
+        ax.set_xticks(lengths, [str(int(v)) for v in lengths])
+        ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+        ax.set_xlabel("evaluation length (task units, log scale)")
+        ax.set_ylabel(f"{metric.replace('_', ' ')} (fraction)")
+        ax.set_ylim(-0.03, 1.08)
+        ax.set_title(metric.replace("_", " "), fontsize=9)
+    axes[0].legend(fontsize=7, ncol=2, loc="lower left")
+    fig.suptitle(f"{task}: accuracy vs evaluation length", fontsize=10)
     return to_png(fig)
 
 
 @styled
-def accuracy_vs_cache(frame: pd.DataFrame, task: str, colours: dict[str, str], metric: str = "exact_match") -> str:
+def loss_vs_position(frame: pd.DataFrame, task: str, colours: dict[str, str]) -> str | None:
+    """Language modelling: next-token loss by position far past the training length (full
+    context solid, sliding window dotted), and the extrapolation penalty (full - window)."""
+    rows = frame[(frame["task"] == task) & frame["metric"].isin(["lm_loss", "lm_loss_window", "lm_penalty"])]
+    if rows.empty:
+        return None
+    fig = Figure(figsize=(10, 3.6))
+    left, right = fig.subplots(1, 2)
+    _lines(left, rows[rows["metric"] == "lm_loss"], "eval_len", colours)
+    for label in sorted(rows["encoding_label"].unique(), key=list(colours).index):
+        window = _mean_interval(rows[(rows["metric"] == "lm_loss_window") & (rows["encoding_label"] == label)], "eval_len")
+        left.plot(window["eval_len"], window["mean"], ls=":", lw=1, color=colours[label])
+    _lines(right, rows[rows["metric"] == "lm_penalty"], "eval_len", colours)
+    train_max = rows["train_len_max"].max()
+    for ax, ylabel in ((left, "next-token loss (nats)"), (right, "penalty: full - window (nats)")):
+        ax.axvline(train_max, color="black", ls="--", lw=1)
+        ax.set_xlabel("position (tokens of context)")
+        ax.set_ylabel(ylabel)
+    right.axhline(0, color="grey", lw=0.8)
+    left.set_title("loss by position (dotted: sliding window of the training length)", fontsize=9)
+    right.set_title("extrapolation penalty", fontsize=9)
+    left.legend(fontsize=7, ncol=2)
+    fig.suptitle(f"{task}: loss past the training length (dashed line)", fontsize=10)
+    return to_png(fig)
+
+
+@styled
+def accuracy_vs_cache(frame: pd.DataFrame, task: str, colours: dict[str, str]) -> str:
     """Accuracy against memory length M (segments through the cache), at the longest training
-    length and at 2x it, one panel each."""
+    length and at 2x it, one panel each (exact match, or token accuracy where exact match
+    means nothing)."""
+    metric = _task_metrics(frame, task)[0]
     rows = frame[(frame["task"] == task) & (frame["metric"] == metric) & frame["mem_len"].notna()]
     train_max = int(rows["train_len_max"].max())
     lengths = [L for L in sorted(rows["eval_len"].unique()) if L in (train_max, 2 * train_max)] or [rows["eval_len"].max()]

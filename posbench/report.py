@@ -3,6 +3,7 @@ from the stored results (so it can be regenerated any time, also from a partial 
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 import math
 from dataclasses import dataclass, field
@@ -18,6 +19,7 @@ from posbench.bias import positional_bias
 from posbench.errors import ResultsError
 from posbench.profiling import MEMORY_METHOD
 from posbench.config import UNDERTRAINED_BELOW
+from posbench.literature import check_findings
 from posbench.results import (
     RunFolder,
     atomic_write_bytes,
@@ -213,6 +215,7 @@ def _write_figures(out_dir: Path, context: dict[str, Any]) -> None:
     """The plots as PNG files too (figures/), for papers and READMEs."""
     figures = {f"accuracy_vs_length_{t['name']}": t["length_plot"] for t in context["tasks"]}
     figures |= {f"accuracy_vs_cache_{t['name']}": t["cache_plot"] for t in context["tasks"] if t["cache_plot"]}
+    figures |= {f"loss_vs_position_{t['name']}": t["position_plot"] for t in context["tasks"] if t["position_plot"]}
     figures |= {f"cost_{name}": png for name, png in context["costs"].items()}
     for name, png in figures.items():
         safe = "".join(ch if ch.isalnum() or ch in "-_" else "_" for ch in name)
@@ -254,12 +257,14 @@ def build_report(sweep_dir: Path, out_dir: Path) -> Report:
         "headline_notes": headline_notes,
         "tasks": [
             {"name": t, "length_plot": plots.accuracy_vs_length(frame, t, colours),
+             "position_plot": plots.loss_vs_position(frame, t, colours),
              "cache_plot": plots.accuracy_vs_cache(frame, t, colours) if frame[(frame["task"] == t) & frame["mem_len"].notna()].shape[0] else None}
             for t in tasks
         ],
         "costs": {k: v for k, v in costs.items() if v is not None},
         "memory_method": MEMORY_METHOD,
         "timing_method": describe_method(),
+        "literature": [dataclasses.asdict(v) for v in check_findings(frame)],
         "noisy_timings": int(frame["note"].fillna("").str.startswith("noisy").sum()),
         "bias": _bias_pictures(sweep_dir, frame, colours, problems) if tasks else [],
         "config": json.dumps(config, indent=2, sort_keys=True),
@@ -269,6 +274,7 @@ def build_report(sweep_dir: Path, out_dir: Path) -> Report:
         "problems": problems,
         "other_runs": others,
         "quick": bool(config.get("quick")),
+        "about": config.get("about", ""),
     }
     _write_figures(out_dir, context)
     env = Environment(loader=PackageLoader("posbench", "templates"), autoescape=select_autoescape(["html", "j2"]))

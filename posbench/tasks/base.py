@@ -38,6 +38,10 @@ class Task(ABC):
     default_eval_lengths: ClassVar[tuple[int, ...]] = (4, 8, 16, 32)
     #: What a length counts, for axis labels.
     length_unit: ClassVar[str] = "symbols"
+    #: Whether whole-answer exact match means something (not for language modelling).
+    exact_match_meaningful: ClassVar[bool] = True
+    #: Whether evaluation also measures loss by position (full context and sliding window).
+    per_position: ClassVar[bool] = False
     min_length: ClassVar[int] = 1
 
     def __init__(
@@ -82,6 +86,11 @@ class Task(ABC):
         seq, answer = self.generate(length, batch_size, generator)
         targets = seq[:, 1:].masked_fill(~answer[:, 1:], IGNORE)
         return Batch(seq[:, :-1].contiguous(), targets.contiguous())
+
+    def for_evaluation(self) -> "Task":
+        """The task as evaluation samples it; a task with a train/held-out split (a text
+        corpus) returns a view of its held-out part. Synthetic tasks are their own."""
+        return self
 
     def describe(self) -> dict[str, object]:
         """The resolved settings of this task, for stored configs."""

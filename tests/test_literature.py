@@ -1,0 +1,65 @@
+"""The literature section's verdicts, computed from stored-result frames that agree and that
+disagree with the published findings."""
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+
+from posbench.literature import AGREES, DISAGREES, NOT_MEASURED, check_findings
+
+
+def _copy(values: dict[str, float]) -> list[dict]:
+    rows = []
+    for encoding, value in values.items():
+        for seed in (0, 1):
+            base = {"task": "copy", "encoding": encoding, "encoding_label": encoding, "seed": seed,
+                    "train_len_max": 8, "mem_len": math.nan, "metric": "exact_match"}
+            rows += [base | {"eval_len": 8, "value": 1.0}, base | {"eval_len": 16, "value": value},
+                     base | {"eval_len": 32, "value": 0.0}]
+    return rows
+
+
+def _lm(penalties: dict[str, float]) -> list[dict]:
+    """Penalties growing linearly past L = 64 to `v` at position 512."""
+    return [{"task": "lm", "encoding": e, "encoding_label": e, "seed": 0, "train_len_max": 64, "mem_len": math.nan,
+             "metric": "lm_penalty", "eval_len": p, "value": v * max(p - 64, 0) / 448}
+            for e, v in penalties.items() for p in (32, 64, 128, 256, 384, 512)]
+
+
+def _txl(losses: dict[float, float]) -> list[dict]:
+    return [{"task": "lm", "encoding": "txl", "encoding_label": "txl", "seed": 0, "train_len_max": 64,
+             "mem_len": m, "metric": "loss", "eval_len": 512, "value": v} for m, v in losses.items()]
+
+
+def _verdicts(rows: list[dict]) -> dict[str, tuple[str, str]]:
+    return {v.finding: (v.verdict, v.measured) for v in check_findings(pd.DataFrame(rows))}
+
+
+def test_results_that_agree() -> None:
+    verdicts = _verdicts(
+        _copy({"t5": 0.5, "alibi": 0.4, "nope": 0.35, "sinusoidal": 0.05, "rope": 0.02})
+        + _lm({"sinusoidal": 1.2, "rope": 0.3, "t5": 0.05, "alibi": 0.01}) + _txl({0: 2.9, 64: 2.6, 128: 2.5})
+    )
+    assert {verdict for verdict, _ in verdicts.values()} == {AGREES}, verdicts
+    copy_order = verdicts["The order of encodings on copy past the training length"][1]
+    assert "t5 0.50" in copy_order and "rho +1.00" in copy_order
+    lm_order = verdicts["Loss past the training length degrades most for sinusoidal, then rotary, then T5; ALiBi least"][1]
+    assert lm_order.startswith("lm loss breaks (penalty > 0.1 nats) at: sinusoidal 128 (+1.20 at 512), rope 256")
+
+
+def test_results_that_disagree_say_so_with_the_numbers() -> None:
+    verdicts = _verdicts(
+        _copy({"t5": 0.0, "alibi": 0.05, "nope": 0.01, "sinusoidal": 0.3, "rope": 0.6})
+        + _lm({"sinusoidal": 0.0, "rope": 0.1, "t5": 0.3, "alibi": 0.9}) + _txl({0: 2.5, 128: 2.9})
+    )
+    assert {verdict for verdict, _ in verdicts.values()} == {DISAGREES}, verdicts
+    flat = verdicts["ALiBi's loss stays flat far past the training length"][1]
+    assert "+0.900 nats" in flat
+    memory = verdicts["A longer memory lowers Transformer-XL's loss (its context exceeds the segment)"][1]
+    assert "2.500 with memory 0" in memory and "2.900 with memory 128" in memory
+
+
+def test_missing_results_are_not_measured() -> None:
+    verdicts = _verdicts(_copy({"t5": 0.0, "nope": 0.0, "rope": 0.0, "alibi": 0.0}))
+    assert {verdict for verdict, _ in verdicts.values()} == {NOT_MEASURED}, verdicts

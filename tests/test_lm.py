@@ -1,0 +1,100 @@
+"""The language-modelling task: a seeded, stationary synthetic language; text files by
+character; loss by position and the extrapolation penalty."""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from posbench.cli import app
+from posbench.config import EvalConfig, TrainConfig
+from posbench.errors import OptionError
+from posbench.evaluation import position_rows
+from posbench.model import build_model
+from posbench.tasks import create_task
+from posbench.training import train
+
+
+def test_the_language_is_seeded() -> None:
+    a = create_task("lm").batch(64, 4, torch.Generator().manual_seed(3)).tokens
+    b = create_task("lm").batch(64, 4, torch.Generator().manual_seed(3)).tokens
+    other = create_task("lm", language_seed=1).batch(64, 4, torch.Generator().manual_seed(3)).tokens
+    assert torch.equal(a, b) and not torch.equal(a, other)
+
+
+def test_token_statistics_do_not_depend_on_position() -> None:
+    task = create_task("lm", n_symbols=8)
+    tokens = task.batch(256, 2000, torch.Generator().manual_seed(0)).tokens  # (2000, 256)
+
+    def unigram(block: torch.Tensor) -> torch.Tensor:
+        return torch.bincount(block.flatten(), minlength=8).double() / block.numel()
+
+    early, late = unigram(tokens[:, :32]), unigram(tokens[:, -32:])
+    assert 0.5 * float((early - late).abs().sum()) < 0.02  # total variation distance
+    d = task.copy_distance  # the copy rule holds as often at the start as at the end
+    start = (tokens[:, d : d + 32] == tokens[:, : 32]).double().mean()
+    end = (tokens[:, -32:] == tokens[:, -32 - d : -d]).double().mean()
+    assert abs(float(start - end)) < 0.02 and float(start) > task.p_copy
+
+
+def test_a_sliding_window_sees_the_same_loss_at_every_offset() -> None:
+    torch.manual_seed(0)
+    task = create_task("lm", train_lengths=[32, 32], eval_lengths=[32, 256], n_symbols=8)
+    model = build_model("alibi", task.vocab_size, 32, 1, 2)
+    train(model, task, TrainConfig(steps=150, batch_size=16, warmup_steps=10), seed=0)
+    rows = position_rows(model, task, EvalConfig(n_samples=256, batch_size=128))
+    window = {r.eval_len: r.value for r in rows if r.metric == "lm_loss_window" and r.eval_len > 32}
+    values = list(window.values())
+    assert max(values) - min(values) < 0.06, window  # stationary data: no trend, only noise
+    penalty = {r.eval_len: r.value for r in rows if r.metric == "lm_penalty"}
+    assert all(penalty[p] == 0.0 for p in penalty if p <= 32)  # within L the two contexts are the same
+
+
+def test_a_text_file_trains_by_character(tmp_path: Path) -> None:
+    text = "the quick brown fox jumps over the lazy dog. " * 40
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(text, encoding="utf-8")
+    task = create_task("lm", corpus=str(corpus), train_lengths=[16, 16], eval_lengths=[16, 64])
+    assert task.vocab_size == len(set(text))
+    train_batch = task.batch(16, 4, torch.Generator().manual_seed(0))
+    held_out = task.for_evaluation().batch(64, 4, torch.Generator().manual_seed(0))
+    assert train_batch.tokens.shape == (4, 16) and held_out.tokens.shape == (4, 64)
+    split = int(len(text) * 0.9)
+    alphabet = sorted(set(text))
+    decoded = "".join(alphabet[i] for i in held_out.tokens[0].tolist())
+    assert decoded in text[split:]  # evaluation windows come from the held-out tail only
+
+
+def test_a_corpus_that_is_not_utf8_is_one_sentence(tmp_path: Path) -> None:
+    corpus = tmp_path / "latin1.txt"
+    corpus.write_bytes("café crème ".encode("latin-1") * 200)
+    with pytest.raises(OptionError, match=r"is not UTF-8 text \(byte 0xe9 at offset 3\)"):
+        create_task("lm", corpus=str(corpus))
+    config = tmp_path / "sweep.toml"
+    config.write_text(f'tasks = [{{ name = "lm", corpus = "{corpus}" }}]\nencodings = ["nope"]\nprofile = false\n')
+    result = CliRunner().invoke(app, ["run", "--config", str(config), "--out", str(tmp_path / "out")])
+    assert result.exit_code == 2 and "is not UTF-8 text" in result.output and "Traceback" not in result.output
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_missing_or_short_corpus_is_one_sentence(tmp_path: Path) -> None:
+    with pytest.raises(OptionError, match="cannot read corpus"):
+        create_task("lm", corpus=str(tmp_path / "absent.txt"))
+    short = tmp_path / "short.txt"
+    short.write_text("abcdefgh" * 10)
+    with pytest.raises(OptionError, match="too few for windows"):
+        create_task("lm", corpus=str(short))
+
+
+def test_lm_has_no_exact_match_rows() -> None:
+    from posbench.evaluation import evaluate
+
+    task = create_task("lm", train_lengths=[8, 8], eval_lengths=[8, 32], n_symbols=4)
+    model = build_model("nope", task.vocab_size, 16, 1, 2)
+    rows = evaluate(model, task, EvalConfig(n_samples=8, batch_size=8, mem_len_factors=(0.0,)))
+    metrics = {r.metric for r in rows}
+    assert "exact_match" not in metrics and {"token_accuracy", "loss", "lm_penalty"} <= metrics
+    assert all(math.isfinite(r.value) for r in rows)

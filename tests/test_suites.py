@@ -1,0 +1,53 @@
+"""Shipped suites: each loads and validates; `--suite` runs one; per-task training settings."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from posbench.cli import app
+from posbench.config import apply_overrides, expand_runs, load_config_file
+from posbench.runner import resolve_sweep
+from posbench.suites import list_suites, suite_file
+
+
+@pytest.mark.parametrize("name", list(list_suites()))
+def test_every_shipped_suite_loads_and_validates(name: str) -> None:
+    sweep, stated_name = load_config_file(suite_file(name))
+    assert stated_name == name and sweep.about
+    resolved = resolve_sweep(sweep)
+    runs = expand_runs(resolved)
+    assert runs and all(r.model.d_model // r.model.n_heads >= 16 for r in runs)  # d_head >= 16
+    assert list_suites()[name]  # a one-line description
+
+
+def test_the_standard_suite_is_the_published_protocol() -> None:
+    sweep, _ = load_config_file(suite_file("standard"))
+    assert len(sweep.seeds) >= 3
+    copy = next(r for r in expand_runs(resolve_sweep(sweep)) if r.task.name == "copy")
+    assert copy.train.stop_at and copy.train.steps >= 5000
+    assert max(copy.task.options["eval_lengths"]) >= 4 * copy.task.options["train_lengths"][1]
+
+
+def test_task_training_settings_and_flags_that_override_them(tmp_path: Path) -> None:
+    config = tmp_path / "s.toml"
+    config.write_text('tasks = [{ name = "copy", train = { steps = 400, lr = 0.01 } }, "reverse"]\n[train]\nsteps = 90\n')
+    sweep, _ = load_config_file(config)
+    steps = {r.task.name: (r.train.steps, r.train.lr) for r in expand_runs(resolve_sweep(sweep))}
+    assert steps == {"copy": (400, 0.01), "reverse": (90, 3e-3)}
+    flagged = apply_overrides(sweep, steps=7)
+    assert {r.train.steps for r in expand_runs(resolve_sweep(flagged))} == {7}
+    quick = apply_overrides(sweep, quick=True)
+    assert {r.task.name: r.train.steps for r in expand_runs(resolve_sweep(quick))} == {"copy": 200, "reverse": 90}  # --quick caps them at QUICK_STEPS
+
+
+def test_bad_task_training_settings_and_unknown_suites_are_one_sentence(tmp_path: Path) -> None:
+    config = tmp_path / "s.toml"
+    config.write_text('tasks = [{ name = "copy", train = { stepz = 40 } }]\n')
+    result = CliRunner().invoke(app, ["run", "--config", str(config), "--out", str(tmp_path / "o")])
+    assert result.exit_code == 2 and "Unknown key 'stepz'" in result.output
+    result = CliRunner().invoke(app, ["run", "--suite", "nonesuch", "--out", str(tmp_path / "o")])
+    assert result.exit_code == 2 and "Unknown suite 'nonesuch'; available: default, standard" in result.output
+    listed = CliRunner().invoke(app, ["list"])
+    assert "standard" in listed.output and "Suites" in listed.output
