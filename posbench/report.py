@@ -33,7 +33,7 @@ from posbench.results import (
     sweep_members,
 )
 from posbench.stats import GENERALISES_AT, Interval, mean_interval
-from posbench.summary import HEADLINE_COLUMNS, headline
+from posbench.summary import HEADLINE_COLUMNS, LM_COLUMNS, headline, lm_headline
 from posbench.timing import describe_method
 
 ACCURACY_COLUMNS = tuple(column for column, _, _ in HEADLINE_COLUMNS)
@@ -137,6 +137,9 @@ def _headline_rows(frame: pd.DataFrame) -> tuple[list[dict[str, Any]], dict[str,
             "task": record["task"], "encoding": record["encoding_label"], "seeds": int(record["seeds"]),
             "best_at_2x": "n/a" if math.isnan(record["best_at_2x"]) else f"{record['best_at_2x']:.2f}",
             "generalising": "n/a" if math.isnan(record["generalising"]) else f"{record['generalising']:.0%}",
+            "steps": "" if not isinstance(record.get("reached_threshold"), str) else (
+                f"{record['steps_to_threshold']:.0f} ({record['reached_threshold']})"
+                if not math.isnan(record["steps_to_threshold"]) else f"not reached (0/{record['reached_threshold'].split('/')[1]})"),
             "undertrained": not math.isnan(record["in_distribution"]) and record["in_distribution"] < UNDERTRAINED_BELOW,
             "cells": cells,
         })
@@ -148,6 +151,16 @@ def _headline_rows(frame: pd.DataFrame) -> tuple[list[dict[str, Any]], dict[str,
     if costs["memory_at"].notna().any():
         notes["memory"] = f"peak memory / nope at L={int(costs['memory_at'].max())}"
     return rows, notes
+
+
+def _lm_rows(frame: pd.DataFrame) -> list[dict[str, Any]]:
+    """The loss-by-position headline as table cells (mean ± 95% interval)."""
+    table = lm_headline(frame)
+    rows = []
+    for record in table.to_dict("records"):
+        cells = {c: Interval(record[c], record[f"{c}_low"], record[f"{c}_high"], 0).text(3) for c, _, _ in LM_COLUMNS}
+        rows.append({"task": record["task"], "encoding": record["encoding_label"], "seeds": int(record["seeds"]), "cells": cells})
+    return rows
 
 
 def _bias_pictures(sweep_dir: Path, frame: pd.DataFrame, colours: dict[str, str], problems: list[str]) -> list[dict[str, Any]]:
@@ -265,6 +278,7 @@ def build_report(sweep_dir: Path, out_dir: Path) -> Report:
         "memory_method": MEMORY_METHOD,
         "timing_method": describe_method(),
         "literature": [dataclasses.asdict(v) for v in check_findings(frame)],
+        "lm_headline": _lm_rows(frame),
         "noisy_timings": int(frame["note"].fillna("").str.startswith("noisy").sum()),
         "bias": _bias_pictures(sweep_dir, frame, colours, problems) if tasks else [],
         "config": json.dumps(config, indent=2, sort_keys=True),

@@ -65,8 +65,9 @@ def _per_seed(rows: pd.DataFrame, which: object) -> pd.Series:
 def headline(frame: pd.DataFrame) -> pd.DataFrame:
     """One row per (task, encoding_label): each HEADLINE_COLUMNS value as the mean over seeds
     with its 95% t interval (<column>_low, <column>_high; NaN with one seed), the number of
-    seeds, the best seed's exact match at 2x, and the share of seeds that generalise (exact
-    match >= GENERALISES_AT at 2x the longest training length)."""
+    seeds, the best seed's exact match at 2x, the share of seeds that generalise (exact
+    match >= GENERALISES_AT at 2x the longest training length), and with early stopping the
+    mean steps to the threshold over the seeds that reached it ("k/n" seeds did)."""
     keys = ["task", "encoding_label"]
     records: dict[tuple[str, str], dict[str, object]] = {}
     for column, metric, which in HEADLINE_COLUMNS:
@@ -77,17 +78,58 @@ def headline(frame: pd.DataFrame) -> pd.DataFrame:
             interval = mean_interval(seeds.values)
             record = records.setdefault((task, label), {"task": task, "encoding_label": label})
             record |= {column: interval.mean, f"{column}_low": interval.low, f"{column}_high": interval.high}
-            if column == "in_distribution":
-                record["seeds"] = interval.n
+            record["seeds"] = max(int(record.get("seeds", 0)), interval.n)
             if column == "at_2x":
                 record["best_at_2x"] = float(seeds.max())
                 record["generalising"] = float((seeds >= GENERALISES_AT).mean())
+    steps = frame[(frame["metric"] == "steps_to_threshold") & frame["task"].notna()]
+    for (task, label), group in steps.groupby(keys):
+        record = records.setdefault((task, label), {"task": task, "encoding_label": label})
+        record["steps_to_threshold"] = float(group["value"].mean())  # over the seeds that reached it
+        record["reached_threshold"] = f"{int(group['value'].notna().sum())}/{group['seed'].nunique()}"
     columns = keys + [f"{c}{suffix}" for c, _, _ in HEADLINE_COLUMNS for suffix in ("", "_low", "_high")]
-    columns += ["seeds", "best_at_2x", "generalising"]
+    columns += ["seeds", "best_at_2x", "generalising", "steps_to_threshold", "reached_threshold"]
     table = pd.DataFrame(list(records.values())).reindex(columns=columns)
     if table.empty:
         return table
     table["seeds"] = table["seeds"].fillna(0).astype(int)
+    order = encoding_order(table["encoding_label"])
+    table = table.sort_values(["task", "encoding_label"], key=lambda c: c.map(order.index) if c.name == "encoding_label" else c)
+    return table.reset_index(drop=True)
+
+
+#: The loss-by-position headline: (column, metric, which positions).
+LM_COLUMNS = (
+    ("loss_in_distribution", "lm_loss", "in"),
+    ("loss_longest", "lm_loss", "last"),
+    ("penalty_2x", "lm_penalty", 2),
+    ("penalty_longest", "lm_penalty", "last"),
+)
+
+
+def lm_headline(frame: pd.DataFrame) -> pd.DataFrame:
+    """One row per (task, encoding_label) with loss-by-position results: mean loss within the
+    training length and at the last position bin, and the extrapolation penalty at 2x the
+    training length and at the last bin, each the mean over seeds with its 95% t interval."""
+    rows = frame[frame["metric"].isin(["lm_loss", "lm_penalty"]) & frame["eval_len"].notna()]
+    records: dict[tuple[str, str], dict[str, object]] = {}
+    for column, metric, which in LM_COLUMNS:
+        picked = rows[rows["metric"] == metric]
+        if which == "in":
+            picked = picked[picked["eval_len"] <= picked["train_len_max"]]
+        elif which == "last":
+            picked = picked[picked["eval_len"] == picked.groupby("task")["eval_len"].transform("max")]
+        else:
+            picked = picked[picked["eval_len"] == length_at(picked, float(which))] if not picked.empty else picked
+        per_seed = picked.groupby(["task", "encoding_label", "seed"])["value"].mean()
+        for (task, label), seeds in per_seed.groupby(level=[0, 1]):
+            interval = mean_interval(seeds.values)
+            record = records.setdefault((task, label), {"task": task, "encoding_label": label, "seeds": interval.n})
+            record |= {column: interval.mean, f"{column}_low": interval.low, f"{column}_high": interval.high}
+    columns = ["task", "encoding_label"] + [f"{c}{x}" for c, _, _ in LM_COLUMNS for x in ("", "_low", "_high")] + ["seeds"]
+    table = pd.DataFrame(list(records.values())).reindex(columns=columns)
+    if table.empty:
+        return table
     order = encoding_order(table["encoding_label"])
     table = table.sort_values(["task", "encoding_label"], key=lambda c: c.map(order.index) if c.name == "encoding_label" else c)
     return table.reset_index(drop=True)

@@ -98,3 +98,23 @@ def test_lm_has_no_exact_match_rows() -> None:
     metrics = {r.metric for r in rows}
     assert "exact_match" not in metrics and {"token_accuracy", "loss", "lm_penalty"} <= metrics
     assert all(math.isfinite(r.value) for r in rows)
+
+
+def test_the_report_shows_loss_by_position_and_the_penalty(tmp_path: Path) -> None:
+    import dataclasses
+
+    from posbench.config import TaskSpec
+    from posbench.report import build_report
+    from posbench.runner import run_sweep
+
+    from helpers import tiny_sweep
+
+    sweep = tiny_sweep("nope", "rope", seeds=(0, 1))
+    sweep = dataclasses.replace(sweep, tasks=(TaskSpec("lm", {"train_lengths": [8, 8], "eval_lengths": [8, 32], "n_symbols": 4}),))
+    outcome = run_sweep(sweep, tmp_path / "sw")
+    assert not outcome.failures
+    report = build_report(tmp_path / "sw", tmp_path / "report")
+    html = report.html.read_text()
+    assert "lm: loss by position" in html and "Language modelling: loss by position" in html
+    assert (tmp_path / "report" / "figures" / "loss_vs_position_lm.png").is_file()
+    assert " ± " in html  # two seeds: intervals

@@ -1,4 +1,4 @@
-"""Each encoding against its reference formulation (shared conventions in REFERENCES.md),
+"""Each encoding against its reference formulation (conventions in docs/encodings/),
 using deliberately naive implementations written here: explicit loops and dense tensors."""
 from __future__ import annotations
 

@@ -23,7 +23,7 @@ from posbench.runner import run_sweep
 
 from helpers import tiny_sweep
 
-SECTIONS = ("headline", "length", "cache", "cost", "bias", "problems", "config")
+SECTIONS = ("headline", "literature", "length", "cache", "cost", "bias", "problems", "config")
 EVIL = "<script>alert(1)</script>"
 
 

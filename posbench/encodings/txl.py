@@ -23,11 +23,11 @@ class TransformerXL(PositionalEncoding):
     R is [sin | cos] concatenated (not interleaved). Distances above ``clamp_len`` use
     R_clamp_len. u and v are per layer ("untied", the original default) unless ``share_uv``.
     ``scale=False`` drops the 1/sqrt(d) the original code applies to the whole sum.
-    Without clamp_len, terms (b)+(d) become a dot product of augmented q and k (REFERENCES'
-    sin/cos identity), keeping fused attention; a single decoding query takes the same term
-    against the shared position table instead, so cached keys stay d wide. With clamp_len they
-    are one matmul of (q + v) against the projected distance table, then a gather. No
-    (Lq, Lk, d) tensor is ever built.
+    Without clamp_len, terms (b)+(d) become a dot product of augmented q and k (the sin/cos
+    identity in docs/encodings/transformer-xl.md), keeping fused attention; a single decoding
+    query takes the same term against the shared position table instead, so cached keys stay
+    d wide. With clamp_len they are one matmul of (q + v) against the projected distance
+    table, then a gather. No (Lq, Lk, d) tensor is ever built.
     """
 
     relative = True
