@@ -1,8 +1,6 @@
 """posbench: compare positional encodings for Transformer attention side by side."""
 from __future__ import annotations
 
-__version__ = "0.1.0"
-
 from posbench.encodings import (
     BandBias,
     PositionalEncoding,
@@ -14,7 +12,9 @@ from posbench.encodings import (
 )
 from posbench.errors import PosbenchError
 from posbench.model import Decoder, ModelConfig, build_model, model_from_config
+from posbench.plugins import load_plugins
 from posbench.tasks import Task, create_task, list_tasks, register_task
+from posbench.version import __version__
 
 __all__ = [
     "BandBias",
@@ -30,6 +30,7 @@ __all__ = [
     "create_task",
     "list_encodings",
     "list_tasks",
+    "load_plugins",
     "model_from_config",
     "register_encoding",
     "register_task",

@@ -21,6 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from posbench import flash_ops
+
 ROWS = 32
 #: exp inputs are clamped here: torch's vectorised exp is over 100x slower where the result
 #: underflows float32, and exp(-87) ~ 1.6e-38 is below anything float32 attention resolves.
@@ -92,9 +94,7 @@ class _BandAttention(torch.autograd.Function):
             lse[:, :, r0:r1] = peak + total.log()
             out[:, :, r0:r1] = (weights @ v_padded[:, :, r0 : r0 + weights.shape[-1]]).div_(total[..., None])
         if L > W:
-            out_far, lse_far = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-                q[:, :, W:], k[:, :, : L - W], v[:, :, : L - W], 0.0, True, scale=scale
-            )
+            out_far, lse_far = flash_ops.forward(q[:, :, W:], k[:, :, : L - W], v[:, :, : L - W], True, None, scale)
             total = torch.logaddexp(lse[:, :, W:], lse_far)
             out[:, :, W:] = (out[:, :, W:] * (lse[:, :, W:] - total).exp()[..., None]
                              + out_far * (lse_far - total).exp()[..., None])
@@ -113,10 +113,10 @@ class _BandAttention(torch.autograd.Function):
         dk_padded, dv_padded = torch.zeros_like(k_padded), torch.zeros_like(v_padded)
         if L > W:  # far keys 0 .. L - W - 1 sit at rows W - 1 .. L - 2 of the padded keys
             dq[:, :, W:], dk_padded[:, :, W - 1 : L - 1], dv_padded[:, :, W - 1 : L - 1] = (
-                torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+                flash_ops.backward(
                     grad_out[:, :, W:].contiguous(), q[:, :, W:].contiguous(), k[:, :, : L - W].contiguous(),
                     v[:, :, : L - W].contiguous(), out[:, :, W:].contiguous(), _lse_layout(lse[:, :, W:]),
-                    0.0, True, scale=scale,
+                    True, None, scale,
                 )
             )
         q3, k3, v3, grad3 = _flat(q), _flat(k_padded), _flat(v_padded), _flat(grad_out)

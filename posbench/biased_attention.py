@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from posbench import flash_ops
 from posbench.band_attention import EXP_FLOOR, band_attention
 from posbench.encodings.base import BandBias
 
@@ -53,9 +54,7 @@ class _FlashBiasedAttention(torch.autograd.Function):
         """causal_mask (L, L) for square scores the kernel masks itself, else None (any
         masking is already -inf in the bias)."""
         mask = bias.detach()
-        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-            q, k, v, 0.0, causal_mask is not None, attn_mask=mask, scale=scale
-        )
+        out, lse = flash_ops.forward(q, k, v, causal_mask is not None, mask, scale)
         ctx.save_for_backward(q, k, v, mask, out, lse)
         ctx.scale, ctx.causal_mask = scale, causal_mask
         return out
@@ -65,9 +64,7 @@ class _FlashBiasedAttention(torch.autograd.Function):
         grad_out = grad_out.contiguous()
         saved = ctx.saved_tensors
         q, k, v, mask, out, lse = saved
-        dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
-            grad_out, q, k, v, out, lse, 0.0, ctx.causal_mask is not None, attn_mask=mask, scale=ctx.scale
-        )
+        dq, dk, dv = flash_ops.backward(grad_out, q, k, v, out, lse, ctx.causal_mask is not None, mask, ctx.scale)
         dbias = _bias_gradient(saved, grad_out, ctx.scale, ctx.causal_mask) if ctx.needs_input_grad[3] else None
         return dq, dk, dv, dbias, None, None
 
@@ -83,6 +80,7 @@ def biased_attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | BandBias, s
     flash = (
         q.device.type == "cpu" and q.dtype == torch.float32 and q.shape[-1] == v.shape[-1]
         and q_len * k_len >= FLASH_MIN_PAIRS  # below, the math path's few ops win
+        and flash_ops.available()
     )
     if isinstance(bias, BandBias):
         if flash and fused_causal:
@@ -97,7 +95,5 @@ def biased_attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | BandBias, s
     q, k, v, bias = q.contiguous(), k.contiguous(), v.contiguous(), bias.contiguous()
     if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, bias)):
         return _FlashBiasedAttention.apply(q, k, v, bias, scale, causal_mask if fused_causal else None)
-    out, _ = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-        q, k, v, 0.0, fused_causal, attn_mask=bias, scale=scale
-    )
+    out, _ = flash_ops.forward(q, k, v, fused_causal, bias, scale)
     return out

@@ -11,8 +11,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterable, Protocol
 
+import numpy as np
 import torch
 
+from posbench.bias import positional_bias
 from posbench.config import UNDERTRAINED_BELOW, EncodingSpec, ModelSize, RunConfig
 from posbench.cpu import compute_settings
 from posbench.evaluation import iter_evaluate, validation_exact_match
@@ -104,6 +106,8 @@ class RunOutput:
     measurements: list[dict[str, Any]]
     model_state: bytes | None
     result: dict[str, Any]
+    #: Other arrays the report draws, computed now so reports need no model: name -> bytes.
+    artifacts: dict[str, bytes] = field(default_factory=dict)
 
     @property
     def status(self) -> str:
@@ -160,6 +164,7 @@ def _compute(job: RunJob, progress: ProgressSink) -> RunOutput:
 
     result: dict[str, Any] = {"encoding_label": run.encoding.display(), "quick": run.quick}
     measurements: list[dict[str, Any]] = []
+    artifacts: dict[str, bytes] = {}
     state: bytes | None = None
     stage = "setup"
     start = time.perf_counter()
@@ -195,6 +200,8 @@ def _compute(job: RunJob, progress: ProgressSink) -> RunOutput:
                    and m["eval_len"] is not None and m["eval_len"] <= task.train_lengths[1] and not math.isnan(m["value"])]
         result["in_distribution_exact_match"] = sum(in_dist) / len(in_dist) if in_dist else None
         result["undertrained"] = bool(in_dist) and result["in_distribution_exact_match"] < UNDERTRAINED_BELOW
+        artifacts = _bias_artifact(model, task, run.device)
+        result["bias_picture"] = next(iter(artifacts), "none")
         result["status"] = "ok"
     except Diverged as err:
         result["status"], result["error"] = "diverged", f"diverged: {err}"
@@ -206,7 +213,23 @@ def _compute(job: RunJob, progress: ProgressSink) -> RunOutput:
             note(f"evaluation failed: the trained model and {len(measurements)} measurement(s) are kept; "
                  "the next run of the same command evaluates again without retraining")
     result["seconds"] = time.perf_counter() - start
-    return RunOutput(run.run_id, run.to_dict(), environment(run.device), log, measurements, state, result)
+    return RunOutput(run.run_id, run.to_dict(), environment(run.device), log, measurements, state, result, artifacts)
+
+
+#: The stored bias picture: one head's (L, L) bias over query and key positions (see bias.py).
+BIAS_FILE = "bias.npy"
+
+
+def _bias_artifact(model: Decoder, task: Task, device: str) -> dict[str, bytes]:
+    """What the encoding adds to the first layer's logits at the longest training length, on
+    16 fixed inputs, as a .npy file ({} for encodings that add no bias)."""
+    tokens = task.batch(task.train_lengths[1], 16, torch.Generator().manual_seed(0)).tokens.to(device)
+    bias = positional_bias(model, tokens)
+    if bias is None:
+        return {}
+    buffer = io.BytesIO()
+    np.save(buffer, bias.cpu().numpy(), allow_pickle=False)
+    return {BIAS_FILE: buffer.getvalue()}
 
 
 def _stop_check(model: Decoder, task: Task, run: RunConfig, note: Callable[[str], None]) -> Callable[[int], bool] | None:

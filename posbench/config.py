@@ -136,10 +136,7 @@ class RunConfig:
     @property
     def run_id(self) -> str:
         """A hash of everything that changes the numbers (the device included, the label not)."""
-        data = self.to_dict()
-        data["encoding"].pop("label", None)
-        blob = json.dumps(data, sort_keys=True, separators=(",", ":"))
-        return hashlib.sha256(blob.encode()).hexdigest()[:12]
+        return config_id(self.to_dict())
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "RunConfig":
@@ -170,6 +167,14 @@ def _eval_from(data: Mapping[str, Any]) -> EvalConfig:
     if "mem_len_factors" in values:
         values["mem_len_factors"] = tuple(float(f) for f in values["mem_len_factors"])
     return EvalConfig(**values)
+
+
+def config_id(data: dict[str, Any]) -> str:
+    """The 12-hex-digit id of a stored run config: a hash of everything in it that changes
+    the numbers, the encoding's display label left out."""
+    data = dict(data, encoding={k: v for k, v in data["encoding"].items() if k != "label"})
+    blob = json.dumps(data, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
 def to_jsonable(value: Any) -> Any:

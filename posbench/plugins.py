@@ -1,6 +1,10 @@
 """Plugin discovery: installed packages through entry points, and plain `.py` files in local
 plugin folders (loaded by path under a private module name, so a folder called `encodings`
-never shadows Python's codec package). A broken plugin gives one warning; the rest still load."""
+never shadows Python's codec package). A broken plugin gives one warning; the rest still load.
+
+Plugins are loaded once, explicitly: by the command line before any command, by each worker
+process for the folders its driver loaded, and by library users through ``load_plugins()``.
+The registries themselves never go looking."""
 from __future__ import annotations
 
 import hashlib
@@ -9,6 +13,9 @@ import sys
 import warnings
 from importlib.metadata import entry_points
 from pathlib import Path
+
+from posbench.encodings import REGISTRY as ENCODINGS
+from posbench.tasks import REGISTRY as TASKS
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -102,9 +109,7 @@ def _register_loaded_class(group: str, name: str, obj: object) -> None:
     """An entry point may name a class instead of a module: register it under the point's name."""
     if not isinstance(obj, type):
         return
-    from posbench import encodings, tasks
-
-    registry = encodings.REGISTRY if group == "posbench.encodings" else tasks.REGISTRY
+    registry = ENCODINGS if group == "posbench.encodings" else TASKS
     if name not in registry._entries:
         registry.register(name)(obj)
 

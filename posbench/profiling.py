@@ -10,7 +10,6 @@ on CPU each encoding runs in a fresh child process that resets its resident high
 threshold fixed so freed tensors leave the resident set."""
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
@@ -26,7 +25,7 @@ from torch import Tensor, nn
 
 from posbench.attention import CausalSelfAttention, attention_tensor_bytes
 from posbench.cache import Cache
-from posbench.config import EncodingSpec, to_jsonable
+from posbench.config import EncodingSpec, config_id, to_jsonable
 from posbench.cpu import configure_cpu
 from posbench.encodings import create_encoding
 from posbench.encodings.base import Span
@@ -345,10 +344,7 @@ class ProfileRun:
 
     @property
     def run_id(self) -> str:
-        data = self.to_dict()
-        data["encoding"].pop("label", None)
-        blob = json.dumps(data, sort_keys=True, separators=(",", ":"))
-        return "profile-" + hashlib.sha256(blob.encode()).hexdigest()[:12]
+        return "profile-" + config_id(self.to_dict())
 
 
 def run_profile(job: ProfileRun, out_dir: Path, force: bool = False) -> tuple[str, bool]:

@@ -16,10 +16,9 @@ T = TypeVar("T")
 class Registry(Generic[T]):
     """Maps names to classes (or factories) of one kind, e.g. encodings or tasks."""
 
-    def __init__(self, kind: str, before_lookup: Callable[[], None] | None = None) -> None:
+    def __init__(self, kind: str) -> None:
         self.kind = kind
         self._entries: dict[str, T] = {}
-        self._before_lookup = before_lookup
 
     def register(self, name: str) -> Callable[[T], T]:
         """Decorator that registers a class under `name`; a name may be registered once."""
@@ -36,19 +35,13 @@ class Registry(Generic[T]):
 
         return decorator
 
-    def _prepare(self) -> None:
-        if self._before_lookup is not None:
-            self._before_lookup()
-
     def names(self, pattern: str | None = None) -> list[str]:
         """Registered names, sorted, optionally filtered by a shell-style wildcard."""
-        self._prepare()
         names = sorted(self._entries)
         return [n for n in names if pattern is None or fnmatch.fnmatchcase(n, pattern)]
 
     def get(self, name: str) -> T:
         """The entry for `name`; an unknown name raises with suggestions and the full list."""
-        self._prepare()
         if name in self._entries:
             return self._entries[name]
         close = difflib.get_close_matches(name, list(self._entries), n=3, cutoff=0.5)

@@ -10,12 +10,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
-import torch
 from jinja2 import Environment, PackageLoader, select_autoescape
 
 from posbench import plots
-from posbench.bias import positional_bias
 from posbench.errors import ResultsError
 from posbench.profiling import MEMORY_METHOD
 from posbench.config import UNDERTRAINED_BELOW
@@ -164,30 +163,46 @@ def _lm_rows(frame: pd.DataFrame) -> list[dict[str, Any]]:
 
 
 def _bias_pictures(sweep_dir: Path, frame: pd.DataFrame, colours: dict[str, str], problems: list[str]) -> list[dict[str, Any]]:
-    """One heatmap per encoding from a trained model of the sweep (first task, lowest seed)."""
-    from posbench.runner import load_run
-    from posbench.tasks import create_task
-
+    """One heatmap per encoding (first task, lowest seed) from the bias picture its run stored,
+    so no model, plugin or torch computation is needed. Runs stored before pictures were
+    stored fall back to loading their model."""
     pictures = []
     trained = frame[frame["task"].notna()].sort_values(["task", "seed"]).drop_duplicates("encoding_label")
     order = list(colours)
     for record in sorted(trained.itertuples(), key=lambda r: order.index(r.encoding_label)):
-        folder = sweep_dir / record.run_id
+        folder = RunFolder(sweep_dir / record.run_id)
         try:
-            run, model = load_run(folder)
-        except Exception as err:  # a plugin that is gone, a corrupt model file
+            stored = (folder.result() or {}).get("bias_picture")
+            if stored == "none":
+                bias = None
+            elif stored:
+                bias = np.load(folder.path / stored, allow_pickle=False)
+            else:
+                bias = _bias_from_model(folder.path)
+        except Exception as err:  # a plugin that is gone, a corrupt file
             problems.append(f"bias picture for {record.encoding_label}: {err}")
             continue
-        task = create_task(run.task.name, **run.task.options)
-        length = task.train_lengths[1]
-        tokens = task.batch(length, 16, torch.Generator().manual_seed(0)).tokens
-        bias = positional_bias(model, tokens)
         pictures.append({
             "label": record.encoding_label,
-            "task": run.task.name,
-            "png": plots.bias_heatmap(bias.numpy(), record.encoding_label) if bias is not None else None,
+            "task": record.task,
+            "png": plots.bias_heatmap(bias, record.encoding_label) if bias is not None else None,
         })
     return pictures
+
+
+def _bias_from_model(folder: Path) -> np.ndarray | None:
+    """The bias picture of a run stored without one, from its model (needs its encoding)."""
+    import torch
+
+    from posbench.bias import positional_bias
+    from posbench.runner import load_run
+    from posbench.tasks import create_task
+
+    run, model = load_run(folder)
+    task = create_task(run.task.name, **run.task.options)
+    tokens = task.batch(task.train_lengths[1], 16, torch.Generator().manual_seed(0)).tokens
+    bias = positional_bias(model, tokens)
+    return None if bias is None else bias.numpy()
 
 
 def _environment(sweep_dir: Path) -> dict[str, Any]:

@@ -20,11 +20,12 @@ import torch
 
 from posbench.cpu import denormals_flushed
 from posbench.errors import ResultsError
+from posbench.version import __version__
 
 SWEEP_MARKER = "sweep.json"
 DAMAGED_DIR = "damaged"  # damaged runs are moved here, never deleted
 LOCK_FILE = ".lock"
-RUN_FILES = ("config.json", "measurements.csv", "env.json", "log.txt", "model.pt", "result.json")
+RUN_FILES = ("config.json", "measurements.csv", "env.json", "log.txt", "model.pt", "bias.npy", "result.json")
 COLUMNS = [
     "run_id", "task", "encoding", "encoding_label", "seed", "train_len_max",
     "eval_len", "mem_len", "seq_len", "cache_len", "metric", "value", "note",
@@ -97,8 +98,6 @@ def sha256_of(path: Path) -> str:
 
 def environment(device: str) -> dict[str, Any]:
     """Versions, device and machine, for reproducing a run."""
-    from posbench import __version__
-
     env: dict[str, Any] = {
         "posbench": __version__,
         "torch": torch.__version__,
@@ -189,7 +188,8 @@ class RunFolder:
         return target
 
     def store(self, config: dict[str, Any], env: dict[str, Any], log: list[str], result: dict[str, Any],
-              measurements: list[dict[str, Any]] | None = None, model_state: bytes | None = None) -> None:
+              measurements: list[dict[str, Any]] | None = None, model_state: bytes | None = None,
+              artifacts: dict[str, bytes] | None = None) -> None:
         """Write a run's files atomically, result.json last with the checksums of the others."""
         try:
             self.path.mkdir(parents=True, exist_ok=True)
@@ -209,6 +209,9 @@ class RunFolder:
         if model_state is not None:
             atomic_write_bytes(self.path / "model.pt", model_state)
             files["model.pt"] = {"sha256": hashlib.sha256(model_state).hexdigest()}
+        for name, data in (artifacts or {}).items():
+            atomic_write_bytes(self.path / name, data)
+            files[name] = {"sha256": hashlib.sha256(data).hexdigest()}
         atomic_write_json(self.path / "result.json", dict(result, files=files))
 
     def measurements(self) -> pd.DataFrame:

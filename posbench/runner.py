@@ -244,7 +244,8 @@ def store_run(folder: RunFolder, output: RunOutput) -> str:
     whose evaluation failed keeps its trained model and the measurements taken so far."""
     keep = output.status == "ok" or output.result.get("stage") == "evaluation"
     folder.store(output.config, output.env, output.log, output.result,
-                 output.measurements if keep else None, output.model_state if keep else None)
+                 output.measurements if keep else None, output.model_state if keep else None,
+                 output.artifacts if output.status == "ok" else None)
     return output.status
 
 

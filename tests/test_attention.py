@@ -6,6 +6,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import posbench
+
 from posbench.biased_attention import biased_attention
 from posbench.encodings import BandBias
 
@@ -101,3 +103,29 @@ def test_fast_attention_paths_match_the_math_path_in_a_layer(name: str, options:
     assert len(fast) == len(reference)
     for a, b in zip(fast, reference):
         assert torch.allclose(a, b, atol=2e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("encoding", posbench.list_encodings())
+def test_without_the_private_flash_ops_every_encoding_trains_and_matches(encoding: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch may drop or change the private CPU flash ops: attention then takes the public
+    math path, with the same outputs and gradients."""
+    from posbench import flash_ops
+    from posbench.testing import tiny_model
+
+    options = {"max_positions": 256} if encoding == "learned" else {}
+    tokens = torch.randint(0, 8, (2, 160), generator=torch.Generator().manual_seed(0))
+
+    def outputs_and_grads():
+        model = tiny_model(encoding, **options)
+        logits = model(tokens)
+        logits.logsumexp(-1).mean().backward()
+        return logits.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+    with_flash, grads_flash = outputs_and_grads()
+    monkeypatch.setattr(flash_ops, "available", lambda: False)
+    monkeypatch.setattr(flash_ops, "forward", None)  # any call would now fail loudly
+    monkeypatch.setattr(flash_ops, "backward", None)
+    without, grads_without = outputs_and_grads()
+    torch.testing.assert_close(without, with_flash, atol=2e-5, rtol=1e-4)
+    for name, grad in grads_flash.items():
+        torch.testing.assert_close(grads_without[name], grad, atol=2e-5, rtol=2e-4, msg=name)

@@ -35,3 +35,14 @@ def test_conformance(encoding: str, check: str) -> None:
 @pytest.mark.parametrize("encoding,options", VARIANTS, ids=[f"{e}-{sorted(o)}" for e, o in VARIANTS])
 def test_conformance_variants(encoding: str, options: dict, check: str) -> None:
     CHECKS[check](encoding, **options)
+
+
+def test_a_parameter_without_a_real_gradient_is_caught_not_passed_by_round_off() -> None:
+    from pathlib import Path
+
+    from posbench.plugins import load_plugin_dir
+    from posbench.testing import check_shapes_and_gradients
+
+    load_plugin_dir(Path("tests/plugins"))
+    with pytest.raises(AssertionError, match="parameter encoding.offset has no real gradient"):
+        check_shapes_and_gradients("test_row_constant")

@@ -17,8 +17,12 @@ PROBE = textwrap.dedent(
     def denormals():  # a parallel op: every worker thread's mode shows
         return int((torch.full((1 << 22,), 1e-30) * 1e-10).count_nonzero())
 
+    import posbench
+
     torch.set_num_threads(2)
     torch.manual_seed(123)
+    model = posbench.build_model("rope", vocab_size=8, d_model=16, n_layers=1, n_heads=2)
+    assert model(torch.zeros(1, 4, dtype=torch.long)).shape == (1, 4, 8)
     before = (denormals(), torch.get_num_threads(), torch.get_rng_state().clone(), os.umask(0o027))
     os.umask(0o027)
     with tempfile.TemporaryDirectory() as out:

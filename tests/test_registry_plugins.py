@@ -6,6 +6,7 @@ import sys
 import textwrap
 import warnings
 from pathlib import Path
+from typing import Annotated
 
 import pytest
 
@@ -13,6 +14,8 @@ import posbench
 from posbench.encodings import REGISTRY
 from posbench.errors import OptionError, UnknownNameError
 from posbench.plugins import PluginWarning, load_plugin_dir
+from posbench.registry import check_options
+from posbench.validation import OneOf, Range
 
 
 def test_unknown_encoding_suggests_and_lists() -> None:
@@ -147,3 +150,21 @@ def _write_installed_metadata(src: Path, site: Path) -> None:
     info.mkdir()
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: epplug\nVersion: 0.0.1\n")
     (info / "entry_points.txt").write_text("[posbench.encodings]\nentry_point_bias = epplug\n")
+
+
+class Declared(posbench.PositionalEncoding):
+    """A plugin that declares what its options accept (at module level, as a plugin file is)."""
+
+    def __init__(self, n_heads, d_head, causal=True, n_layers=1, *,
+                 strength: Annotated[float, Range(gt=0)] = 1.0,
+                 mode: Annotated[str, OneOf(("log", "power"))] = "log",
+                 untyped=3) -> None:
+        super().__init__(n_heads, d_head, causal, n_layers)
+
+
+def test_plugin_options_declare_their_types_and_ranges() -> None:
+    check_options(Declared, {"strength": 2, "mode": "power", "untyped": "anything"}, "encoding 'declared'")
+    with pytest.raises(OptionError, match=r"encoding 'declared': option 'strength' must be a number > 0, got -1\."):
+        check_options(Declared, {"strength": -1}, "encoding 'declared'")
+    with pytest.raises(OptionError, match=r"option 'mode' must be one of 'log', 'power', got 'linear'"):
+        check_options(Declared, {"mode": "linear"}, "encoding 'declared'")

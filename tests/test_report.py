@@ -165,3 +165,35 @@ def test_building_a_report_leaves_matplotlib_as_it_found_it(report, sweep_dir: P
     build_report(sweep_dir, tmp_path / "again")
     assert matplotlib.get_backend() == backend
     assert dict(matplotlib.rcParams) == params
+
+
+def test_report_needs_no_plugin_of_the_sweep(tmp_path: Path) -> None:
+    """Reports are built from stored results only: a fresh interpreter that cannot import the
+    sweep's plugin encoding still draws every picture."""
+    import subprocess
+    import sys
+
+    plugins = tmp_path / "plugins"
+    plugins.mkdir()
+    (plugins / "vanishing.py").write_text(textwrap.dedent(
+        '''
+        from posbench import PositionalEncoding, register_encoding
+
+        @register_encoding("test_vanishing")
+        class Vanishing(PositionalEncoding):
+            """A plugin that will not be importable when the report is built."""
+            relative = True
+
+            def position_bias(self, q_span, k_span, layer, device):
+                return -0.1 * self.relative_positions(q_span, k_span, device).abs().float()[None]
+        '''
+    ))
+    load_plugin_dir(plugins)
+    run_sweep(tiny_sweep("test_vanishing", "alibi"), tmp_path / "sw")
+    (plugins / "vanishing.py").unlink()
+    result = subprocess.run([sys.executable, "-m", "posbench.cli", "report", str(tmp_path / "sw"), "-o", str(tmp_path / "r")],
+                            capture_output=True, text=True, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "skipped" not in result.stderr
+    html = (tmp_path / "r" / "report.html").read_text()
+    assert "test_vanishing" in html and html.count('alt="bias') >= 2

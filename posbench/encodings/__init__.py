@@ -2,21 +2,7 @@
 from __future__ import annotations
 
 from posbench.encodings.base import BandBias, LayerContext, PositionalEncoding, Scores, Span
-from posbench.registry import Registry
-
-
-def _load_plugins() -> None:
-    from posbench.plugins import load_plugins
-
-    load_plugins()
-
-
-REGISTRY: Registry[type[PositionalEncoding]] = Registry("encoding", before_lookup=_load_plugins)
-
-
-def register_encoding(name: str):
-    """Class decorator: make an encoding available as `name` everywhere in posbench."""
-    return REGISTRY.register(name)
+from posbench.encodings.registry import REGISTRY, register_encoding
 
 
 def list_encodings(pattern: str | None = None) -> list[str]:

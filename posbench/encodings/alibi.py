@@ -6,7 +6,7 @@ import math
 import torch
 from torch import Tensor
 
-from posbench.encodings import register_encoding
+from posbench.encodings.registry import register_encoding
 from posbench.encodings.base import PositionalEncoding, Span
 
 

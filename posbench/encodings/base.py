@@ -113,6 +113,9 @@ class PositionalEncoding(nn.Module):
     relative: ClassVar[bool] = False
     #: Largest number of positions the encoding can represent, or None for unbounded.
     max_positions: int | None = None
+    #: Parameters (wildcards over their names) whose true gradient is zero by construction;
+    #: the conformance kit checks they get none, and that every other parameter gets one.
+    gradient_free: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, n_heads: int, d_head: int, causal: bool = True, n_layers: int = 1) -> None:
         super().__init__()

@@ -13,7 +13,7 @@ from typing import Annotated
 import torch
 from torch import Tensor, nn
 
-from posbench.encodings import register_encoding
+from posbench.encodings.registry import register_encoding
 from posbench.errors import OptionError
 from posbench.encodings.base import BandBias, LayerContext, PositionalEncoding, Scores, Span
 from posbench.validation import Range
@@ -68,7 +68,13 @@ class DeBERTa(PositionalEncoding):
     many buckets per side and ``span`` as the largest distance. ``share_att_key`` projects the
     relative embeddings with the layer's own query/key projections instead of separate ones.
     Causal square scores longer than the span are a BandBias (see ``_band_scores``).
+
+    The bias of the key projection of the relative embeddings adds Qc_i . b to every key of
+    query i, a per-row constant that softmax ignores: its true gradient is zero (kept for
+    parity with Hugging Face, declared in ``gradient_free``).
     """
+
+    gradient_free = ("pos_key_proj.*.bias",)
 
     relative = True
 

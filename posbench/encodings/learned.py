@@ -5,7 +5,7 @@ from typing import Annotated
 
 from torch import Tensor, nn
 
-from posbench.encodings import register_encoding
+from posbench.encodings.registry import register_encoding
 from posbench.encodings.base import PositionalEncoding, Span
 from posbench.validation import Range
 

@@ -1,7 +1,7 @@
 """NoPE: no positional signal; causal masking alone (Kazemnejad et al. 2023)."""
 from __future__ import annotations
 
-from posbench.encodings import register_encoding
+from posbench.encodings.registry import register_encoding
 from posbench.encodings.base import PositionalEncoding
 
 

@@ -6,7 +6,7 @@ from typing import Annotated
 import torch
 from torch import Tensor
 
-from posbench.encodings import register_encoding
+from posbench.encodings.registry import register_encoding
 from posbench.errors import OptionError
 from posbench.encodings.base import LayerContext, PositionalEncoding, Span, sinusoid
 from posbench.validation import Range

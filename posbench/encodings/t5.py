@@ -7,7 +7,7 @@ from typing import Annotated
 import torch
 from torch import Tensor, nn
 
-from posbench.encodings import register_encoding
+from posbench.encodings.registry import register_encoding
 from posbench.errors import OptionError
 from posbench.encodings.base import BandBias, PositionalEncoding, Span, toeplitz
 from posbench.validation import Range

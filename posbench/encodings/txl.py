@@ -11,7 +11,7 @@ from typing import Annotated
 import torch
 from torch import Tensor, nn
 
-from posbench.encodings import register_encoding
+from posbench.encodings.registry import register_encoding
 from posbench.encodings.base import LayerContext, PositionalEncoding, Scores, Span, sinusoid
 from posbench.validation import Range
 

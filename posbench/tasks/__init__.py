@@ -1,22 +1,8 @@
 """The task registry and the built-in tasks (each registered in its own module)."""
 from __future__ import annotations
 
-from posbench.registry import Registry
 from posbench.tasks.base import Batch, Task
-
-
-def _load_plugins() -> None:
-    from posbench.plugins import load_plugins
-
-    load_plugins()
-
-
-REGISTRY: Registry[type[Task]] = Registry("task", before_lookup=_load_plugins)
-
-
-def register_task(name: str):
-    """Class decorator: make a task available as `name` everywhere in posbench."""
-    return REGISTRY.register(name)
+from posbench.tasks.registry import REGISTRY, register_task
 
 
 def list_tasks(pattern: str | None = None) -> list[str]:

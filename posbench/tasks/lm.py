@@ -10,7 +10,7 @@ import torch
 from torch import Tensor
 
 from posbench.errors import OptionError
-from posbench.tasks import register_task
+from posbench.tasks.registry import register_task
 from posbench.tasks.base import Task
 from posbench.validation import Range
 

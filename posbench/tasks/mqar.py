@@ -6,7 +6,7 @@ from typing import Annotated
 import torch
 from torch import Tensor
 
-from posbench.tasks import register_task
+from posbench.tasks.registry import register_task
 from posbench.tasks.base import Task
 from posbench.validation import Range
 

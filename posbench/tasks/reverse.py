@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from posbench.tasks import register_task
+from posbench.tasks.registry import register_task
 from posbench.tasks.copy import Copy
 
 

@@ -1,0 +1,97 @@
+"""The package is layered: a module imports only from its own layer or the layers beneath it
+(function-level imports included: an import tucked into a function to dodge a cycle is a
+cycle), and no group of modules imports itself round in a circle."""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "posbench"
+
+#: Lowest first. docs/architecture.md draws the same table.
+LAYERS: list[set[str]] = [
+    {"errors", "validation", "cpu", "flash_ops", "timing", "stats", "suites", "version"},
+    {"encodings.base", "registry"},
+    {"band_attention", "biased_attention", "cache", "attention"},
+    {"encodings", "encodings.*", "tasks", "tasks.*"},
+    {"model", "plugins"},
+    {"bias", "testing", "training", "evaluation", "config"},
+    {"results"},
+    {"compute", "profiling"},
+    {"executors"},
+    {"runner"},
+    {"summary", "literature", "plots"},
+    {"report", "progress"},
+    {"cli", ""},  # "" is the package itself, which re-exports the public API
+]
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _modules() -> dict[str, set[str]]:
+    """Module name (without 'posbench.') -> the posbench modules it imports, anywhere in it."""
+    paths = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for name, path in paths.items():
+        imported: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            targets: list[str] = []
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "posbench":
+                base = node.module.removeprefix("posbench").lstrip(".")
+                targets = [f"{base}.{a.name}".lstrip(".") for a in node.names]
+                targets = [t if t in paths else base for t in targets]
+            elif isinstance(node, ast.Import):
+                targets = [a.name.removeprefix("posbench").lstrip(".") for a in node.names if a.name.split(".")[0] == "posbench"]
+            imported |= {t for t in targets if t in paths and t != name}
+        graph[name] = imported
+    return graph
+
+
+def _layer(name: str) -> int:
+    for index, layer in enumerate(LAYERS):
+        if name in layer or any(p.endswith(".*") and name.startswith(p[:-1]) for p in layer):
+            return index
+    raise AssertionError(f"posbench.{name} is in no layer; add it to LAYERS and docs/architecture.md")
+
+
+def test_every_import_goes_to_the_same_layer_or_below() -> None:
+    upward = [f"posbench.{m} (layer {_layer(m)}) imports posbench.{d} (layer {_layer(d)})"
+              for m, deps in _modules().items() for d in deps if _layer(d) > _layer(m)]
+    assert not upward, "\n".join(upward)
+
+
+def test_no_import_cycles() -> None:
+    graph = _modules()
+    # a package's own __init__ importing its submodules is how they register: not a cycle
+    # unless a submodule imports the package back, which the graph then shows
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    cycles: list[list[str]] = []
+
+    def visit(node: str) -> None:  # Tarjan's strongly connected components
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for dep in graph[node]:
+            if dep not in index:
+                visit(dep)
+                low[node] = min(low[node], low[dep])
+            elif dep in stack:
+                low[node] = min(low[node], index[dep])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for node in graph:
+        if node not in index:
+            visit(node)
+    assert not cycles, cycles
