@@ -200,8 +200,11 @@ def _compute(job: RunJob, progress: ProgressSink) -> RunOutput:
                    and m["eval_len"] is not None and m["eval_len"] <= task.train_lengths[1] and not math.isnan(m["value"])]
         result["in_distribution_exact_match"] = sum(in_dist) / len(in_dist) if in_dist else None
         result["undertrained"] = bool(in_dist) and result["in_distribution_exact_match"] < UNDERTRAINED_BELOW
-        artifacts = _bias_artifact(model, task, run.device)
-        result["bias_picture"] = next(iter(artifacts), "none")
+        try:
+            artifacts = _bias_artifact(model, task, run.device)
+            result["bias_picture"] = next(iter(artifacts), "none")
+        except Exception as err:  # a picture is not worth a run: the report says it is missing
+            note(f"bias picture failed ({type(err).__name__}: {err}); the report will try the model")
         result["status"] = "ok"
     except Diverged as err:
         result["status"], result["error"] = "diverged", f"diverged: {err}"

@@ -113,7 +113,7 @@ def test_entry_point_plugin_from_installed_package(tmp_path: Path) -> None:
     installed = _install_package(src, site)
     if not installed:
         _write_installed_metadata(src, site)
-    code = "import posbench; print(posbench.list_encodings())"
+    code = "import posbench; posbench.load_plugins(); print(posbench.list_encodings())"
     env_path = str(site)
     out = subprocess.run(
         [sys.executable, "-c", f"import sys; sys.path.insert(0, {env_path!r}); {code}"],
