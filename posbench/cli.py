@@ -110,7 +110,7 @@ def run_command(
     suite: Optional[str] = typer.Option(None, "--suite", help="A suite that ships with posbench (`posbench list` shows them), e.g. standard."),
     train_mem_len: Optional[int] = typer.Option(None, help="Train Transformer-XL style through a cache of this many positions."),
     threads: Optional[int] = typer.Option(None, help="torch threads per run (recorded with the results)."),
-    quick: bool = typer.Option(False, "--quick", help="A first look in about a minute: far fewer steps, a small evaluation sample."),
+    quick: bool = typer.Option(False, "--quick", help="A first look in about three minutes: far fewer steps, a small evaluation sample."),
     force: bool = typer.Option(False, "--force", help="Redo finished runs too."),
     profile: Optional[bool] = typer.Option(None, "--profile/--no-profile", help="Include a small latency/memory profile."),
     report: bool = typer.Option(True, "--report/--no-report", help="Write reports/<sweep>/report.html at the end."),
