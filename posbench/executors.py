@@ -52,7 +52,7 @@ def die_with_parent(parent_pid: int) -> None:
     if sys.platform.startswith("linux"):
         try:
             ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-        except (OSError, AttributeError):
+        except (OSError, AttributeError):  # no prctl here: the watchdog below still applies
             pass
 
     def watch() -> None:
@@ -73,15 +73,21 @@ def _worker_init(parent_pid: int, events: Any) -> None:
     _events = events
 
 
-def _send(run_id: str, event: str, payload: Any) -> None:
-    try:
-        _events.put_nowait((run_id, event, payload))
-    except Exception:  # progress is best effort; a full or closed queue must not stop a run
-        pass
+def queue_sink(events: Any) -> ProgressSink:
+    """A ProgressSink that puts each event on a queue to the driver (a multiprocessing or a
+    Ray queue). Progress is best effort: a full or closed queue never stops a run."""
+
+    def send(run_id: str, event: str, payload: Any) -> None:
+        try:
+            events.put_nowait((run_id, event, payload))
+        except Exception:  # full, closed, or its Ray actor gone: drop this event only
+            pass
+
+    return send
 
 
 def _compute_in_worker(job: RunJob, threads: int, plugin_dirs: tuple[str, ...]) -> RunOutput:
-    return compute_run(job, threads, _send, plugin_dirs)
+    return compute_run(job, threads, queue_sink(_events), plugin_dirs)
 
 
 def _drain(events: Any, sink: ProgressSink) -> None:
@@ -181,13 +187,7 @@ class ProcessExecutor:
 
 # ---- Ray ------------------------------------------------------------------------------------
 def _compute_on_ray(job: RunJob, threads: int, plugin_dirs: tuple[str, ...], events: Any) -> RunOutput:
-    def send(run_id: str, event: str, payload: Any) -> None:
-        try:
-            events.put_nowait((run_id, event, payload))
-        except Exception:  # progress is best effort
-            pass
-
-    return compute_run(job, threads, send, plugin_dirs)
+    return compute_run(job, threads, queue_sink(events), plugin_dirs)
 
 
 class RayExecutor:

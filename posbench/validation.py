@@ -138,7 +138,7 @@ def conforms(value: Any, annotation: Any) -> bool:
             item = _item_type(member)
             if item is not Any and not all(_scalar_ok(v, item) for v in value):
                 continue
-            if all(_check_meta(v, checks, item_wise=True) for v in value) and _check_length(value, checks):
+            if all(_check_meta(v, checks) for v in value) and _check_length(value, checks):
                 return True
             continue
         if isinstance(member, type) and member in _SCALARS and _scalar_ok(value, member):
@@ -150,7 +150,7 @@ def conforms(value: Any, annotation: Any) -> bool:
     return False
 
 
-def _check_meta(value: Any, checks: list[Any], item_wise: bool = False) -> bool:
+def _check_meta(value: Any, checks: list[Any]) -> bool:
     for check in checks:
         if isinstance(check, Range) and isinstance(value, (int, float)) and not check.holds(value):
             return False
