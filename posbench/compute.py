@@ -116,7 +116,7 @@ class RunOutput:
 
 def run_label(run: RunConfig) -> str:
     """How a run is named to people: task / encoding label / seed."""
-    return f"{run.task.name} / {run.encoding.display()} / seed {run.seed}"
+    return f"{run.task.display()} / {run.encoding.display()} / seed {run.seed}"
 
 
 def build_model(size: ModelSize, spec: EncodingSpec, task: Task) -> Decoder:
@@ -162,7 +162,7 @@ def _compute(job: RunJob, progress: ProgressSink) -> RunOutput:
             last_event[0] = now
             progress(run.run_id, "step", (step, loss))
 
-    result: dict[str, Any] = {"encoding_label": run.encoding.display(), "quick": run.quick}
+    result: dict[str, Any] = {"encoding_label": run.encoding.display(), "task_label": run.task.display(), "quick": run.quick}
     measurements: list[dict[str, Any]] = []
     artifacts: dict[str, bytes] = {}
     state: bytes | None = None
@@ -265,7 +265,7 @@ def _training_rows(result: dict[str, Any], run: RunConfig) -> list[dict[str, Any
 def failed_output(run: RunConfig, error: str) -> RunOutput:
     """The record of a run whose worker died or was lost."""
     return RunOutput(run.run_id, run.to_dict(), {}, [error], [], None,
-                     {"encoding_label": run.encoding.display(), "status": "error", "error": error})
+                     {"encoding_label": run.encoding.display(), "task_label": run.task.display(), "status": "error", "error": error})
 
 
 def _state_bytes(model: torch.nn.Module) -> bytes:

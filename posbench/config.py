@@ -97,6 +97,12 @@ class TaskSpec:
     name: str
     options: Mapping[str, Any] = field(default_factory=dict)
     train: Mapping[str, Any] = field(default_factory=dict)
+    #: What results and reports call it; needed when a suite runs one task twice (say, lm
+    #: trained on whole windows and lm trained through a cache).
+    label: str = ""
+
+    def display(self) -> str:
+        return self.label or self.name
 
 
 @dataclass(frozen=True)
@@ -141,7 +147,8 @@ class RunConfig:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "RunConfig":
         return cls(
-            task=TaskSpec(data["task"]["name"], dict(data["task"]["options"]), dict(data["task"].get("train", {}))),
+            task=TaskSpec(data["task"]["name"], dict(data["task"]["options"]), dict(data["task"].get("train", {})),
+                          data["task"].get("label", "")),
             encoding=EncodingSpec(data["encoding"]["name"], dict(data["encoding"]["options"]), data["encoding"].get("label", "")),
             seed=int(data["seed"]),
             model=ModelSize(**data["model"]),
@@ -171,8 +178,9 @@ def _eval_from(data: Mapping[str, Any]) -> EvalConfig:
 
 def config_id(data: dict[str, Any]) -> str:
     """The 12-hex-digit id of a stored run config: a hash of everything in it that changes
-    the numbers, the encoding's display label left out."""
-    data = dict(data, encoding={k: v for k, v in data["encoding"].items() if k != "label"})
+    the numbers, the encoding's and the task's display labels left out."""
+    data = dict(data, **{part: {k: v for k, v in data[part].items() if k != "label"}
+                         for part in ("encoding", "task") if isinstance(data.get(part), Mapping)})
     blob = json.dumps(data, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
@@ -247,13 +255,14 @@ def _spec(entry: Any, cls: type, source: str, key: str) -> Any:
         options = {k: v for k, v in entry.items() if k not in ("name", "label")}
         if cls is EncodingSpec:
             return EncodingSpec(entry["name"], options, entry.get("label", ""))
-        if "label" in entry:
-            raise ConfigError(f"{source}: tasks take no 'label'; remove it.")
         train = options.pop("train", {})
         where = f"{source} [tasks] {entry['name']!r} train"
         _reject_unknown(train, {f.name for f in dataclasses.fields(TrainConfig)}, where)
         check_dataclass(TrainConfig, train, where)
-        return TaskSpec(entry["name"], options, dict(train))
+        label = entry.get("label", "")
+        if not isinstance(label, str):
+            raise ConfigError(f"{source}: the label of task {entry['name']!r} must be a string, got {label!r}.")
+        return TaskSpec(entry["name"], options, dict(train), label)
     raise ConfigError(f"{source}: each entry of '{key}' must be a name or a table with a 'name' key, got {entry!r}.")
 
 

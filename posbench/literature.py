@@ -139,19 +139,50 @@ def _alibi_flat(frame: pd.DataFrame) -> tuple[str, str]:
 
 
 # ---- Dai et al. 2019 (Transformer-XL): memory extends the usable context -----------------------
+#: The task trained through a cache, preferred for the memory check when the sweep has it.
+MEMORY_TASK = "lm-memory"
+
+
 def _txl_memory(frame: pd.DataFrame) -> tuple[str, str]:
     rows = frame[(frame["encoding"] == "txl") & (frame["metric"] == "loss") & frame["mem_len"].notna()
                  & (frame["mem_len"] != math.inf) & (frame["encoding_label"] == frame["encoding"])]
     if rows.empty or rows["mem_len"].nunique() < 2:
         return "needs txl evaluated through at least two memory lengths", NOT_MEASURED
-    task = "lm" if "lm" in set(rows["task"]) else sorted(rows["task"].unique())[0]
+    present = set(rows["task"])
+    task = MEMORY_TASK if MEMORY_TASK in present else "lm" if "lm" in present else sorted(present)[0]
     rows = rows[rows["task"] == task]
     rows = rows[rows["eval_len"] == rows["eval_len"].max()]
     by_memory = rows.groupby("mem_len")["value"].mean()
     none, longest = by_memory.iloc[0], by_memory.iloc[-1]
-    text = (f"{task}, length {int(rows['eval_len'].max())}: loss {none:.3f} with memory {int(by_memory.index[0])}, "
-            f"{longest:.3f} with memory {int(by_memory.index[-1])}")
+    steps = ", ".join(f"{value:.3f} with memory {int(m)}" for m, value in by_memory.items())
+    text = f"{task}, length {int(rows['eval_len'].max())}: loss {steps}"
     return text, AGREES if longest < none else DISAGREES
+
+
+#: The label the suites give the sinusoidal variant that restarts its positions per segment.
+RESTART_LABEL = "sinusoidal-restart"
+RELATIVE = ("txl", "t5", "deberta", "rope")
+#: How far (token accuracy) restarting must fall below the relative encodings to count as failing.
+RESTART_GAP = 0.3
+
+
+def _restart_confusion(frame: pd.DataFrame) -> tuple[str, str]:
+    """lookback at the training lengths through an unbounded memory: the answer is always in
+    the memory, so only the positions of cached keys decide."""
+    rows = frame[(frame["task"] == "lookback") & (frame["metric"] == "token_accuracy")
+                 & (frame["eval_len"] <= frame["train_len_max"])]
+    cached = rows[rows["mem_len"] == math.inf].groupby("encoding_label")["value"].mean()
+    whole = rows[rows["mem_len"].isna()].groupby("encoding_label")["value"].mean()
+    relative = [n for n in RELATIVE if n in cached.index]
+    if RESTART_LABEL not in cached.index or not relative:
+        return f"needs {RESTART_LABEL} and a relative encoding on lookback through a memory", NOT_MEASURED
+    restart, others = float(cached[RESTART_LABEL]), float(cached[relative].mean())
+    text = (f"lookback token accuracy at the training lengths through an unbounded memory: {RESTART_LABEL} {restart:.2f} "
+            f"(whole sequences {whole.get(RESTART_LABEL, math.nan):.2f}), "
+            + ", ".join(f"{n} {cached[n]:.2f}" for n in relative)
+            + (f", sinusoidal with continuing positions {cached['sinusoidal']:.2f}" if "sinusoidal" in cached.index else ""))
+    verdict = AGREES if others - restart >= RESTART_GAP else DISAGREES if restart >= others - 0.05 else PARTLY
+    return text, verdict
 
 
 FINDINGS: tuple[Finding, ...] = (
@@ -171,6 +202,11 @@ FINDINGS: tuple[Finding, ...] = (
     Finding("A longer memory lowers Transformer-XL's loss (its context exceeds the segment)",
             "Dai et al. 2019 (Transformer-XL)", "relative effective context 450% longer than a vanilla Transformer",
             _txl_memory),
+    Finding("Absolute positions restarted in every segment confuse cached tokens with current ones; relative positions do not",
+            "Dai et al. 2019 (Transformer-XL), section 3.3",
+            "reusing cached states whose absolute positions restart per segment leaves the model unable to tell "
+            "the memory's positions from the current segment's; relative encodings keep retrieval through the memory",
+            _restart_confusion),
 )
 
 

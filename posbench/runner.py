@@ -81,8 +81,15 @@ def resolve_sweep(sweep: SweepConfig) -> SweepConfig:
         check_dataclass(cls, {f.name: getattr(values, f.name) for f in dataclasses.fields(cls)}, f"sweep {section}")
     check_dataclass(SweepConfig, {"seeds": tuple(sweep.seeds), "threads": sweep.threads}, "sweep")
     sweep = replace(sweep, seeds=tuple(dict.fromkeys(sweep.seeds)))  # --seeds 0,0 trains once
-    if sweep.train.train_mem_len == 0 and not sweep.train.train_segment_len:
-        raise ConfigError("--train-mem-len 0 needs a train_segment_len to cut sequences into.")
+    for kind, labels in (("task", [t.display() for t in sweep.tasks]), ("encoding", [e.display() for e in sweep.encodings])):
+        repeated = sorted({label for label in labels if labels.count(label) > 1})
+        if repeated:
+            raise ConfigError(f"The sweep lists {kind} {', '.join(map(repr, repeated))} more than once with the same "
+                              f"label; give each entry its own 'label' (or drop the repeat).")
+    for task_spec in sweep.tasks:
+        train = replace(sweep.train, **task_spec.train)
+        if train.train_mem_len == 0 and not train.train_segment_len:
+            raise ConfigError(f"task {task_spec.display()!r}: train_mem_len 0 needs a train_segment_len to cut sequences into.")
     if sweep.model.d_model % sweep.model.n_heads:
         raise ConfigError(f"d_model={sweep.model.d_model} must be divisible by n_heads={sweep.model.n_heads}.")
     _check_device(sweep.device)

@@ -32,6 +32,17 @@ def _txl(losses: dict[float, float]) -> list[dict]:
              "mem_len": m, "metric": "loss", "eval_len": 512, "value": v} for m, v in losses.items()]
 
 
+def _lookback(cached: dict[str, float]) -> list[dict]:
+    """Token accuracy 1.0 on whole sequences and `cached[label]` through an unbounded memory."""
+    rows = []
+    for label, value in cached.items():
+        base = {"task": "lookback", "encoding": label.split("-")[0], "encoding_label": label, "seed": 0,
+                "train_len_max": 12, "metric": "token_accuracy", "eval_len": 12}
+        rows += [base | {"mem_len": math.nan, "value": 1.0}, base | {"mem_len": math.inf, "value": value},
+                 base | {"mem_len": 0.0, "value": 0.06}]
+    return rows
+
+
 def _verdicts(rows: list[dict]) -> dict[str, tuple[str, str]]:
     return {v.finding: (v.verdict, v.measured) for v in check_findings(pd.DataFrame(rows))}
 
@@ -40,6 +51,7 @@ def test_results_that_agree() -> None:
     verdicts = _verdicts(
         _copy({"t5": 0.5, "alibi": 0.4, "nope": 0.35, "sinusoidal": 0.05, "rope": 0.02})
         + _lm({"sinusoidal": 1.2, "rope": 0.3, "t5": 0.05, "alibi": 0.01}) + _txl({0: 2.9, 64: 2.6, 128: 2.5})
+        + _lookback({"sinusoidal-restart": 0.1, "txl": 1.0, "rope": 0.98, "sinusoidal": 1.0})
     )
     assert {verdict for verdict, _ in verdicts.values()} == {AGREES}, verdicts
     copy_order = verdicts["The order of encodings on copy past the training length"][1]
@@ -52,12 +64,22 @@ def test_results_that_disagree_say_so_with_the_numbers() -> None:
     verdicts = _verdicts(
         _copy({"t5": 0.0, "alibi": 0.05, "nope": 0.01, "sinusoidal": 0.3, "rope": 0.6})
         + _lm({"sinusoidal": 0.0, "rope": 0.1, "t5": 0.3, "alibi": 0.9}) + _txl({0: 2.5, 128: 2.9})
+        + _lookback({"sinusoidal-restart": 0.99, "t5": 0.97})
     )
     assert {verdict for verdict, _ in verdicts.values()} == {DISAGREES}, verdicts
     flat = verdicts["ALiBi's loss stays flat far past the training length"][1]
     assert "+0.900 nats" in flat
     memory = verdicts["A longer memory lowers Transformer-XL's loss (its context exceeds the segment)"][1]
     assert "2.500 with memory 0" in memory and "2.900 with memory 128" in memory
+    restart = verdicts["Absolute positions restarted in every segment confuse cached tokens with current ones; relative positions do not"][1]
+    assert "sinusoidal-restart 0.99 (whole sequences 1.00), t5 0.97" in restart
+
+
+def test_memory_check_prefers_the_task_trained_through_a_cache() -> None:
+    trained_through_cache = [row | {"task": "lm-memory"} for row in _txl({0: 2.9, 32: 2.5})]
+    verdicts = _verdicts(_txl({0: 2.5, 128: 2.9}) + trained_through_cache)
+    verdict, measured = verdicts["A longer memory lowers Transformer-XL's loss (its context exceeds the segment)"]
+    assert verdict == AGREES and measured.startswith("lm-memory, length 512: loss 2.900 with memory 0, 2.500 with memory 32")
 
 
 def test_missing_results_are_not_measured() -> None:

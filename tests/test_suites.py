@@ -1,13 +1,14 @@
 """Shipped suites: each loads and validates; `--suite` runs one; per-task training settings."""
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
 from posbench.cli import app
-from posbench.config import apply_overrides, expand_runs, load_config_file
+from posbench.config import RunConfig, apply_overrides, expand_runs, load_config_file
 from posbench.runner import resolve_sweep
 from posbench.suites import list_suites, suite_file
 
@@ -51,3 +52,18 @@ def test_bad_task_training_settings_and_unknown_suites_are_one_sentence(tmp_path
     assert result.exit_code == 2 and "Unknown suite 'nonesuch'; available: default, standard" in result.output
     listed = CliRunner().invoke(app, ["list"])
     assert "standard" in listed.output and "Suites" in listed.output
+
+
+def test_one_task_twice_needs_labels_that_name_results_but_not_run_ids(tmp_path: Path) -> None:
+    config = tmp_path / "s.toml"
+    config.write_text('tasks = ["lookback", { name = "lookback", label = "lookback-far", lag = 20 }]\n')
+    sweep, _ = load_config_file(config)
+    runs = expand_runs(resolve_sweep(sweep))
+    assert {r.task.display() for r in runs} == {"lookback", "lookback-far"}
+    unlabelled = dataclasses.replace(runs[-1], task=dataclasses.replace(runs[-1].task, label=""))
+    assert unlabelled.run_id == runs[-1].run_id  # the label names results; it does not change them
+    assert RunConfig.from_dict(runs[-1].to_dict()).task.display() == "lookback-far"
+    config.write_text('tasks = ["lookback", { name = "lookback", lag = 20 }]\n')
+    result = CliRunner().invoke(app, ["run", "--config", str(config), "--out", str(tmp_path / "o")])
+    assert result.exit_code == 2
+    assert "lists task 'lookback' more than once with the same label; give each entry its own 'label'" in result.output

@@ -7,7 +7,7 @@ import torch
 
 import posbench
 from posbench.errors import OptionError
-from posbench.tasks.base import IGNORE
+from posbench.tasks.base import IGNORE, Task
 
 TASKS = posbench.list_tasks()
 
@@ -23,15 +23,18 @@ def test_batch_shapes_vocab_and_mask(name: str, length: int) -> None:
     if length < task.min_length:
         pytest.skip("below the task's minimum length")
     batch = task.batch(length, 5, gen(0))
-    seq, answer = task.generate(length, 5, gen(0))
     assert batch.tokens.shape == (5, task.sequence_length(length))
     assert batch.targets.shape == batch.tokens.shape
     assert 0 <= int(batch.tokens.min()) and int(batch.tokens.max()) < task.vocab_size
-    assert torch.equal(batch.tokens, seq[:, :-1])
-    # the loss mask is exactly the answer mask shifted by one, and targets are next tokens
-    assert torch.equal(batch.targets != IGNORE, answer[:, 1:])
-    assert torch.equal(batch.targets[answer[:, 1:]], seq[:, 1:][answer[:, 1:]])
+    scored = batch.targets[batch.targets != IGNORE]
+    assert 0 <= int(scored.min()) and int(scored.max()) < task.vocab_size
     assert (batch.targets != IGNORE).sum(dim=1).min() >= 1
+    if type(task).generate is not Task.generate:  # a next-token task: batch is generate shifted
+        seq, answer = task.generate(length, 5, gen(0))
+        assert torch.equal(batch.tokens, seq[:, :-1])
+        # the loss mask is exactly the answer mask shifted by one, and targets are next tokens
+        assert torch.equal(batch.targets != IGNORE, answer[:, 1:])
+        assert torch.equal(batch.targets[answer[:, 1:]], seq[:, 1:][answer[:, 1:]])
 
 
 @pytest.mark.parametrize("name", TASKS)
@@ -101,3 +104,24 @@ def test_sort_plugin_answers() -> None:
     task = posbench.create_task("sort")
     seq, _ = task.generate(7, 3, gen(6))
     assert torch.equal(seq[:, 8:], seq[:, :7].sort(dim=1).values)
+
+
+def test_lookback_targets_are_the_tokens_lag_back() -> None:
+    task = posbench.create_task("lookback", lag=5, n_symbols=7)
+    batch = task.batch(9, 4, gen(7))
+    assert batch.tokens.shape == (4, 14)
+    assert (batch.targets[:, :5] == IGNORE).all()
+    assert torch.equal(batch.targets[:, 5:], batch.tokens[:, :9])
+    assert task.vocab_size == 7 and int(batch.tokens.max()) < 7
+
+
+def test_a_task_without_generate_or_batch_says_so() -> None:
+    class Empty(Task):
+        name = "empty"
+        vocab_size = 2
+
+        def sequence_length(self, length: int) -> int:
+            return length
+
+    with pytest.raises(NotImplementedError, match="neither generate"):
+        Empty().batch(3, 2, gen(0))

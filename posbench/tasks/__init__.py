@@ -15,6 +15,6 @@ def create_task(name: str, **options: object) -> Task:
     return REGISTRY.create(name, **options)  # type: ignore[return-value]
 
 
-from posbench.tasks import copy, lm, mqar, passkey, reverse  # noqa: E402,F401
+from posbench.tasks import copy, lm, lookback, mqar, passkey, reverse  # noqa: E402,F401
 
 __all__ = ["REGISTRY", "Batch", "Task", "create_task", "list_tasks", "register_task"]

@@ -30,7 +30,9 @@ class Task(ABC):
 
     A task's *length* is its own size parameter (symbols to copy, key-value pairs, distance to
     the needle); :meth:`sequence_length` says how many tokens the model sees for it.
-    Subclasses implement :meth:`generate` and set the class defaults below.
+    Subclasses set the class defaults below and implement :meth:`generate` (the answers are
+    next tokens of the sequence, as in language modelling) or, for a task whose targets are
+    not the next tokens, :meth:`batch` itself.
     """
 
     name: ClassVar[str] = ""
@@ -77,9 +79,9 @@ class Task(ABC):
     def sequence_length(self, length: int) -> int:
         """Number of input tokens the model sees for a task of size `length`."""
 
-    @abstractmethod
     def generate(self, length: int, batch_size: int, generator: torch.Generator) -> tuple[Tensor, Tensor]:
         """Full sequences (B, T + 1) and a bool mask (B, T + 1) of the answer tokens."""
+        raise NotImplementedError(f"task {self.name!r} implements neither generate() nor batch()")
 
     def batch(self, length: int, batch_size: int, generator: torch.Generator) -> Batch:
         """A batch of inputs and targets: targets are the next tokens, IGNORE off-answer."""
