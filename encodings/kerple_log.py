@@ -10,7 +10,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn.functional import softplus
 
-from posbench import PositionalEncoding, Span, register_encoding
+from posbench import AttentionShape, PositionalEncoding, Span, register_encoding
 
 
 @register_encoding("kerple_log")
@@ -23,10 +23,10 @@ class KerpleLog(PositionalEncoding):
 
     relative = True
 
-    def __init__(self, n_heads: int, d_head: int, causal: bool = True, n_layers: int = 1) -> None:
-        super().__init__(n_heads, d_head, causal, n_layers)
-        reach = torch.logspace(0, -2, n_heads)  # (H,) from 1 down to 0.01
-        self.raw_r1 = nn.Parameter(torch.log(torch.expm1(torch.ones(n_heads))))
+    def __init__(self, shape: AttentionShape) -> None:
+        super().__init__(shape)
+        reach = torch.logspace(0, -2, shape.n_heads)  # (H,) from 1 down to 0.01
+        self.raw_r1 = nn.Parameter(torch.log(torch.expm1(torch.ones(shape.n_heads))))
         self.raw_r2 = nn.Parameter(torch.log(torch.expm1(reach)))
 
     def position_bias(self, q_span: Span, k_span: Span, layer: int, device: torch.device) -> Tensor:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from posbench.encodings import (
+    AttentionShape,
     BandBias,
     PositionalEncoding,
     Scores,
@@ -17,6 +18,7 @@ from posbench.tasks import Task, create_task, list_tasks, register_task
 from posbench.version import __version__
 
 __all__ = [
+    "AttentionShape",
     "BandBias",
     "Decoder",
     "ModelConfig",

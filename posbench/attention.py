@@ -1,4 +1,4 @@
-"""Causal self-attention that takes any positional encoding through its hooks."""
+"""Self-attention (causal by default) that takes any positional encoding through its hooks."""
 from __future__ import annotations
 
 import copy
@@ -24,14 +24,15 @@ def causal_mask(q_len: int, k_len: int, device: torch.device) -> Tensor:
     return _MASKS[key]
 
 
-class CausalSelfAttention(nn.Module):
-    """Multi-head causal attention; the encoding is passed in, never named."""
+class SelfAttention(nn.Module):
+    """Multi-head attention; the encoding is passed in, never named. Causal (each query sees
+    keys up to its own position) unless ``causal=False``, when every query sees every key."""
 
-    def __init__(self, d_model: int, n_heads: int, layer: int) -> None:
+    def __init__(self, d_model: int, n_heads: int, layer: int, causal: bool = True) -> None:
         super().__init__()
         if d_model % n_heads:
             raise ValueError(f"d_model={d_model} is not divisible by n_heads={n_heads}")
-        self.n_heads, self.d_head, self.layer = n_heads, d_model // n_heads, layer
+        self.n_heads, self.d_head, self.layer, self.causal = n_heads, d_model // n_heads, layer, causal
         self.qkv = nn.Linear(d_model, 3 * d_model)
         self.out = nn.Linear(d_model, d_model)
 
@@ -63,14 +64,13 @@ class CausalSelfAttention(nn.Module):
             # Folded encodings widen q and k; flash attention needs v just as wide. A single
             # decoding query needs no kernel, so the cached values are not copied per token.
             v = F.pad(v, (0, scores.q.shape[-1] - d_v))
+        mask = causal_mask(q_len, k_len, x.device) if self.causal and q_len > 1 else None
         if scores.bias is None:
-            if q_len == k_len:  # the fused causal fast path
+            if self.causal and q_len == k_len:  # the fused causal fast path
                 y = F.scaled_dot_product_attention(scores.q, scores.k, v, is_causal=True, scale=scores.scale)
             else:
-                mask = causal_mask(q_len, k_len, x.device) if q_len > 1 else None
                 y = F.scaled_dot_product_attention(scores.q, scores.k, v, attn_mask=mask, scale=scores.scale)
         else:
-            mask = causal_mask(q_len, k_len, x.device) if q_len > 1 else None
             y = biased_attention(scores.q, scores.k, v, scores.bias, scores.scale, mask)  # (B, H, L, d')
         y = y[..., :d_v]
         return self.out(y.transpose(1, 2).reshape(B, L, D))

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Annotated, Any, Mapping
 
 from posbench.errors import ConfigError
+from posbench.model import D_MODEL, N_HEADS, N_LAYERS
 from posbench.validation import Range, check_dataclass
 
 if sys.version_info >= (3, 11):
@@ -30,9 +31,9 @@ DEVICE_PATTERN = r"cpu|cuda(:[0-9]+)?|mps"
 class ModelSize:
     """Decoder size shared by every run of a sweep."""
 
-    d_model: Annotated[int, Range(ge=1)] = 64
-    n_layers: Annotated[int, Range(ge=1)] = 2
-    n_heads: Annotated[int, Range(ge=1)] = 8  # ALiBi needs the spread of 8 slopes to learn copy within the budget
+    d_model: Annotated[int, Range(ge=1)] = D_MODEL
+    n_layers: Annotated[int, Range(ge=1)] = N_LAYERS
+    n_heads: Annotated[int, Range(ge=1)] = N_HEADS
     d_ff: Annotated[int | None, Range(ge=1)] = None
 
 

@@ -7,10 +7,15 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from posbench.attention import CausalSelfAttention
+from posbench.attention import SelfAttention
 from posbench.cache import Cache
 from posbench.encodings import create_encoding
 from posbench.encodings.base import PositionalEncoding, Span
+
+
+#: The default decoder: 4 layers of 4 heads of 16 dimensions (d_head 16 keeps 8 RoPE
+#: frequency pairs and gives Transformer-XL's W_kR 16 dimensions). Sweeps' [model] shares it.
+D_MODEL, N_LAYERS, N_HEADS = 64, 4, 4
 
 
 @dataclass(frozen=True)
@@ -18,21 +23,25 @@ class ModelConfig:
     """Size of the decoder and the encoding it uses."""
 
     vocab_size: int
-    d_model: int = 64
-    n_layers: int = 2
-    n_heads: int = 4
+    d_model: int = D_MODEL
+    n_layers: int = N_LAYERS
+    n_heads: int = N_HEADS
     d_ff: int | None = None  # defaults to 4 * d_model
     encoding: str = "nope"
     encoding_options: dict[str, Any] = field(default_factory=dict)
+    #: False builds an encoder-style model whose queries see every key (T5's bidirectional
+    #: buckets, ALiBi's symmetric bias); posbench's tasks are next-token tasks and train causal
+    #: models, so this is for library use. A cache continues causal attention only.
+    causal: bool = True
 
 
 class Block(nn.Module):
     """Pre-LN residual block: x + attn(ln(x)), then x + mlp(ln(x))."""
 
-    def __init__(self, d_model: int, n_heads: int, d_ff: int, layer: int) -> None:
+    def __init__(self, d_model: int, n_heads: int, d_ff: int, layer: int, causal: bool = True) -> None:
         super().__init__()
         self.ln_attn = nn.LayerNorm(d_model)
-        self.attn = CausalSelfAttention(d_model, n_heads, layer)
+        self.attn = SelfAttention(d_model, n_heads, layer, causal)
         self.ln_mlp = nn.LayerNorm(d_model)
         self.mlp = nn.Sequential(nn.Linear(d_model, d_ff), nn.GELU(), nn.Linear(d_ff, d_model))
 
@@ -51,7 +60,7 @@ class Decoder(nn.Module):
         self.tok_emb = nn.Embedding(config.vocab_size, config.d_model)
         self.encoding = encoding
         self.blocks = nn.ModuleList(
-            Block(config.d_model, config.n_heads, d_ff, i) for i in range(config.n_layers)
+            Block(config.d_model, config.n_heads, d_ff, i, config.causal) for i in range(config.n_layers)
         )
         self.ln_f = nn.LayerNorm(config.d_model)
         self.head = nn.Linear(config.d_model, config.vocab_size, bias=False)
@@ -64,6 +73,8 @@ class Decoder(nn.Module):
     def forward(self, tokens: Tensor, cache: Cache | None = None) -> Tensor:
         """Logits (B, L, V) for tokens (B, L), continuing what `cache` holds if given."""
         L = tokens.shape[1]
+        if cache is not None and not self.config.causal:
+            raise ValueError("a cache continues causal attention; a model built with causal=False reads whole sequences")
         span = cache.span_for(L) if cache is not None else Span(0, L)
         self.encoding.check(span)
         x = self.encoding.embed(self.tok_emb(tokens), span)  # (B, L, d_model)
@@ -85,14 +96,15 @@ def _init_linear(module: nn.Module) -> None:
 def build_model(
     encoding: str = "nope",
     vocab_size: int = 16,
-    d_model: int = 64,
-    n_layers: int = 2,
-    n_heads: int = 4,
+    d_model: int = D_MODEL,
+    n_layers: int = N_LAYERS,
+    n_heads: int = N_HEADS,
     d_ff: int | None = None,
     encoding_options: dict[str, Any] | None = None,
+    causal: bool = True,
 ) -> Decoder:
     """Build a decoder with encoding `encoding` (a registered name) and its options."""
-    config = ModelConfig(vocab_size, d_model, n_layers, n_heads, d_ff, encoding, dict(encoding_options or {}))
+    config = ModelConfig(vocab_size, d_model, n_layers, n_heads, d_ff, encoding, dict(encoding_options or {}), causal)
     return model_from_config(config)
 
 
@@ -104,7 +116,7 @@ def model_from_config(config: ModelConfig) -> Decoder:
         config.encoding,
         n_heads=config.n_heads,
         d_head=config.d_model // config.n_heads,
-        causal=True,
+        causal=config.causal,
         n_layers=config.n_layers,
         **config.encoding_options,
     )

@@ -23,7 +23,7 @@ from typing import Any, Callable, Hashable, Iterable
 import torch
 from torch import Tensor, nn
 
-from posbench.attention import CausalSelfAttention, attention_tensor_bytes
+from posbench.attention import SelfAttention, attention_tensor_bytes
 from posbench.cache import Cache
 from posbench.config import EncodingSpec, config_id, to_jsonable
 from posbench.cpu import configure_cpu
@@ -69,7 +69,7 @@ class AttentionUnderTest(nn.Module):
     def __init__(self, spec: EncodingSpec, n_heads: int, d_head: int) -> None:
         super().__init__()
         self.encoding = create_encoding(spec.name, n_heads, d_head, True, 1, **dict(spec.options))
-        self.attn = CausalSelfAttention(n_heads * d_head, n_heads, 0)
+        self.attn = SelfAttention(n_heads * d_head, n_heads, 0)
 
     def forward(self, x: Tensor, cache: Cache | None = None) -> Tensor:
         L = x.shape[1]

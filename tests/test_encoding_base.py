@@ -4,7 +4,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from posbench.encodings.base import PositionalEncoding, Span, toeplitz
+import posbench
+from posbench.encodings.base import AttentionShape, PositionalEncoding, Span, toeplitz
 
 
 @pytest.mark.parametrize("q_len,k_len", [(1, 1), (3, 7), (5, 5), (6, 2)])
@@ -18,7 +19,7 @@ def test_toeplitz_values_and_gradient(q_len: int, k_len: int) -> None:
 
 
 def test_distance_tables_grow_by_doubling_and_index_correctly() -> None:
-    enc = PositionalEncoding(n_heads=1, d_head=2)
+    enc = PositionalEncoding(AttentionShape(n_heads=1, d_head=2))
     square = lambda d: d * d  # noqa: E731
     got = enc.distance_lookup("sq", Span(100, 103), Span(0, 103), torch.device("cpu"), square)
     rel = torch.arange(100, 103)[:, None] - torch.arange(0, 103)[None, :]
@@ -28,3 +29,38 @@ def test_distance_tables_grow_by_doubling_and_index_correctly() -> None:
     assert enc.table_builds == builds  # capacity 128 already covers it
     assert enc.distance_values("sq", -3, 300, torch.device("cpu"), square).tolist()[0] == 9
     assert enc.table_builds == builds + 1
+
+
+def test_kept_tables_refuse_values_that_depend_on_parameters() -> None:
+    enc = PositionalEncoding(AttentionShape(n_heads=1, d_head=2))
+    weight = torch.nn.Parameter(torch.ones(()))
+    with pytest.raises(ValueError, match="table 'learned' depends on parameters and cannot be kept"):
+        enc.distance_values("learned", -2, 2, torch.device("cpu"), lambda d: weight * d)
+    with pytest.raises(ValueError, match="depends on parameters"):
+        enc.position_table("learned", 4, torch.device("cpu"), lambda n: weight * torch.arange(n))
+
+
+def test_every_encoding_is_built_from_its_attention_shape() -> None:
+    shape = AttentionShape(n_heads=2, d_head=8, causal=True, n_layers=3)
+    for name in posbench.list_encodings():
+        enc = posbench.encodings.REGISTRY.get(name)(shape)
+        assert enc.shape == shape and (enc.n_heads, enc.d_head, enc.d_model, enc.n_layers) == (2, 8, 16, 3)
+
+
+@pytest.mark.parametrize("name", ["t5", "alibi", "rope", "txl"])
+def test_a_model_built_without_causal_masking_sees_later_tokens(name: str) -> None:
+    torch.manual_seed(0)
+    causal, bidirectional = (posbench.build_model(name, causal=c) for c in (True, False))
+    bidirectional.load_state_dict(causal.state_dict())
+    tokens = torch.randint(0, 16, (1, 8))
+    changed = tokens.clone()
+    changed[0, -1] = (tokens[0, -1] + 1) % 16
+    with torch.no_grad():
+        assert torch.equal(causal(tokens)[0, 0], causal(changed)[0, 0])  # position 0 cannot see position 7
+        assert not torch.allclose(bidirectional(tokens)[0, 0], bidirectional(changed)[0, 0])
+    if name == "t5":
+        assert bidirectional.encoding.bidirectional and not causal.encoding.bidirectional
+    if name == "alibi":
+        assert bidirectional.encoding.symmetric and not causal.encoding.symmetric
+    with pytest.raises(ValueError, match="a cache continues causal attention"):
+        bidirectional(tokens, cache=bidirectional.new_cache())

@@ -155,11 +155,11 @@ def _write_installed_metadata(src: Path, site: Path) -> None:
 class Declared(posbench.PositionalEncoding):
     """A plugin that declares what its options accept (at module level, as a plugin file is)."""
 
-    def __init__(self, n_heads, d_head, causal=True, n_layers=1, *,
+    def __init__(self, shape, *,
                  strength: Annotated[float, Range(gt=0)] = 1.0,
                  mode: Annotated[str, OneOf(("log", "power"))] = "log",
                  untyped=3) -> None:
-        super().__init__(n_heads, d_head, causal, n_layers)
+        super().__init__(shape)
 
 
 def test_plugin_options_declare_their_types_and_ranges() -> None:

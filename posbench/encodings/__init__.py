@@ -1,7 +1,7 @@
 """The encoding registry and the built-in encodings (each registered in its own module)."""
 from __future__ import annotations
 
-from posbench.encodings.base import BandBias, LayerContext, PositionalEncoding, Scores, Span
+from posbench.encodings.base import AttentionShape, BandBias, LayerContext, PositionalEncoding, Scores, Span
 from posbench.encodings.registry import REGISTRY, register_encoding
 
 
@@ -14,7 +14,7 @@ def create_encoding(
     name: str, n_heads: int, d_head: int, causal: bool = True, n_layers: int = 1, **options: object
 ) -> PositionalEncoding:
     """Build encoding `name` for attention with `n_heads` heads of size `d_head`."""
-    return REGISTRY.create(name, n_heads, d_head, causal, n_layers, **options)  # type: ignore[return-value]
+    return REGISTRY.create(name, AttentionShape(n_heads, d_head, causal, n_layers), **options)  # type: ignore[return-value]
 
 
 #: The built-in encodings, in the order sweeps and reports show them.
@@ -35,6 +35,7 @@ from posbench.encodings import (  # noqa: E402,F401
 __all__ = [
     "BUILTINS",
     "REGISTRY",
+    "AttentionShape",
     "LayerContext",
     "PositionalEncoding",
     "Scores",

@@ -7,7 +7,7 @@ import torch
 from torch import Tensor
 
 from posbench.encodings.registry import register_encoding
-from posbench.encodings.base import PositionalEncoding, Span
+from posbench.encodings.base import AttentionShape, PositionalEncoding, Span
 
 
 def alibi_slopes(n_heads: int) -> list[float]:
@@ -35,16 +35,13 @@ class ALiBi(PositionalEncoding):
 
     def __init__(
         self,
-        n_heads: int,
-        d_head: int,
-        causal: bool = True,
-        n_layers: int = 1,
+        shape: AttentionShape,
         *,
         symmetric: bool | None = None,
     ) -> None:
-        super().__init__(n_heads, d_head, causal, n_layers)
-        self.symmetric = (not causal) if symmetric is None else symmetric
-        self.register_buffer("slopes", torch.tensor(alibi_slopes(n_heads)), persistent=False)
+        super().__init__(shape)
+        self.symmetric = (not shape.causal) if symmetric is None else symmetric
+        self.register_buffer("slopes", torch.tensor(alibi_slopes(shape.n_heads)), persistent=False)
 
     def position_bias(self, q_span: Span, k_span: Span, layer: int, device: torch.device) -> Tensor:
         slopes = self.slopes.to(device)
@@ -53,4 +50,4 @@ class ALiBi(PositionalEncoding):
             distance = distance.abs() if self.symmetric else distance
             return -slopes * distance.float()[:, None]
 
-        return self.static_relative_bias("penalty", q_span, k_span, device, penalty)  # (H, Lq, Lk)
+        return self.parameter_free_relative_bias("penalty", q_span, k_span, device, penalty)  # (H, Lq, Lk)

@@ -40,6 +40,22 @@ class Span:
 
 
 @dataclass(frozen=True)
+class AttentionShape:
+    """The attention an encoding serves; every encoding is built from one, plus its own options."""
+
+    n_heads: int
+    d_head: int
+    #: False for attention that sees every key (encoder-style): T5 then uses bidirectional
+    #: buckets and ALiBi a symmetric bias by default.
+    causal: bool = True
+    n_layers: int = 1
+
+    @property
+    def d_model(self) -> int:
+        return self.n_heads * self.d_head
+
+
+@dataclass(frozen=True)
 class LayerContext:
     """What an encoding may use of the attention layer it serves: its index and projections."""
 
@@ -117,13 +133,11 @@ class PositionalEncoding(nn.Module):
     #: the conformance kit checks they get none, and that every other parameter gets one.
     gradient_free: ClassVar[tuple[str, ...]] = ()
 
-    def __init__(self, n_heads: int, d_head: int, causal: bool = True, n_layers: int = 1) -> None:
+    def __init__(self, shape: AttentionShape) -> None:
         super().__init__()
-        self.n_heads = n_heads
-        self.d_head = d_head
-        self.d_model = n_heads * d_head
-        self.causal = causal
-        self.n_layers = n_layers
+        self.shape = shape
+        self.n_heads, self.d_head, self.d_model = shape.n_heads, shape.d_head, shape.d_model
+        self.causal, self.n_layers = shape.causal, shape.n_layers
         self._tables: dict[Hashable, Tensor] = {}
         self._last_bias: dict[str, tuple[Hashable, Tensor]] = {}
         #: How many static tables were built (tests check that decoding reuses them).
@@ -168,17 +182,29 @@ class PositionalEncoding(nn.Module):
         return None
 
     # ---- helpers for subclasses ---------------------------------------------------------
+    # Tables are kept per (name, device) and grow by doubling; they hold values that depend on
+    # positions only (frequencies, bucket ids, sinusoids), never on parameters: a kept table
+    # built from a parameter would hand later calls a stale autograd graph, so one is refused.
+    def _kept_table(self, name: str, device: torch.device, fits: Callable[[Tensor], bool],
+                    build: Callable[[], Tensor]) -> Tensor:
+        key = (name, str(device))
+        table = self._tables.get(key)
+        if table is None or not fits(table):
+            table = build()
+            if table.requires_grad:
+                raise ValueError(
+                    f"encoding {self.name!r}: table {name!r} depends on parameters and cannot be kept; "
+                    "keep the parameter-free part (e.g. bucket ids) and index the parameters with it on every call"
+                )
+            self.table_builds += 1
+            self._tables[key] = table
+        return table
+
     def position_table(self, name: str, stop: int, device: torch.device, build: Callable[[int], Tensor]) -> Tensor:
         """A table indexed by position 0..stop-1, built for a capacity that doubles as needed,
         so decoding token by token never rebuilds it for the whole prefix. build(n) -> (n, ...)."""
-        key = (name, str(device))
-        table = self._tables.get(key)
-        if table is None or table.shape[0] < stop:
-            capacity = max(64, 1 << max(0, stop - 1).bit_length())
-            table = build(capacity)
-            self.table_builds += 1
-            self._tables[key] = table
-        return table[:stop]
+        capacity = max(64, 1 << max(0, stop - 1).bit_length())
+        return self._kept_table(name, device, lambda t: t.shape[0] >= stop, lambda: build(capacity))[:stop]
 
     def distance_values(
         self, name: str, lo: int, hi: int, device: torch.device, build: Callable[[Tensor], Tensor]
@@ -187,13 +213,9 @@ class PositionalEncoding(nn.Module):
         -(C-1)..C-1 whose capacity C doubles as needed, so decoding token by token never
         rebuilds it for the whole prefix. build(distances) -> f(distances)."""
         reach = max(abs(lo), abs(hi)) + 1
-        key = (name, str(device))
-        table = self._tables.get(key)
-        if table is None or (table.shape[0] + 1) // 2 < reach:
-            capacity = max(64, 1 << (reach - 1).bit_length())
-            table = build(torch.arange(-(capacity - 1), capacity, device=device))
-            self.table_builds += 1
-            self._tables[key] = table
+        capacity = max(64, 1 << (reach - 1).bit_length())
+        table = self._kept_table(name, device, lambda t: (t.shape[0] + 1) // 2 >= reach,
+                                 lambda: build(torch.arange(-(capacity - 1), capacity, device=device)))
         offset = (table.shape[0] + 1) // 2 - 1
         return table[lo + offset : hi + offset + 1]
 
@@ -205,12 +227,14 @@ class PositionalEncoding(nn.Module):
         values = self.distance_values(name, lo, q_span.stop - 1 - k_span.start, device, build)
         return values[self.relative_positions(q_span, k_span, device) - lo]
 
-    def static_relative_bias(
+    def parameter_free_relative_bias(
         self, name: str, q_span: Span, k_span: Span, device: torch.device, build: Callable[[Tensor], Tensor]
     ) -> Tensor:
-        """A parameter-free bias f(i - j) as an (H, Lq, Lk) Toeplitz matrix, build(distances) ->
-        (n, H) read through ``distance_values``. The last matrix is kept: it depends only on the
-        spans' lengths and offset, so a training or evaluation loop at one length builds it once."""
+        """A bias f(i - j) with no learned parameters (ALiBi's) as an (H, Lq, Lk) Toeplitz
+        matrix, build(distances) -> (n, H) read through ``distance_values``. The last matrix is
+        kept and served again for spans of the same lengths and offset, so a training or
+        evaluation loop at one length builds it once; that is only sound because nothing in it
+        is learned (``distance_values`` refuses a `build` whose result requires a gradient)."""
         key = (len(q_span), len(k_span), q_span.start - k_span.start, str(device))
         last = self._last_bias.get(name)
         if last is None or last[0] != key:

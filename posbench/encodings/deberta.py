@@ -15,7 +15,7 @@ from torch import Tensor, nn
 
 from posbench.encodings.registry import register_encoding
 from posbench.errors import OptionError
-from posbench.encodings.base import BandBias, LayerContext, PositionalEncoding, Scores, Span
+from posbench.encodings.base import AttentionShape, BandBias, LayerContext, PositionalEncoding, Scores, Span
 from posbench.validation import Range
 
 
@@ -80,16 +80,13 @@ class DeBERTa(PositionalEncoding):
 
     def __init__(
         self,
-        n_heads: int,
-        d_head: int,
-        causal: bool = True,
-        n_layers: int = 1,
+        shape: AttentionShape,
         *,
         span: Annotated[int, Range(ge=1)] = 64,
         position_buckets: Annotated[int, Range(ge=0)] = 0,
         share_att_key: bool = False,
     ) -> None:
-        super().__init__(n_heads, d_head, causal, n_layers)
+        super().__init__(shape)
         if position_buckets and (position_buckets < 2 or span <= position_buckets // 2 + 1):
             raise OptionError(
                 "encoding 'deberta': position_buckets must be 0 (off) or >= 2 with span > position_buckets/2 + 1, "
@@ -102,8 +99,8 @@ class DeBERTa(PositionalEncoding):
         self.rel_embeddings = nn.Embedding(2 * self.att_span, self.d_model)
         nn.init.normal_(self.rel_embeddings.weight, std=0.02)
         if not share_att_key:
-            self.pos_key_proj = nn.ModuleList(nn.Linear(self.d_model, self.d_model) for _ in range(n_layers))
-            self.pos_query_proj = nn.ModuleList(nn.Linear(self.d_model, self.d_model) for _ in range(n_layers))
+            self.pos_key_proj = nn.ModuleList(nn.Linear(self.d_model, self.d_model) for _ in range(shape.n_layers))
+            self.pos_query_proj = nn.ModuleList(nn.Linear(self.d_model, self.d_model) for _ in range(shape.n_layers))
 
     def delta(self, q_span: Span, k_span: Span, device: torch.device) -> Tensor:
         """δ(i, j) = clamp(i - j + k, 0, 2k - 1), (Lq, Lk), from a per-distance table."""

@@ -6,7 +6,7 @@ from typing import Annotated
 from torch import Tensor, nn
 
 from posbench.encodings.registry import register_encoding
-from posbench.encodings.base import PositionalEncoding, Span
+from posbench.encodings.base import AttentionShape, PositionalEncoding, Span
 from posbench.validation import Range
 
 
@@ -16,14 +16,11 @@ class Learned(PositionalEncoding):
 
     def __init__(
         self,
-        n_heads: int,
-        d_head: int,
-        causal: bool = True,
-        n_layers: int = 1,
+        shape: AttentionShape,
         *,
         max_positions: Annotated[int, Range(ge=1)] = 1024,
     ) -> None:
-        super().__init__(n_heads, d_head, causal, n_layers)
+        super().__init__(shape)
         self.max_positions = max_positions
         self.table = nn.Embedding(max_positions, self.d_model)
 

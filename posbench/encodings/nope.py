@@ -10,6 +10,3 @@ class NoPE(PositionalEncoding):
     """No positional encoding: attention sees order only through the causal mask."""
 
     relative = True
-
-    def __init__(self, n_heads: int, d_head: int, causal: bool = True, n_layers: int = 1) -> None:
-        super().__init__(n_heads, d_head, causal, n_layers)

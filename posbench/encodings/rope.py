@@ -8,7 +8,7 @@ from torch import Tensor
 
 from posbench.encodings.registry import register_encoding
 from posbench.errors import OptionError
-from posbench.encodings.base import LayerContext, PositionalEncoding, Span, sinusoid
+from posbench.encodings.base import AttentionShape, LayerContext, PositionalEncoding, Span, sinusoid
 from posbench.validation import Range
 
 
@@ -31,19 +31,16 @@ class RoPE(PositionalEncoding):
 
     def __init__(
         self,
-        n_heads: int,
-        d_head: int,
-        causal: bool = True,
-        n_layers: int = 1,
+        shape: AttentionShape,
         *,
         base: Annotated[float, Range(gt=1)] = 10000.0,
         interpolation: Annotated[float, Range(gt=0)] = 1.0,
     ) -> None:
-        super().__init__(n_heads, d_head, causal, n_layers)
-        if d_head % 2:
+        super().__init__(shape)
+        if shape.d_head % 2:
             raise OptionError(
                 f"encoding 'rope' rotates pairs of dimensions and needs an even head size, got "
-                f"d_head={d_head}; choose d_model and n_heads with an even d_model / n_heads."
+                f"d_head={shape.d_head}; choose d_model and n_heads with an even d_model / n_heads."
             )
         self.base = base
         self.interpolation = interpolation

@@ -7,7 +7,7 @@ import torch
 from torch import Tensor
 
 from posbench.encodings.registry import register_encoding
-from posbench.encodings.base import PositionalEncoding, Span, sinusoid
+from posbench.encodings.base import AttentionShape, PositionalEncoding, Span, sinusoid
 from posbench.validation import Range
 
 
@@ -22,15 +22,12 @@ class Sinusoidal(PositionalEncoding):
 
     def __init__(
         self,
-        n_heads: int,
-        d_head: int,
-        causal: bool = True,
-        n_layers: int = 1,
+        shape: AttentionShape,
         *,
         base: Annotated[float, Range(gt=1)] = 10000.0,
         restart_per_segment: bool = False,
     ) -> None:
-        super().__init__(n_heads, d_head, causal, n_layers)
+        super().__init__(shape)
         self.base = base
         self.restart_per_segment = restart_per_segment
 

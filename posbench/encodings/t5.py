@@ -9,7 +9,7 @@ from torch import Tensor, nn
 
 from posbench.encodings.registry import register_encoding
 from posbench.errors import OptionError
-from posbench.encodings.base import BandBias, PositionalEncoding, Span, toeplitz
+from posbench.encodings.base import AttentionShape, BandBias, PositionalEncoding, Span, toeplitz
 from posbench.validation import Range
 
 
@@ -51,20 +51,17 @@ class T5Bias(PositionalEncoding):
 
     def __init__(
         self,
-        n_heads: int,
-        d_head: int,
-        causal: bool = True,
-        n_layers: int = 1,
+        shape: AttentionShape,
         *,
         num_buckets: Annotated[int, Range(ge=2)] = 32,
         max_distance: Annotated[int, Range(ge=2)] = 128,
         bidirectional: bool | None = None,
         per_layer: bool = False,
     ) -> None:
-        super().__init__(n_heads, d_head, causal, n_layers)
+        super().__init__(shape)
         self.num_buckets = num_buckets
         self.max_distance = max_distance
-        self.bidirectional = (not causal) if bidirectional is None else bidirectional
+        self.bidirectional = (not shape.causal) if bidirectional is None else bidirectional
         exact = num_buckets // (4 if self.bidirectional else 2)  # exact buckets per direction
         if exact < 1 or max_distance <= exact:
             raise OptionError(
@@ -72,7 +69,7 @@ class T5Bias(PositionalEncoding):
                 f"the {max(exact, 1)} exact buckets, got num_buckets={num_buckets}, max_distance={max_distance}."
             )
         self.tables = nn.ModuleList(
-            nn.Embedding(num_buckets, n_heads) for _ in range(n_layers if per_layer else 1)
+            nn.Embedding(num_buckets, shape.n_heads) for _ in range(shape.n_layers if per_layer else 1)
         )
         for table in self.tables:
             nn.init.normal_(table.weight, std=0.02)

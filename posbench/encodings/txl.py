@@ -12,7 +12,7 @@ import torch
 from torch import Tensor, nn
 
 from posbench.encodings.registry import register_encoding
-from posbench.encodings.base import LayerContext, PositionalEncoding, Scores, Span, sinusoid
+from posbench.encodings.base import AttentionShape, LayerContext, PositionalEncoding, Scores, Span, sinusoid
 from posbench.validation import Range
 
 
@@ -34,23 +34,20 @@ class TransformerXL(PositionalEncoding):
 
     def __init__(
         self,
-        n_heads: int,
-        d_head: int,
-        causal: bool = True,
-        n_layers: int = 1,
+        shape: AttentionShape,
         *,
         clamp_len: Annotated[int | None, Range(ge=1)] = None,
         scale: bool = True,
         share_uv: bool = False,
     ) -> None:
-        super().__init__(n_heads, d_head, causal, n_layers)
+        super().__init__(shape)
         self.clamp_len = clamp_len
         self.scale = scale
         self.share_uv = share_uv
-        n_uv = 1 if share_uv else n_layers
-        self.u = nn.Parameter(torch.randn(n_uv, n_heads, d_head) * 0.02)
-        self.v = nn.Parameter(torch.randn(n_uv, n_heads, d_head) * 0.02)
-        self.w_kr = nn.ModuleList(nn.Linear(self.d_model, self.d_model, bias=False) for _ in range(n_layers))
+        n_uv = 1 if share_uv else shape.n_layers
+        self.u = nn.Parameter(torch.randn(n_uv, shape.n_heads, shape.d_head) * 0.02)
+        self.v = nn.Parameter(torch.randn(n_uv, shape.n_heads, shape.d_head) * 0.02)
+        self.w_kr = nn.ModuleList(nn.Linear(self.d_model, self.d_model, bias=False) for _ in range(shape.n_layers))
 
     def distance_embedding(self, distances: Tensor) -> Tensor:
         """R for each distance, (T, d_model) as [sin | cos], clamped to [0, clamp_len]."""

@@ -3,7 +3,7 @@ so its true gradient is zero, and float32 round-off must not pass for a gradient
 import torch
 from torch import nn
 
-from posbench import PositionalEncoding, register_encoding
+from posbench import AttentionShape, PositionalEncoding, register_encoding
 
 
 @register_encoding("test_row_constant")
@@ -12,9 +12,9 @@ class RowConstant(PositionalEncoding):
 
     relative = True
 
-    def __init__(self, n_heads, d_head, causal=True, n_layers=1):
-        super().__init__(n_heads, d_head, causal, n_layers)
-        self.offset = nn.Parameter(torch.ones(n_heads))
+    def __init__(self, shape: AttentionShape):
+        super().__init__(shape)
+        self.offset = nn.Parameter(torch.ones(shape.n_heads))
 
     def position_bias(self, q_span, k_span, layer, device):
         rows = torch.ones(len(q_span), len(k_span), device=device)
