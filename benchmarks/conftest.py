@@ -10,8 +10,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from posbench.cpu import configure_cpu
-from posbench.timing import guarded, interleaved_times
+from posbench.kernels.cpu import configure_cpu
+from posbench.experiment.timing import guarded, interleaved_times
 
 THREADS = int(os.environ.get("POSBENCH_BENCH_THREADS", "2"))
 configure_cpu(THREADS)

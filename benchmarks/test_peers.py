@@ -9,8 +9,8 @@ import importlib.util
 import pytest
 import torch
 
-from posbench.config import EncodingSpec
-from posbench.profiling import BenchConfig, _layer
+from posbench.experiment.config import EncodingSpec
+from posbench.experiment.profiling import BenchConfig, _layer
 
 B, H, D_HEAD, L = 8, 4, 32, 1024
 D_MODEL = H * D_HEAD

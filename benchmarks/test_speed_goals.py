@@ -7,10 +7,10 @@ import dataclasses
 import pytest
 import torch
 
-from posbench.config import EncodingSpec
+from posbench.experiment.config import EncodingSpec
 from posbench.encodings import BUILTINS
-from posbench.profiling import BenchConfig, _layer, _once, memory_rows, reset_peak_rss
-from posbench.timing import time_ms
+from posbench.experiment.profiling import BenchConfig, _layer, _once, memory_rows, reset_peak_rss
+from posbench.experiment.timing import time_ms
 
 CONFIG = BenchConfig(batch_size=8, n_heads=4, d_head=32, threads=torch.get_num_threads(), min_run_time=0.5)
 LIMITS = {"alibi": 1.2, "rope": 1.2, "sinusoidal": 1.2, "learned": 1.2, "t5": 2.0, "txl": 2.5, "deberta": 2.5}

@@ -7,21 +7,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from posbench.biased_attention import biased_attention
 from posbench.cache import Cache
-from posbench.encodings.base import BandBias, LayerContext, PositionalEncoding, Span
-
-_MASKS: dict[tuple[int, int, str], Tensor] = {}
-
-
-def causal_mask(q_len: int, k_len: int, device: torch.device) -> Tensor:
-    """Boolean (Lq, Lk) mask, True where query i (the last Lq of the keys) may attend key j."""
-    key = (q_len, k_len, str(device))
-    if key not in _MASKS:
-        if len(_MASKS) > 64:
-            _MASKS.clear()
-        _MASKS[key] = torch.ones(q_len, k_len, dtype=torch.bool, device=device).tril(k_len - q_len)
-    return _MASKS[key]
+from posbench.encodings.base import LayerContext, PositionalEncoding, Span
+from posbench.kernels.bias_types import BandBias
+from posbench.kernels.biased_attention import biased_attention
+from posbench.kernels.masks import causal_mask
 
 
 class SelfAttention(nn.Module):

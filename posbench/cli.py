@@ -30,7 +30,7 @@ def user_errors(fn: Callable[..., T]) -> Callable[..., T]:
 
     @functools.wraps(fn)
     def wrapper(*args: object, **kwargs: object) -> T:
-        from posbench.results import describe_os_error
+        from posbench.store import describe_os_error
 
         try:
             return fn(*args, **kwargs)
@@ -122,9 +122,9 @@ def run_command(
 ) -> None:
     """Train a tiny decoder per encoding and task, evaluate it at and beyond the training
     length and through caches, and store tidy, resumable results."""
-    from posbench.config import apply_overrides, load_config_file
+    from posbench.experiment.config import apply_overrides, load_config_file
     from posbench.suites import DEFAULT_SUITE, suite_file
-    from posbench.progress import make_reporter, print_outcome
+    from posbench.report.terminal import make_reporter, print_outcome
 
     if config and suite:
         raise ConfigError("--config and --suite both describe a whole sweep; give one of them.")
@@ -138,10 +138,10 @@ def run_command(
     if sweep.quick:  # a quick look never mixes with the full runs of the same sweep
         name = "quick" if name == DEFAULT_SUITE else f"{name}-quick"
     out_dir = out or Path("results") / name
-    from posbench.executors import make_executor
-    from posbench.report import default_report_dir
-    from posbench.results import RunFolder, sweep_members
-    from posbench.runner import run_sweep
+    from posbench.experiment.executors import make_executor
+    from posbench.report.html import default_report_dir
+    from posbench.store import RunFolder, sweep_members
+    from posbench.experiment.runner import run_sweep
 
     chosen = make_executor(executor, jobs, ray_address, cpus_per_run, gpus_per_run)
     previous = signal.signal(signal.SIGTERM, _raise_terminated)
@@ -160,7 +160,7 @@ def run_command(
         signal.signal(signal.SIGTERM, previous)
     print_outcome(console, outcome)
     if report and outcome.finished_any:
-        from posbench.report import build_report
+        from posbench.report.html import build_report
 
         written = build_report(out_dir, default_report_dir(out_dir))
         console.print(Text(f"report: {written.html}"), soft_wrap=True)
@@ -191,12 +191,12 @@ def bench_command(
 
     import torch
 
-    from posbench.config import EncodingSpec
+    from posbench.experiment.config import EncodingSpec
     from posbench.encodings import BUILTINS, REGISTRY
     from posbench.plugins import loaded_plugin_dirs
-    from posbench.profiling import BenchConfig, ProfileRun, run_profile
-    from posbench.progress import print_bench
-    from posbench.results import prepare_sweep_dir, sweep_lock, write_results_csv, write_sweep_marker
+    from posbench.experiment.profiling import BenchConfig, ProfileRun, run_profile
+    from posbench.report.terminal import print_bench
+    from posbench.store import prepare_sweep_dir, sweep_lock, write_results_csv, write_sweep_marker
 
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise ConfigError(f"--device {device} was asked for but CUDA is not available here; use --device cpu.")
@@ -232,8 +232,8 @@ def report_command(
     out: Optional[Path] = typer.Option(None, "-o", "--out", help="Report folder. Default: reports/<name> for results/<name>, else <sweep folder>/report."),
 ) -> None:
     """Build results.csv, summary.csv and a self-contained report.html from stored results."""
-    from posbench.progress import print_headline
-    from posbench.report import build_report, default_report_dir
+    from posbench.report.terminal import print_headline
+    from posbench.report.html import build_report, default_report_dir
 
     written = build_report(results_dir, out or default_report_dir(results_dir))
     print_headline(console, written.headline)

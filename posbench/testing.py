@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 import torch
 
-from posbench.attention import causal_mask
+from posbench.kernels.masks import causal_mask
 from posbench.encodings import REGISTRY, create_encoding
 from posbench.encodings.base import LayerContext, PositionalEncoding, Span
 from posbench.errors import PositionOutOfRangeError

@@ -10,18 +10,21 @@ PACKAGE = Path(__file__).resolve().parents[1] / "posbench"
 
 #: Lowest first. docs/architecture.md draws the same table.
 LAYERS: list[set[str]] = [
-    {"errors", "validation", "cpu", "flash_ops", "timing", "stats", "suites", "version"},
-    {"encodings.base", "registry"},
-    {"band_attention", "biased_attention", "cache", "attention"},
-    {"encodings", "encodings.*", "tasks", "tasks.*"},
-    {"model", "plugins"},
-    {"bias", "testing", "training", "evaluation", "config"},
-    {"results"},
-    {"compute", "profiling"},
-    {"executors"},
-    {"runner"},
-    {"summary", "literature", "plots"},
-    {"report", "progress"},
+    {"errors", "validation", "version", "suites", "kernels", "kernels.cpu", "kernels.flash_ops", "kernels.masks",
+     "kernels.bias_types"},
+    {"kernels.band_attention", "kernels.biased_attention", "registry", "encodings.positions"},
+    {"encodings.tables"},
+    {"encodings.base", "encodings.registry", "tasks.base", "tasks.registry"},
+    {"encodings", "encodings.*", "tasks", "tasks.*", "cache"},
+    {"attention", "model", "plugins"},
+    {"experiment", "experiment.config", "experiment.training", "experiment.evaluation", "experiment.bias",
+     "experiment.timing", "testing"},
+    {"store"},
+    {"experiment.compute", "experiment.profiling"},
+    {"experiment.executors"},
+    {"experiment.runner"},
+    {"report", "report.stats", "report.summary", "report.literature", "report.plots"},
+    {"report.html", "report.terminal"},
     {"cli", ""},  # "" is the package itself, which re-exports the public API
 ]
 

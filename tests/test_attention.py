@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 import posbench
 
-from posbench.biased_attention import biased_attention
+from posbench.kernels.biased_attention import biased_attention
 from posbench.encodings import BandBias
 
 
@@ -23,8 +23,8 @@ def _mask(kind: str, q_len: int, k_len: int) -> torch.Tensor | None:
 @pytest.mark.parametrize("bias_grad", [True, False])
 def test_biased_attention_matches_sdpa_math(bias_shape: tuple[int, ...], mask_kind: str, q_len: int, k_len: int,
                                             bias_grad: bool, monkeypatch) -> None:
-    monkeypatch.setattr("posbench.biased_attention.FLASH_MIN_PAIRS", 1)  # force the flash path
-    monkeypatch.setattr("posbench.biased_attention.ROW_BLOCK", 4)  # several row blocks, a ragged last one
+    monkeypatch.setattr("posbench.kernels.biased_attention.FLASH_MIN_PAIRS", 1)  # force the flash path
+    monkeypatch.setattr("posbench.kernels.biased_attention.ROW_BLOCK", 4)  # several row blocks, a ragged last one
     torch.manual_seed(0)
     q = torch.randn(2, 3, q_len, 8, requires_grad=True)
     k, v = (torch.randn(2, 3, k_len, 8, requires_grad=True) for _ in range(2))
@@ -50,8 +50,8 @@ def test_biased_attention_matches_sdpa_math(bias_shape: tuple[int, ...], mask_ki
 def test_band_attention_matches_the_dense_bias(L: int, W: int, rows: int, band_shape: tuple, monkeypatch) -> None:
     """Far keys through flash attention, the band densely, merged by log-sum-exp: outputs and
     gradients (q, k, v and the band, broadcast or not) equal SDPA's math path on the dense bias."""
-    monkeypatch.setattr("posbench.biased_attention.FLASH_MIN_PAIRS", 1)
-    monkeypatch.setattr("posbench.band_attention.ROWS", rows)
+    monkeypatch.setattr("posbench.kernels.biased_attention.FLASH_MIN_PAIRS", 1)
+    monkeypatch.setattr("posbench.kernels.band_attention.ROWS", rows)
     torch.manual_seed(0)
     q, k, v = (torch.randn(2, 3, L, 8, requires_grad=True) for _ in range(3))
     band = (3 * torch.randn(*[L if n == "L" else n for n in band_shape], W)).requires_grad_(True)
@@ -80,8 +80,8 @@ def test_band_attention_matches_the_dense_bias(L: int, W: int, rows: int, band_s
 def test_fast_attention_paths_match_the_math_path_in_a_layer(name: str, options: dict, monkeypatch) -> None:
     """A whole layer at L=160 (flash kernel, band attention where the encoding has a band)
     gives the output and gradients of SDPA's math path on the dense bias."""
-    from posbench.config import EncodingSpec
-    from posbench.profiling import AttentionUnderTest
+    from posbench.experiment.config import EncodingSpec
+    from posbench.experiment.profiling import AttentionUnderTest
 
     torch.manual_seed(0)
     layer = AttentionUnderTest(EncodingSpec(name, options), n_heads=2, d_head=8)
@@ -98,7 +98,7 @@ def test_fast_attention_paths_match_the_math_path_in_a_layer(name: str, options:
         return (out, *[g for g in grads if g is not None])
 
     fast = run()
-    monkeypatch.setattr("posbench.biased_attention.FLASH_MIN_PAIRS", 10**9)  # math path, dense bias
+    monkeypatch.setattr("posbench.kernels.biased_attention.FLASH_MIN_PAIRS", 10**9)  # math path, dense bias
     reference = run()
     assert len(fast) == len(reference)
     for a, b in zip(fast, reference):
@@ -109,7 +109,7 @@ def test_fast_attention_paths_match_the_math_path_in_a_layer(name: str, options:
 def test_without_the_private_flash_ops_every_encoding_trains_and_matches(encoding: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """torch may drop or change the private CPU flash ops: attention then takes the public
     math path, with the same outputs and gradients."""
-    from posbench import flash_ops
+    from posbench.kernels import flash_ops
     from posbench.testing import tiny_model
 
     options = {"max_positions": 256} if encoding == "learned" else {}

@@ -8,7 +8,7 @@ import textwrap
 PROBE = textwrap.dedent(
     """
     import torch
-    from posbench.cpu import configure_cpu, denormals_flushed
+    from posbench.kernels.cpu import configure_cpu, denormals_flushed
 
     def denormal_results():
         # 1e-30 * 1e-10 = 1e-40 is denormal in float32; a parallel op spreads it over all threads
@@ -32,7 +32,7 @@ def test_configure_cpu_flushes_denormals_on_every_worker_thread() -> None:
 SCOPED = textwrap.dedent(
     """
     import torch
-    from posbench.cpu import compute_settings, denormals_flushed
+    from posbench.kernels.cpu import compute_settings, denormals_flushed
 
     def denormal_results():
         return int((torch.full((1 << 22,), 1e-30) * 1e-10).count_nonzero())

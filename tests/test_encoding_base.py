@@ -5,7 +5,8 @@ import pytest
 import torch
 
 import posbench
-from posbench.encodings.base import AttentionShape, PositionalEncoding, Span, toeplitz
+from posbench.encodings.base import AttentionShape, PositionalEncoding, Span
+from posbench.kernels.bias_types import toeplitz
 
 
 @pytest.mark.parametrize("q_len,k_len", [(1, 1), (3, 7), (5, 5), (6, 2)])

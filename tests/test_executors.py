@@ -10,12 +10,12 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from posbench.compute import SilentReporter, run_label
+from posbench.experiment.compute import SilentReporter, run_label
 from posbench.errors import ConfigError
-from posbench.executors import ProcessExecutor, make_executor
+from posbench.experiment.executors import ProcessExecutor, make_executor
 from posbench.plugins import load_plugin_dir
-from posbench.results import RunFolder
-from posbench.runner import run_sweep
+from posbench.store import RunFolder
+from posbench.experiment.runner import run_sweep
 
 from helpers import TINY_TOML, tiny_sweep
 

@@ -12,7 +12,7 @@ PROBE = textwrap.dedent(
     sys.path.insert(0, "tests")
     import torch
     from helpers import tiny_sweep
-    from posbench.runner import run_sweep
+    from posbench.experiment.runner import run_sweep
 
     def denormals():  # a parallel op: every worker thread's mode shows
         return int((torch.full((1 << 22,), 1e-30) * 1e-10).count_nonzero())

@@ -6,7 +6,7 @@ import math
 
 import pandas as pd
 
-from posbench.literature import AGREES, DISAGREES, NOT_MEASURED, check_findings
+from posbench.report.literature import AGREES, DISAGREES, NOT_MEASURED, check_findings
 
 
 def _copy(values: dict[str, float]) -> list[dict]:

@@ -10,12 +10,12 @@ import torch
 from typer.testing import CliRunner
 
 from posbench.cli import app
-from posbench.config import EvalConfig, TrainConfig
+from posbench.experiment.config import EvalConfig, TrainConfig
 from posbench.errors import OptionError
-from posbench.evaluation import position_rows
+from posbench.experiment.evaluation import position_rows
 from posbench.model import build_model
 from posbench.tasks import create_task
-from posbench.training import train
+from posbench.experiment.training import train
 
 
 def test_the_language_is_seeded() -> None:
@@ -90,7 +90,7 @@ def test_a_missing_or_short_corpus_is_one_sentence(tmp_path: Path) -> None:
 
 
 def test_lm_has_no_exact_match_rows() -> None:
-    from posbench.evaluation import evaluate
+    from posbench.experiment.evaluation import evaluate
 
     task = create_task("lm", train_lengths=[8, 8], eval_lengths=[8, 32], n_symbols=4)
     model = build_model("nope", task.vocab_size, 16, 1, 2)
@@ -103,9 +103,9 @@ def test_lm_has_no_exact_match_rows() -> None:
 def test_the_report_shows_loss_by_position_and_the_penalty(tmp_path: Path) -> None:
     import dataclasses
 
-    from posbench.config import TaskSpec
-    from posbench.report import build_report
-    from posbench.runner import run_sweep
+    from posbench.experiment.config import TaskSpec
+    from posbench.report.html import build_report
+    from posbench.experiment.runner import run_sweep
 
     from helpers import tiny_sweep
 

@@ -9,9 +9,9 @@ import pytest
 import torch
 
 import posbench
-from posbench.config import EncodingSpec
-from posbench.profiling import BenchConfig, ProfileRun, measure_peak_mb, memory_rows, profile_encoding, reset_peak_rss, run_profile
-from posbench.results import collect
+from posbench.experiment.config import EncodingSpec
+from posbench.experiment.profiling import BenchConfig, ProfileRun, measure_peak_mb, memory_rows, profile_encoding, reset_peak_rss, run_profile
+from posbench.store import collect
 
 TINY = BenchConfig(seq_lens=(16, 32), cache_lens=(0, 8), window_lens=(16,), window=4, batch_size=2,
                    n_heads=2, d_head=8, threads=1, min_run_time=0.001)

@@ -9,7 +9,8 @@ import torch
 
 from posbench import create_encoding
 from posbench.encodings.alibi import alibi_slopes
-from posbench.encodings.base import BandBias, LayerContext, Span
+from posbench.encodings.base import LayerContext, Span
+from posbench.kernels.bias_types import BandBias
 from posbench.encodings.deberta import log_bucket_position
 from posbench.encodings.t5 import t5_bucket
 from posbench.testing import attention_logits

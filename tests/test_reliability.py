@@ -16,8 +16,8 @@ from typer.testing import CliRunner
 from posbench.cli import app
 from posbench.errors import ResultsError
 from posbench.plugins import load_plugin_dir
-from posbench.results import DAMAGED_DIR, RunFolder, sweep_lock
-from posbench.runner import run_sweep
+from posbench.store import DAMAGED_DIR, RunFolder, sweep_lock
+from posbench.experiment.runner import run_sweep
 
 from helpers import TINY_TOML, tiny_sweep
 
@@ -204,7 +204,7 @@ def test_labels_are_shown_literally(tmp_path: Path) -> None:
 
     from rich.console import Console
 
-    from posbench.progress import RichReporter
+    from posbench.report.terminal import RichReporter
 
     sweep = tiny_sweep("nope")
     sweep = dataclasses.replace(sweep, encodings=(dataclasses.replace(sweep.encodings[0], label="ali[/red]bi"),))

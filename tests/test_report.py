@@ -16,10 +16,10 @@ from typer.testing import CliRunner
 from posbench.cli import app
 from posbench.errors import ResultsError
 from posbench.plugins import load_plugin_dir
-from posbench.profiling import BenchConfig
-from posbench.report import build_report
-from posbench.results import collect
-from posbench.runner import run_sweep
+from posbench.experiment.profiling import BenchConfig
+from posbench.report.html import build_report
+from posbench.store import collect
+from posbench.experiment.runner import run_sweep
 
 from helpers import tiny_sweep
 
@@ -44,7 +44,7 @@ def sweep_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     load_plugin_dir(plugins)
     out = tmp_path_factory.mktemp("sweep")
     sweep = dataclasses.replace(tiny_sweep("nope", "t5", "alibi", EVIL, seeds=(0, 1)), profile=True)
-    import posbench.profiling as profiling
+    import posbench.experiment.profiling as profiling
 
     small = BenchConfig(seq_lens=(16, 32), cache_lens=(0, 8), window_lens=(16,), window=4, batch_size=2,
                         n_heads=2, d_head=8, threads=1, min_run_time=0.001)
@@ -145,7 +145,7 @@ def test_report_in_a_real_headless_browser(report, tmp_path: Path) -> None:
 
 
 def test_noisy_latency_is_marked_and_never_best(sweep_dir: Path) -> None:
-    from posbench.report import _headline_rows
+    from posbench.report.html import _headline_rows
 
     frame = collect(sweep_dir)
     ratio_rows = frame["metric"] == "latency_fwdbwd_ratio"

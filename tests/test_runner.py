@@ -8,10 +8,10 @@ import pandas as pd
 import pytest
 import torch
 
-from posbench.config import RunConfig, expand_runs
+from posbench.experiment.config import RunConfig, expand_runs
 from posbench.plugins import load_plugin_dir
-from posbench.results import COLUMNS, RunFolder, read_json
-from posbench.runner import load_run, run_sweep
+from posbench.store import COLUMNS, RunFolder, read_json
+from posbench.experiment.runner import load_run, run_sweep
 
 from helpers import tiny_sweep
 

@@ -6,8 +6,8 @@ import math
 import pandas as pd
 import pytest
 
-from posbench.stats import mean_interval
-from posbench.summary import headline
+from posbench.report.stats import mean_interval
+from posbench.report.summary import cross_task_ranking, headline
 
 
 def test_t_interval_on_known_values() -> None:
@@ -41,3 +41,17 @@ def test_headline_gives_intervals_best_seed_and_share_that_generalise() -> None:
     assert (row["at_2x_low"], row["at_2x_high"]) == pytest.approx((expected.low, expected.high))
     assert row["best_at_2x"] == 0.95 and row["generalising"] == pytest.approx(1 / 3)
     assert row["token_at_2x"] == pytest.approx(0.5 + 0.5166667 / 2)
+
+
+def test_mean_reciprocal_rank_across_tasks() -> None:
+    # unseen-length token accuracy: task a ranks x > y > z, task b ranks y > x = z (tie: rank 2.5)
+    scores = {("a", "x"): 0.9, ("a", "y"): 0.5, ("a", "z"): 0.1, ("b", "x"): 0.2, ("b", "y"): 0.8, ("b", "z"): 0.2}
+    rows = [{"task": t, "encoding_label": e, "seed": s, "metric": "token_accuracy", "mem_len": math.nan,
+             "eval_len": length, "train_len_max": 8, "value": v if length > 8 else 1.0}
+            for (t, e), v in scores.items() for s in (0, 1) for length in (8, 16)]
+    table = cross_task_ranking(pd.DataFrame(rows)).set_index("encoding_label")
+    assert table.loc["x", "mrr_token_accuracy"] == pytest.approx((1 + 1 / 2.5) / 2)
+    assert table.loc["y", "mrr_token_accuracy"] == pytest.approx((1 / 2 + 1) / 2)
+    assert table.loc["z", "mrr_token_accuracy"] == pytest.approx((1 / 3 + 1 / 2.5) / 2)
+    assert list(table.index) == ["y", "x", "z"] and (table["tasks"] == 2).all()
+    assert cross_task_ranking(pd.DataFrame([r for r in rows if r["task"] == "a"])).empty  # one task: no ranking

@@ -8,8 +8,8 @@ import pytest
 from typer.testing import CliRunner
 
 from posbench.cli import app
-from posbench.config import RunConfig, apply_overrides, expand_runs, load_config_file
-from posbench.runner import resolve_sweep
+from posbench.experiment.config import RunConfig, apply_overrides, expand_runs, load_config_file
+from posbench.experiment.runner import resolve_sweep
 from posbench.suites import list_suites, suite_file
 
 

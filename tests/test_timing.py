@@ -4,9 +4,9 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from posbench.config import EncodingSpec
-from posbench.profiling import BenchConfig, latency_rows
-from posbench.timing import CONTENTION_LIMIT, NOISE_TRIES, CpuSample, foreign_cores, guarded, noise_note
+from posbench.experiment.config import EncodingSpec
+from posbench.experiment.profiling import BenchConfig, latency_rows
+from posbench.experiment.timing import CONTENTION_LIMIT, NOISE_TRIES, CpuSample, foreign_cores, guarded, noise_note
 
 
 def test_foreign_cores_subtracts_this_process() -> None:

@@ -7,9 +7,9 @@ import pytest
 import torch
 
 import posbench
-from posbench.config import EvalConfig, TrainConfig
-from posbench.evaluation import evaluate, mem_lens
-from posbench.training import Diverged, learning_rate, train
+from posbench.experiment.config import EvalConfig, TrainConfig
+from posbench.experiment.evaluation import evaluate, mem_lens
+from posbench.experiment.training import Diverged, learning_rate, train
 
 
 def small_model(encoding: str = "rope", vocab: int = 11):
@@ -79,10 +79,10 @@ def test_unbounded_cache_equals_full_context() -> None:
 def test_early_stopping_checks_every_n_steps_and_records_when_it_passed() -> None:
     import dataclasses
 
-    from posbench.config import TrainConfig
+    from posbench.experiment.config import TrainConfig
     from posbench.model import build_model
     from posbench.tasks import create_task
-    from posbench.training import train
+    from posbench.experiment.training import train
 
     task = create_task("copy", train_lengths=[1, 3])
     config = TrainConfig(steps=40, batch_size=4, warmup_steps=1, check_every=5)
@@ -102,7 +102,7 @@ def test_a_run_records_steps_to_threshold_or_why_not(tmp_path) -> None:
 
     import pandas as pd
 
-    from posbench.runner import run_sweep
+    from posbench.experiment.runner import run_sweep
 
     from helpers import tiny_sweep
 

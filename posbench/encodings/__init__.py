@@ -1,7 +1,8 @@
 """The encoding registry and the built-in encodings (each registered in its own module)."""
 from __future__ import annotations
 
-from posbench.encodings.base import AttentionShape, BandBias, LayerContext, PositionalEncoding, Scores, Span
+from posbench.encodings.base import AttentionShape, LayerContext, PositionalEncoding, Span
+from posbench.kernels.bias_types import BandBias, Scores
 from posbench.encodings.registry import REGISTRY, register_encoding
 
 

@@ -15,7 +15,8 @@ from torch import Tensor, nn
 
 from posbench.encodings.registry import register_encoding
 from posbench.errors import OptionError
-from posbench.encodings.base import AttentionShape, BandBias, LayerContext, PositionalEncoding, Scores, Span
+from posbench.encodings.base import AttentionShape, LayerContext, PositionalEncoding, Span
+from posbench.kernels.bias_types import BandBias, Scores
 from posbench.validation import Range
 
 

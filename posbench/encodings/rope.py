@@ -8,7 +8,8 @@ from torch import Tensor
 
 from posbench.encodings.registry import register_encoding
 from posbench.errors import OptionError
-from posbench.encodings.base import AttentionShape, LayerContext, PositionalEncoding, Span, sinusoid
+from posbench.encodings.base import AttentionShape, LayerContext, PositionalEncoding, Span
+from posbench.encodings.tables import sinusoid
 from posbench.validation import Range
 
 

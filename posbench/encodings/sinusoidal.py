@@ -7,7 +7,8 @@ import torch
 from torch import Tensor
 
 from posbench.encodings.registry import register_encoding
-from posbench.encodings.base import AttentionShape, PositionalEncoding, Span, sinusoid
+from posbench.encodings.base import AttentionShape, PositionalEncoding, Span
+from posbench.encodings.tables import sinusoid
 from posbench.validation import Range
 
 

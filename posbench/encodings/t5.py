@@ -9,7 +9,8 @@ from torch import Tensor, nn
 
 from posbench.encodings.registry import register_encoding
 from posbench.errors import OptionError
-from posbench.encodings.base import AttentionShape, BandBias, PositionalEncoding, Span, toeplitz
+from posbench.encodings.base import AttentionShape, PositionalEncoding, Span
+from posbench.kernels.bias_types import BandBias, toeplitz
 from posbench.validation import Range
 
 

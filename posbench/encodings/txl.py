@@ -12,7 +12,9 @@ import torch
 from torch import Tensor, nn
 
 from posbench.encodings.registry import register_encoding
-from posbench.encodings.base import AttentionShape, LayerContext, PositionalEncoding, Scores, Span, sinusoid
+from posbench.encodings.base import AttentionShape, LayerContext, PositionalEncoding, Span
+from posbench.encodings.tables import sinusoid
+from posbench.kernels.bias_types import Scores
 from posbench.validation import Range
 
 

@@ -9,7 +9,7 @@ from typing import Iterable
 import pandas as pd
 
 from posbench.encodings import BUILTINS
-from posbench.stats import GENERALISES_AT, mean_interval
+from posbench.report.stats import GENERALISES_AT, mean_interval
 
 
 def encoding_order(labels: Iterable[str]) -> list[str]:
@@ -133,3 +133,27 @@ def lm_headline(frame: pd.DataFrame) -> pd.DataFrame:
     order = encoding_order(table["encoding_label"])
     table = table.sort_values(["task", "encoding_label"], key=lambda c: c.map(order.index) if c.name == "encoding_label" else c)
     return table.reset_index(drop=True)
+
+
+def cross_task_ranking(frame: pd.DataFrame) -> pd.DataFrame:
+    """Mean reciprocal rank of each encoding across tasks (Kazemnejad et al.'s summary): per
+    task, encodings are ranked by their mean over seeds and over the lengths past the longest
+    training length (full context) of exact match and, separately, of token accuracy (ties
+    share the average rank); the reciprocal ranks are averaged over the tasks an encoding ran.
+    Empty with fewer than two tasks."""
+    rows = frame[frame["task"].notna() & frame["metric"].isin(["exact_match", "token_accuracy"])
+                 & frame["mem_len"].isna() & frame["eval_len"].notna()]
+    rows = rows[rows["eval_len"].astype(float) > rows["train_len_max"].astype(float)]
+    if rows["task"].nunique() < 2:
+        return pd.DataFrame(columns=["encoding_label", "mrr_exact_match", "mrr_token_accuracy", "tasks"])
+    scores = rows.groupby(["metric", "task", "encoding_label", "seed"])["value"].mean().groupby(level=[0, 1, 2]).mean()
+    ranks = scores.groupby(level=[0, 1]).rank(ascending=False, method="average")
+    mrr = (1.0 / ranks).groupby(level=[0, 2]).mean().unstack(level=0)
+    tasks = scores.xs("token_accuracy", level=0).groupby(level=1).size() if "token_accuracy" in scores.index.get_level_values(0) else None
+    table = pd.DataFrame({
+        "encoding_label": mrr.index,
+        "mrr_exact_match": mrr.get("exact_match", pd.Series(index=mrr.index, dtype=float)).values,
+        "mrr_token_accuracy": mrr.get("token_accuracy", pd.Series(index=mrr.index, dtype=float)).values,
+        "tasks": (tasks.reindex(mrr.index).fillna(0).astype(int).values if tasks is not None else 0),
+    })
+    return table.sort_values("mrr_token_accuracy", ascending=False).reset_index(drop=True)

@@ -18,8 +18,8 @@ import pandas as pd
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
-from posbench.stats import mean_interval
-from posbench.summary import encoding_order
+from posbench.report.stats import mean_interval
+from posbench.report.summary import encoding_order
 
 #: The report's look, applied per figure through rc_context: the caller's rcParams and
 #: backend are never touched (no pyplot, no matplotlib.use).

@@ -14,12 +14,12 @@ import numpy as np
 import pandas as pd
 from jinja2 import Environment, PackageLoader, select_autoescape
 
-from posbench import plots
+from posbench.report import plots
 from posbench.errors import ResultsError
-from posbench.profiling import MEMORY_METHOD
-from posbench.config import UNDERTRAINED_BELOW
-from posbench.literature import check_findings
-from posbench.results import (
+from posbench.experiment.profiling import MEMORY_METHOD
+from posbench.experiment.config import UNDERTRAINED_BELOW
+from posbench.report.literature import check_findings
+from posbench.store import (
     RunFolder,
     atomic_write_bytes,
     atomic_write_text,
@@ -31,9 +31,9 @@ from posbench.results import (
     sweep_marker,
     sweep_members,
 )
-from posbench.stats import GENERALISES_AT, Interval, mean_interval
-from posbench.summary import HEADLINE_COLUMNS, LM_COLUMNS, headline, lm_headline
-from posbench.timing import describe_method
+from posbench.report.stats import GENERALISES_AT, Interval, mean_interval
+from posbench.report.summary import HEADLINE_COLUMNS, LM_COLUMNS, cross_task_ranking, headline, lm_headline
+from posbench.experiment.timing import describe_method
 
 ACCURACY_COLUMNS = tuple(column for column, _, _ in HEADLINE_COLUMNS)
 COST_COLUMNS = ("latency_ratio", "memory_ratio")
@@ -194,8 +194,8 @@ def _bias_from_model(folder: Path) -> np.ndarray | None:
     """The bias picture of a run stored without one, from its model (needs its encoding)."""
     import torch
 
-    from posbench.bias import positional_bias
-    from posbench.runner import load_run
+    from posbench.experiment.bias import positional_bias
+    from posbench.experiment.runner import load_run
     from posbench.tasks import create_task
 
     run, model = load_run(folder)
@@ -294,6 +294,9 @@ def build_report(sweep_dir: Path, out_dir: Path) -> Report:
         "timing_method": describe_method(),
         "literature": [dataclasses.asdict(v) for v in check_findings(frame)],
         "lm_headline": _lm_rows(frame),
+        "cross_task": [{"encoding": r.encoding_label, "mrr_exact_match": f"{r.mrr_exact_match:.2f}",
+                        "mrr_token_accuracy": f"{r.mrr_token_accuracy:.2f}", "tasks": int(r.tasks)}
+                       for r in cross_task_ranking(frame).itertuples()],
         "noisy_timings": int(frame["note"].fillna("").str.startswith("noisy").sum()),
         "bias": _bias_pictures(sweep_dir, frame, colours, problems) if tasks else [],
         "config": json.dumps(config, indent=2, sort_keys=True),
@@ -306,7 +309,7 @@ def build_report(sweep_dir: Path, out_dir: Path) -> Report:
         "about": config.get("about", ""),
     }
     _write_figures(out_dir, context)
-    env = Environment(loader=PackageLoader("posbench", "templates"), autoescape=select_autoescape(["html", "j2"]))
+    env = Environment(loader=PackageLoader("posbench.report", "templates"), autoescape=select_autoescape(["html", "j2"]))
     html = env.get_template("report.html.j2").render(**context)
     html_path = out_dir / "report.html"
     atomic_write_text(html_path, html)

@@ -16,7 +16,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wai
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any, Iterator, Protocol
 
-from posbench.compute import ProgressSink, Reporter, RunJob, RunOutput, compute_run, failed_output, relay
+from posbench.experiment.compute import ProgressSink, Reporter, RunJob, RunOutput, compute_run, failed_output, relay
 from posbench.errors import ConfigError
 
 EXECUTORS = ("local", "processes", "ray")

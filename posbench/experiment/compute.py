@@ -14,16 +14,16 @@ from typing import Any, Callable, Iterable, Protocol
 import numpy as np
 import torch
 
-from posbench.bias import positional_bias
-from posbench.config import UNDERTRAINED_BELOW, EncodingSpec, ModelSize, RunConfig
-from posbench.cpu import compute_settings
-from posbench.evaluation import iter_evaluate, validation_exact_match
+from posbench.experiment.bias import positional_bias
+from posbench.experiment.config import UNDERTRAINED_BELOW, EncodingSpec, ModelSize, RunConfig
+from posbench.kernels.cpu import compute_settings
+from posbench.experiment.evaluation import iter_evaluate, validation_exact_match
 from posbench.model import Decoder, ModelConfig, model_from_config
 from posbench.plugins import load_plugins
-from posbench.results import environment
+from posbench.store import environment
 from posbench.tasks import create_task
 from posbench.tasks.base import Task
-from posbench.training import Diverged, train
+from posbench.experiment.training import Diverged, train
 
 #: (run id, event, payload): ("started", steps), ("step", (step, loss)), ("evaluating", None).
 ProgressSink = Callable[[str, str, Any], None]

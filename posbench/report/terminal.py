@@ -15,12 +15,12 @@ from rich.progress import TaskID, BarColumn, MofNCompleteColumn, Progress, TextC
 from rich.table import Table
 from rich.text import Text
 
-from posbench.compute import run_label
-from posbench.config import UNDERTRAINED_BELOW, RunConfig
-from posbench.results import collect
-from posbench.runner import SweepOutcome
-from posbench.stats import Interval
-from posbench.summary import headline
+from posbench.experiment.compute import run_label
+from posbench.experiment.config import UNDERTRAINED_BELOW, RunConfig
+from posbench.store import collect
+from posbench.experiment.runner import SweepOutcome
+from posbench.report.stats import Interval
+from posbench.report.summary import headline
 
 QUICK_BANNER = "QUICK RUN: few training steps and a small evaluation sample, for a first look only."
 

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from posbench.attention import attention_tensor_bytes
-from posbench.config import EvalConfig
+from posbench.experiment.config import EvalConfig
 from posbench.encodings.base import Span
 from posbench.model import Decoder
 from posbench.tasks.base import IGNORE, Batch, Task

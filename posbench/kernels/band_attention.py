@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from posbench import flash_ops
+from posbench.kernels import flash_ops
 
 ROWS = 32
 #: exp inputs are clamped here: torch's vectorised exp is over 100x slower where the result

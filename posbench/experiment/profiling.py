@@ -25,12 +25,12 @@ from torch import Tensor, nn
 
 from posbench.attention import SelfAttention, attention_tensor_bytes
 from posbench.cache import Cache
-from posbench.config import EncodingSpec, config_id, to_jsonable
-from posbench.cpu import configure_cpu
+from posbench.experiment.config import EncodingSpec, config_id, to_jsonable
+from posbench.kernels.cpu import configure_cpu
 from posbench.encodings import create_encoding
 from posbench.encodings.base import Span
-from posbench.results import RunFolder, environment
-from posbench.timing import Guarded, guarded, interleaved_times, noise_note, time_ms
+from posbench.store import RunFolder, environment
+from posbench.experiment.timing import Guarded, guarded, interleaved_times, noise_note, time_ms
 
 BASELINE = "nope"
 #: Latency is timed in this many interleaved rounds per layer; the fastest round's median counts.
@@ -85,7 +85,7 @@ class AttentionUnderTest(nn.Module):
 
 
 def interleaved(runs: dict[Hashable, Callable[[], Any]], config: BenchConfig) -> Guarded:
-    """The runs timed in alternation (see posbench.timing), under the noise guard."""
+    """The runs timed in alternation (see posbench.experiment.timing), under the noise guard."""
     return guarded(lambda: interleaved_times(runs, config.threads, config.min_run_time, LATENCY_ROUNDS))
 
 
@@ -294,7 +294,7 @@ def memory_rows(spec: EncodingSpec, config: BenchConfig) -> list[dict[str, Any]]
     payload = json.dumps({"spec": asdict(spec), "config": asdict(config)})
     env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536", MALLOC_TRIM_THRESHOLD_="0")
     proc = subprocess.run(
-        [sys.executable, "-m", "posbench.profiling", payload], capture_output=True, text=True, env=env
+        [sys.executable, "-m", "posbench.experiment.profiling", payload], capture_output=True, text=True, env=env
     )
     if proc.returncode != 0:
         reason = (proc.stderr.strip().splitlines() or ["memory probe failed"])[-1]

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import psutil
 import torch
 
-from posbench.compute import (
+from posbench.experiment.compute import (
     TRAINING_FIELDS,
     Reporter,
     RunJob,
@@ -24,15 +24,15 @@ from posbench.compute import (
     rng_devices,
     run_label,
 )
-from posbench.config import DEVICE_PATTERN, EncodingSpec, EvalConfig, ModelSize, RunConfig, SweepConfig, TrainConfig, expand_runs, to_jsonable
-from posbench.cpu import compute_settings
+from posbench.experiment.config import DEVICE_PATTERN, EncodingSpec, EvalConfig, ModelSize, RunConfig, SweepConfig, TrainConfig, expand_runs, to_jsonable
+from posbench.kernels.cpu import compute_settings
 from posbench.encodings import BUILTINS, REGISTRY as ENCODINGS
 from posbench.encodings.base import Span
 from posbench.errors import ConfigError, PosbenchError, ResultsError
-from posbench.evaluation import evaluation_memory_bytes
+from posbench.experiment.evaluation import evaluation_memory_bytes
 from posbench.plugins import loaded_plugin_dirs
 from posbench.registry import check_options
-from posbench.results import (
+from posbench.store import (
     RunFolder,
     prepare_sweep_dir,
     read_json,
@@ -44,8 +44,8 @@ from posbench.tasks import create_task
 from posbench.validation import check_dataclass
 
 if TYPE_CHECKING:
-    from posbench.executors import Executor
-    from posbench.profiling import ProfileRun
+    from posbench.experiment.executors import Executor
+    from posbench.experiment.profiling import ProfileRun
 
 
 @dataclass
@@ -149,7 +149,7 @@ def _available_memory(device: str) -> int | None:
 
 def profile_jobs(sweep: SweepConfig) -> list["ProfileRun"]:
     """The small latency/memory profile of each encoding that a sweep includes."""
-    from posbench.profiling import QUICK_PROFILE, SMALL_PROFILE, ProfileRun
+    from posbench.experiment.profiling import QUICK_PROFILE, SMALL_PROFILE, ProfileRun
 
     if not sweep.profile:
         return []
@@ -171,7 +171,7 @@ def run_sweep(
     Only the runs of this configuration make the folder's results.csv; runs of other
     configurations already there are kept and left out. The caller's torch threads, denormal
     mode and RNG state are as they were afterwards."""
-    from posbench.executors import LocalExecutor
+    from posbench.experiment.executors import LocalExecutor
 
     with torch.random.fork_rng(devices=rng_devices(sweep.device)):  # probe models draw weights too
         return _run_sweep(sweep, Path(out_dir), force, reporter or SilentReporter(), executor or LocalExecutor())
@@ -235,7 +235,7 @@ def _job(folder: RunFolder, run: RunConfig, force: bool) -> RunJob | None:
 
 def _profile_encodings(jobs: list["ProfileRun"], out_dir: Path, force: bool, reporter: Reporter, outcome: SweepOutcome) -> None:
     """The small default latency/memory profile, one stored folder per encoding."""
-    from posbench.profiling import run_profile
+    from posbench.experiment.profiling import run_profile
 
     for job in jobs:
         reporter.note(f"profiling {job.encoding.display()} (latency and memory, small sizes)")

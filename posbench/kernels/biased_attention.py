@@ -8,16 +8,16 @@ both: here the forward pass runs it with the bias as a plain float mask and ``is
 so blocks above the diagonal are skipped, and the backward pass runs the flash backward for q,
 k and v and, when the bias needs a gradient, forms dS = P * (dP - rowsum(dO * O)) one block
 of query rows at a time, P = exp(S - logsumexp), over the keys those rows can see. A
-BandBias (T5, DeBERTa) goes to posbench.band_attention instead."""
+BandBias (T5, DeBERTa) goes to posbench.kernels.band_attention instead."""
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from posbench import flash_ops
-from posbench.band_attention import EXP_FLOOR, band_attention
-from posbench.encodings.base import BandBias
+from posbench.kernels import flash_ops
+from posbench.kernels.band_attention import EXP_FLOOR, band_attention
+from posbench.kernels.bias_types import BandBias
 
 FLASH_MIN_PAIRS = 128 * 128
 ROW_BLOCK = 64

@@ -18,7 +18,7 @@ from typing import Any, Iterable, Iterator
 import pandas as pd
 import torch
 
-from posbench.cpu import denormals_flushed
+from posbench.kernels.cpu import denormals_flushed
 from posbench.errors import ResultsError
 from posbench.version import __version__
 

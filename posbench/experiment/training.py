@@ -10,7 +10,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from posbench.config import TrainConfig
+from posbench.experiment.config import TrainConfig
 from posbench.model import Decoder
 from posbench.tasks.base import IGNORE, Batch, Task
 

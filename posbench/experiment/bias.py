@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from posbench.attention import causal_mask
+from posbench.kernels.masks import causal_mask
 from posbench.encodings.base import LayerContext, Span
 from posbench.model import Decoder
 

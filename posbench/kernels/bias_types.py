@@ -1,0 +1,104 @@
+"""What an encoding hands attention: the scores' inputs and the bias types the kernels take.
+
+A bias is either a tensor broadcastable to (B, H, Lq, Lk) or a :class:`BandBias` (a causal
+band of W keys plus a row constant), which the band kernel runs in O(L * W) memory. Toeplitz
+expansion of per-distance values, with a backward pass that sums diagonals, lives here too.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+
+@dataclass
+class Scores:
+    """Inputs to attention: logits = scale * q @ k^T + bias (bias may be None)."""
+
+    q: Tensor  # (B, H, Lq, d')
+    k: Tensor  # (B, H, Lk, d')
+    bias: Tensor | BandBias | None  # broadcastable to (B, H, Lq, Lk), on the scaled-logit scale
+    scale: float
+
+    def logits(self) -> Tensor:
+        """The dense pre-mask logits (B, H, Lq, Lk); for tests and pictures, not the hot path."""
+        logits = self.scale * self.q @ self.k.transpose(-1, -2)
+        return logits if self.bias is None else logits + dense_bias(self.bias, self.q.shape[-2])
+
+
+@dataclass
+class BandBias:
+    """A causal bias confined to a band of W keys, for square scores (query i at key position
+    i): bias[b, h, i, j] = band[b, h, i, j - i + W - 1] for i - W < j <= i, 0 for keys further
+    back, plus a per-row constant. T5 past max_distance and DeBERTa past its span reduce to
+    this after moving their constant far value into a row constant or into q and k.
+
+    Attention runs the far keys through flash attention with no mask and only the band
+    densely (posbench.kernels.band_attention): O(L * W) memory instead of O(L^2). The row constant
+    changes no attention weight (softmax ignores it); it is kept so ``dense`` matches the
+    reference logits exactly."""
+
+    band: Tensor  # (B|1, H, L|1, W): column c is key i - (W - 1) + c, c = W - 1 the query's own
+    row_constant: Tensor  # broadcastable to (B, H, L, 1)
+
+    @property
+    def width(self) -> int:
+        return self.band.shape[-1]
+
+    @staticmethod
+    def width_for(index_by_distance: Tensor, far_index: int) -> int:
+        """The band width W for a relative index (bucket, δ) given at distances 0, 1, .. on the
+        CPU: one past the last distance whose index is not the far one (at least 1)."""
+        near = (index_by_distance != far_index).nonzero()
+        return int(near.max()) + 1 if len(near) else 1
+
+    def dense(self, length: int) -> Tensor:
+        """The (B|1, H, L, L) matrix, zero on future keys; for tests, pictures and short inputs."""
+        W = self.width
+        distance = torch.arange(length, device=self.band.device)
+        distance = distance[:, None] - distance[None, :]  # (L, L): i - j
+        column = (W - 1 - distance).clamp(0, W - 1)
+        band = self.band.expand(*self.band.shape[:2], length, W)
+        values = band.gather(-1, column.expand(*band.shape[:2], length, length))
+        return values.masked_fill((distance < 0) | (distance >= W), 0.0) + self.row_constant
+
+
+def dense_bias(bias: Tensor | BandBias, length: int) -> Tensor:
+    """A bias as a tensor broadcastable to (B, H, Lq, Lk); ``length`` is L for a BandBias."""
+    return bias.dense(length) if isinstance(bias, BandBias) else bias
+
+
+class _Toeplitz(torch.autograd.Function):
+    """values (H, Lq + Lk - 1) per distance -> (H, Lq, Lk); the backward pass sums the
+    gradient along diagonals with a skew view instead of scattering Lq * Lk entries."""
+
+    @staticmethod
+    def forward(ctx, values: Tensor, q_len: int, k_len: int) -> Tensor:  # type: ignore[override]
+        ctx.shape = (q_len, k_len)
+        # rows reversed, the matrix is a Hankel view of the reversed values: [h, Lq-1-a, b] = w[h, a + b]
+        reversed_values = values.flip(-1).contiguous()  # (H, Lq + Lk - 1)
+        hankel = reversed_values.as_strided((values.shape[0], q_len, k_len), (reversed_values.stride(0), 1, 1))
+        return hankel.flip(-2)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):  # type: ignore[override]
+        return diagonal_sums(grad), None, None
+
+
+def diagonal_sums(matrix: Tensor) -> Tensor:
+    """Sums of (..., Lq, Lk) along its diagonals, (..., Lq + Lk - 1), ordered by a - b
+    ascending (index (a - b) + Lk - 1): the adjoint of ``toeplitz``, with a skew view instead
+    of scattering Lq * Lk entries."""
+    q_len, k_len = matrix.shape[-2:]
+    width = q_len + k_len - 1
+    # flipping the keys puts pair (a, b) in column (a - b) + k_len - 1 of a skewed view
+    padded = torch.nn.functional.pad(matrix.flip(-1), (0, q_len))  # (..., Lq, Lk + Lq)
+    skewed = padded.flatten(-2)[..., : q_len * width].unflatten(-1, (q_len, width))
+    return skewed.sum(-2)
+
+
+def toeplitz(values: Tensor, q_len: int, k_len: int) -> Tensor:
+    """Expand per-distance values (H, Lq + Lk - 1), ordered by i - j ascending, into
+    (H, Lq, Lk) with [h, a, b] = values[h, (a - b) + Lk - 1]."""
+    return _Toeplitz.apply(values, q_len, k_len)
