@@ -52,7 +52,7 @@ def test_select_commas_and_wildcards() -> None:
 
 def test_local_plugin_is_listed() -> None:
     assert "kerple_log" in posbench.list_encodings()
-    assert "sort" in posbench.list_tasks()
+    assert "rotate" in posbench.list_tasks()
 
 
 def test_broken_plugin_warns_once_and_others_load(tmp_path: Path) -> None:

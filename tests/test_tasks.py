@@ -54,8 +54,9 @@ def test_default_eval_lengths_reach_four_times_training(name: str) -> None:
 
 @pytest.mark.parametrize("name", TASKS)
 def test_lengths_can_be_overridden_and_are_checked(name: str) -> None:
-    task = posbench.create_task(name, train_lengths=[2, 3], eval_lengths=[12, 6])
-    assert task.train_lengths == (2, 3) and task.eval_lengths == (6, 12)
+    low = posbench.tasks.REGISTRY.get(name).min_length + 1
+    task = posbench.create_task(name, train_lengths=[low, low + 1], eval_lengths=[low + 10, low + 4])
+    assert task.train_lengths == (low, low + 1) and task.eval_lengths == (low + 4, low + 10)
     with pytest.raises(OptionError, match="train_lengths"):
         posbench.create_task(name, train_lengths=[0, 3])
     with pytest.raises(OptionError, match="train_lengths"):
@@ -100,10 +101,10 @@ def test_passkey_distance_and_answer() -> None:
         assert answer[row, a + 1 :].all() and answer[row].sum() == 3
 
 
-def test_sort_plugin_answers() -> None:
-    task = posbench.create_task("sort")
+def test_rotate_plugin_answers() -> None:
+    task = posbench.create_task("rotate", shift=2)
     seq, _ = task.generate(7, 3, gen(6))
-    assert torch.equal(seq[:, 8:], seq[:, :7].sort(dim=1).values)
+    assert torch.equal(seq[:, 8:], torch.cat((seq[:, 2:7], seq[:, :2]), dim=1))
 
 
 def test_lookback_targets_are_the_tokens_lag_back() -> None:
@@ -125,3 +126,124 @@ def test_a_task_without_generate_or_batch_says_so() -> None:
 
     with pytest.raises(NotImplementedError, match="neither generate"):
         Empty().batch(3, 2, gen(0))
+
+
+# ---- DeepMind's length-generalisation suite: each answer checked against an independent oracle
+def _question_and_answer(task: posbench.Task, length: int, batch_size: int, seed: int) -> list[tuple[list[int], list[int]]]:
+    """(question, scored answer) pairs, the answer read back from the scored positions."""
+    seq, answer = task.generate(length, batch_size, gen(seed))
+    q_len = task.question_length(length)
+    assert (seq[:, q_len] == task.sep).all()
+    return [(seq[r, :q_len].tolist(), seq[r][answer[r]].tolist()) for r in range(batch_size)]
+
+
+def _little_endian(digits: list[int]) -> int:
+    return sum(d << i for i, d in enumerate(digits))
+
+
+def test_regular_tasks_answer_their_definitions() -> None:
+    for length in (1, 2, 5, 12):
+        for q, a in _question_and_answer(posbench.create_task("even_pairs"), length, 8, length):
+            assert a == [int(q[0] != q[-1])]  # odd number of unequal pairs <=> first and last differ
+        for q, a in _question_and_answer(posbench.create_task("parity_check"), length, 8, length):
+            assert a == [q.count(1) % 2]
+        for q, a in _question_and_answer(posbench.create_task("cycle_navigation"), length, 8, length):
+            state = 0
+            for action in q:
+                state = (state + {0: -1, 1: 0, 2: 1}[action]) % 5
+            assert a == [state]
+
+
+def test_modular_arithmetic_agrees_with_python() -> None:
+    task = posbench.create_task("modular_arithmetic")
+    for length in (1, 4, 9, 15):
+        for q, a in _question_and_answer(task, length, 16, length):
+            assert len(q) == (length if length % 2 else length - 1)
+            text = "".join(str(t) if t < 5 else "+-*"[t - 5] for t in q)
+            assert a == [eval(text) % 5], text  # noqa: S307 (digits and + - * only)
+
+
+def test_bracketed_expressions_and_equations() -> None:
+    task = posbench.create_task("modular_arithmetic_brackets")
+    alphabet = "01234+-*()x="
+    for length in (1, 2, 3, 4, 7, 20):
+        for q, a in _question_and_answer(task, length, 16, length):
+            text = "".join(alphabet[t] for t in q)
+            assert len(text) == length and a == [eval(text) % 5], text  # noqa: S307
+    solve = posbench.create_task("solve_equation")
+    for length in (3, 6, 14):
+        for q, a in _question_and_answer(solve, length, 16, length):
+            left, right = "".join(alphabet[t] for t in q).split("=")
+            assert len(left) + 1 + len(right) == length and left.count("x") == 1
+            assert [x for x in range(5) if eval(left.replace("x", str(x))) % 5 == int(right)] == a  # noqa: S307
+
+
+def test_stack_manipulation_replays_the_actions() -> None:
+    task = posbench.create_task("stack_manipulation")
+    for length in (1, 2, 6, 13):
+        for q, a in _question_and_answer(task, length, 16, length):
+            assert a[-1] == task.end and len(a) <= length + 1
+            if length == 1:
+                assert a[:-1] == q
+                continue
+            split = next(i for i, t in enumerate(q) if t >= 2) if any(t >= 2 for t in q) else len(q)
+            stack = list(q[:split])
+            assert 1 <= len(stack) <= length - 1
+            for action in q[split:]:
+                if action == 2:
+                    stack = stack[:-1]
+                else:
+                    stack.append(action - 3)
+            assert a[:-1] == stack[::-1]
+
+
+def test_string_tasks_answer_their_definitions() -> None:
+    cases = {
+        "reverse_string": lambda q: q[::-1],
+        "duplicate_string": lambda q: q + q,
+        "odds_first": lambda q: q[1::2] + q[::2],  # DeepMind's code order
+        "bucket_sort": sorted,
+    }
+    for name, expect in cases.items():
+        for length in (1, 6, 11):
+            for q, a in _question_and_answer(posbench.create_task(name), length, 8, length):
+                assert a == expect(q), name
+    for length in (2, 7, 10):
+        for q, a in _question_and_answer(posbench.create_task("missing_duplicate_string"), length, 16, length):
+            body = q[: length - length % 2]
+            half = len(body) // 2
+            at = body.index(2)
+            other = at + half if at < half else at - half
+            assert body.count(2) == 1 and a == [body[other]] and q[len(body):] == [3] * (length % 2)
+
+
+def test_binary_arithmetic_tasks() -> None:
+    for name, combine in (("binary_addition", int.__add__), ("binary_multiplication", int.__mul__)):
+        task = posbench.create_task(name)
+        for length in (3, 8, 17):
+            for q, a in _question_and_answer(task, length, 16, length):
+                cut = q.index(2)
+                result = combine(_little_endian(q[:cut]), _little_endian(q[cut + 1 :]))
+                assert a[-1] == task.end and _little_endian(a[:-1]) == result
+                assert a[:-1] == [int(d) for d in f"{result:b}"[::-1]]  # no trailing zeros
+    sqrt = posbench.create_task("compute_sqrt")
+    for length in (1, 5, 16):
+        for q, a in _question_and_answer(sqrt, length, 16, length):
+            x = int("".join(map(str, q)), 2)
+            assert len(a) == (length + 1) // 2 and int("".join(map(str, a)), 2) ** 2 <= x < (int("".join(map(str, a)), 2) + 1) ** 2
+
+
+def test_kazemnejad_copy_variants() -> None:
+    single = posbench.create_task("copy_single")
+    seq, answer = single.generate(5, 4, gen(8))
+    assert (seq[:, :5] == seq[:, :1]).all() and torch.equal(seq[:, 6:], seq[:, :5]) and answer[:, 6:].all()
+    alphabet = posbench.create_task("copy_alphabet")
+    seq, _ = alphabet.generate(5, 4, gen(9))
+    assert torch.equal(seq[:, 6:], seq[:, :5] + alphabet.n_symbols + 1) and int(seq.max()) < alphabet.vocab_size
+    twice = posbench.create_task("copy_single_twice")
+    seq, answer = twice.generate(4, 3, gen(10))
+    assert seq.shape[1] == twice.sequence_length(4) + 1 and (seq[:, 5:] == seq[:, :1]).all() and answer[:, 5:].all()
+    copy_twice = posbench.create_task("copy_twice")
+    seq, answer = copy_twice.generate(4, 3, gen(11))
+    assert torch.equal(seq[:, 5:9], seq[:, :4]) and (seq[:, 9] == copy_twice.n_symbols + 1).all()
+    assert torch.equal(seq[:, 10:], seq[:, :4]) and answer[:, 5:].all() and not answer[:, :5].any()

@@ -15,6 +15,24 @@ def create_task(name: str, **options: object) -> Task:
     return REGISTRY.create(name, **options)  # type: ignore[return-value]
 
 
-from posbench.tasks import copy, lm, lookback, mqar, passkey, reverse  # noqa: E402,F401
+# Built-ins register themselves on import: the synthetic tasks, then DeepMind's suite.
+from posbench.tasks import copy, copy_variants, lm, lookback, mqar, passkey, reverse  # noqa: E402,F401
+from posbench.tasks import (  # noqa: E402,F401
+    binary_addition,
+    binary_multiplication,
+    bucket_sort,
+    compute_sqrt,
+    cycle_navigation,
+    duplicate_string,
+    even_pairs,
+    missing_duplicate_string,
+    modular_arithmetic,
+    modular_arithmetic_brackets,
+    odds_first,
+    parity_check,
+    reverse_string,
+    solve_equation,
+    stack_manipulation,
+)
 
 __all__ = ["REGISTRY", "Batch", "Task", "create_task", "list_tasks", "register_task"]

@@ -40,9 +40,12 @@ class Copy(Task):
         return string
 
     def generate(self, length: int, batch_size: int, generator: torch.Generator) -> tuple[Tensor, Tensor]:
-        string = random_symbols(batch_size, length, self.n_symbols, generator)  # (B, n)
-        sep = torch.full((batch_size, 1), self.sep, dtype=torch.long)
-        seq = torch.cat((string, sep, self.answer_of(string)), dim=1)  # (B, 2n + 1)
+        return self.pose(random_symbols(batch_size, length, self.n_symbols, generator), length)
+
+    def pose(self, string: Tensor, length: int) -> tuple[Tensor, Tensor]:
+        """``string SEP answer_of(string)`` (B, n + 1 + answer) and the mask of the answer."""
+        sep = torch.full((string.shape[0], 1), self.sep, dtype=torch.long)
+        seq = torch.cat((string, sep, self.answer_of(string)), dim=1)
         answer = torch.zeros_like(seq, dtype=torch.bool)
         answer[:, length + 1 :] = True
         return seq, answer

@@ -1,0 +1,80 @@
+"""Kazemnejad et al.'s copy variants (McGill-NLP/length-generalization,
+scripts/dataset_builders/make_copy_dataset.py): one token repeated, a second output alphabet,
+and the forms that write the answer twice. Random-token copy (their cmc) is the `copy` task."""
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from posbench.tasks.copy import Copy
+from posbench.tasks.registry import register_task
+
+
+class _RepeatedToken(Copy):
+    """A string of one symbol repeated n times (their rsc and rdc questions)."""
+
+    def generate(self, length: int, batch_size: int, generator: torch.Generator) -> tuple[Tensor, Tensor]:
+        symbol = torch.randint(0, self.n_symbols, (batch_size, 1), generator=generator)
+        return self.pose(symbol.expand(batch_size, length), length)
+
+
+@register_task("copy_single")
+class CopySingle(_RepeatedToken):
+    """Their rsc: ``t t .. t SEP t t .. t``, one random symbol repeated n times, written again.
+
+    Vocabulary: ``n_symbols`` symbols, SEP. The length is n; the answer is n tokens. Their
+    decoder-only results (train <= 20, test 21..40, exact match, 3 seeds): NoPE 0.986, T5
+    0.771, ALiBi 0.289, rotary 0.000, sinusoidal 0.000.
+    """
+
+
+@register_task("copy_alphabet")
+class CopyAlphabet(_RepeatedToken):
+    """Their rdc, made deterministic: ``t .. t SEP t' .. t'``, where t' is t's symbol in a second
+    alphabet of the same size (ids n_symbols + 1 ..), so the answer must be mapped, not copied.
+
+    Their data pairs every source symbol with every other target symbol; here each source
+    symbol has one target, so greedy decoding can be exactly right. Vocabulary: ``n_symbols``
+    symbols, SEP, ``n_symbols`` output symbols. The length is n; the answer is n tokens.
+    Their results: NoPE 0.967, T5 0.939, ALiBi 0.170, rotary 0.016, sinusoidal 0.000.
+    """
+
+    @property
+    def vocab_size(self) -> int:
+        return 2 * self.n_symbols + 1
+
+    def answer_of(self, string: Tensor) -> Tensor:
+        return string + self.n_symbols + 1
+
+
+@register_task("copy_single_twice")
+class CopySingleTwice(_RepeatedToken):
+    """Their rsc2x: ``t .. t SEP t .. t t .. t``, one symbol repeated n times, written 2n times.
+
+    Vocabulary: ``n_symbols`` symbols, SEP. The length is n; the answer is 2n tokens.
+    """
+
+    def sequence_length(self, length: int) -> int:
+        return 3 * length
+
+    def answer_of(self, string: Tensor) -> Tensor:
+        return torch.cat((string, string), dim=1)
+
+
+@register_task("copy_twice")
+class CopyTwice(Copy):
+    """Their cmc2x: ``s SEP s NEXT s``, a random string written twice with a NEXT token between.
+
+    Vocabulary: ``n_symbols`` symbols, SEP, NEXT. The length is n; the answer is 2n + 1 tokens.
+    """
+
+    @property
+    def vocab_size(self) -> int:
+        return self.n_symbols + 2
+
+    def sequence_length(self, length: int) -> int:
+        return 3 * length + 1
+
+    def answer_of(self, string: Tensor) -> Tensor:
+        following = torch.full((string.shape[0], 1), self.n_symbols + 1, dtype=torch.long)
+        return torch.cat((string, following, string), dim=1)
