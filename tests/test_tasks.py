@@ -247,3 +247,48 @@ def test_kazemnejad_copy_variants() -> None:
     seq, answer = copy_twice.generate(4, 3, gen(11))
     assert torch.equal(seq[:, 5:9], seq[:, :4]) and (seq[:, 9] == copy_twice.n_symbols + 1).all()
     assert torch.equal(seq[:, 10:], seq[:, :4]) and answer[:, 5:].all() and not answer[:, :5].any()
+
+
+def test_flip_flop_reads_the_last_write() -> None:
+    task = posbench.create_task("flip_flop", p_ignore=0.5)
+    seq, answer = task.generate(20, 16, gen(12))
+    for row in range(16):
+        last = None
+        for op, bit, scored in zip(seq[row, 0::2].tolist(), seq[row, 1::2].tolist(), answer[row, 1::2].tolist()):
+            assert scored == (op == 3)
+            if op == 2:
+                last = bit
+            elif op == 3:
+                assert bit == last
+        assert seq[row, 0] == 2 and seq[row, -2] == 3  # starts with a write, ends with a read
+
+
+def test_selective_copy_and_counting() -> None:
+    for q, a in _question_and_answer(posbench.create_task("selective_copy", spread=3), 13, 16, 13):
+        assert a == [t for t in q if t != 8] and len(a) == 4
+    counting = posbench.create_task("counting")
+    for length in (1, 9, 64):
+        for q, a in _question_and_answer(counting, length, 8, length):
+            assert a == [4 + q.count(0)]
+
+
+def test_deepmind_hand_checked_examples() -> None:
+    from posbench.tasks.transduction import binary, evaluate_mod
+
+    assert binary(6, 0) == [0, 1, 1] and binary(6, 5, little_endian=False) == [0, 0, 1, 1, 0]
+    assert evaluate_mod(list("4+3"), 5) == 2  # modular wrap
+    assert evaluate_mod(list("1-1-1"), 5) == 4 and evaluate_mod(list("0*1+4*3-2"), 5) == 0  # DeepMind's examples
+    assert evaluate_mod(list("((-(2+4))-(3))"), 5) == 1  # nested brackets, unary minus: -6 - 3 = -9
+    # binary addition with a carry through every digit: 1111 + 1 = 10000 (little-endian)
+    add = posbench.create_task("binary_addition")
+    seq, answer = add.generate(6, 1, gen(0))
+    question, reply = seq[0, :6].tolist(), seq[0][answer[0]].tolist()
+    cut = question.index(2)
+    total = _little_endian(question[:cut]) + _little_endian(question[cut + 1 :])
+    assert reply == binary(total, 0) + [add.end]
+    assert [binary(15, 0)[i] for i in range(4)] == [1, 1, 1, 1] and binary(15 + 1, 0) == [0, 0, 0, 0, 1]
+    # the shortest questions: DeepMind's placeholders
+    for q, a in _question_and_answer(posbench.create_task("missing_duplicate_string"), 1, 2, 0):
+        assert q == [1] and a == [1]
+    for q, a in _question_and_answer(posbench.create_task("binary_multiplication"), 1, 2, 0):
+        assert a == [posbench.create_task("binary_multiplication").end]  # zero digits, then END

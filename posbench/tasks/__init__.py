@@ -17,6 +17,7 @@ def create_task(name: str, **options: object) -> Task:
 
 # Built-ins register themselves on import: the synthetic tasks, then DeepMind's suite.
 from posbench.tasks import copy, copy_variants, lm, lookback, mqar, passkey, reverse  # noqa: E402,F401
+from posbench.tasks import counting, flip_flop, selective_copy  # noqa: E402,F401
 from posbench.tasks import (  # noqa: E402,F401
     binary_addition,
     binary_multiplication,
