@@ -247,6 +247,17 @@ def report_command(
     console.print(Text(f"tables: {written.results_csv}, {written.summary_csv}"), soft_wrap=True)
 
 
+@app.command("inspect")
+@user_errors
+def inspect_command(
+    run_dir: Path = typer.Argument(..., help="One run's folder inside a sweep folder, e.g. results/default/<run id>."),
+) -> None:
+    """Print one stored run's score terms, health flags and attention distance (for debugging an encoding)."""
+    from posbench.report.terminal import print_inspection
+
+    print_inspection(console, run_dir)
+
+
 def main() -> None:
     """Console-script entry point."""
     app(prog_name="posbench")

@@ -17,7 +17,7 @@ LAYERS: list[set[str]] = [
     {"encodings.base", "encodings.registry", "tasks.base", "tasks.registry"},
     {"encodings", "encodings.*", "tasks", "tasks.*", "cache"},
     {"attention", "model", "plugins"},
-    {"experiment", "experiment.config", "experiment.training", "experiment.evaluation", "experiment.bias",
+    {"experiment", "experiment.config", "experiment.training", "experiment.evaluation", "experiment.diagnostics",
      "experiment.timing", "testing"},
     {"store"},
     {"experiment.compute", "experiment.profiling"},

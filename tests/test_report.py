@@ -23,7 +23,7 @@ from posbench.experiment.runner import run_sweep
 
 from helpers import tiny_sweep
 
-SECTIONS = ("headline", "literature", "length", "cache", "cost", "bias", "problems", "config")
+SECTIONS = ("headline", "literature", "length", "cache", "cost", "bias", "diagnostics", "problems", "config")
 EVIL = "<script>alert(1)</script>"
 
 
@@ -83,6 +83,27 @@ def test_every_section_is_present_with_images(report) -> None:
     assert html.count("data:image/png;base64,") >= 5  # length, cache, costs, biases
     assert "No profiling results" not in html
     assert "http://" not in html and "https://" not in html  # nothing fetched from a network
+
+
+def test_diagnostics_are_in_the_report_and_inspect_reads_a_run(sweep_dir: Path, report, tmp_path: Path) -> None:
+    html = report.html.read_text()
+    assert 'alt="score terms of t5"' in html and 'alt="attention mass by key distance"' in html
+    assert (report.html.parent / "figures" / "attention_distance.png").exists()
+    run = next(p for p in sorted(sweep_dir.iterdir()) if (p / "terms.csv").exists()
+               and json.loads((p / "result.json").read_text())["encoding_label"] == "t5")
+    stored = CliRunner().invoke(app, ["inspect", str(run)])
+    assert stored.exit_code == 0, stored.output
+    assert "diagnostics stored during the run" in stored.output and "position" in stored.output
+    assert "attention mass by key distance" in stored.output and "in distribution" in stored.output
+    old = tmp_path / run.name  # a run stored before posbench kept diagnostics: probed from its model
+    shutil.copytree(run, old)
+    (old / "terms.csv").unlink()
+    (old / "attention_distance.csv").unlink()
+    probed = CliRunner().invoke(app, ["inspect", str(old)])
+    assert probed.exit_code == 0, probed.output
+    assert "probed now from the stored model" in probed.output and "position" in probed.output
+    missing = CliRunner().invoke(app, ["inspect", str(sweep_dir)])
+    assert missing.exit_code == 2 and "is not a finished posbench run; pass one run's folder" in missing.output
 
 
 def test_names_from_plugins_are_escaped(report) -> None:

@@ -25,7 +25,7 @@ from torch import Tensor, nn
 from posbench.encodings.positions import Span
 from posbench.encodings.tables import PositionTables
 from posbench.errors import PositionOutOfRangeError
-from posbench.kernels.bias_types import BandBias, Scores
+from posbench.kernels.bias_types import BandBias, Scores, dense_bias
 
 
 @dataclass(frozen=True)
@@ -109,3 +109,19 @@ class PositionalEncoding(PositionTables, nn.Module):
     ) -> Tensor | BandBias | None:
         """A bias (H, Lq, Lk) that depends on positions only, or None."""
         return None
+
+    # ---- diagnostics (never on the training path) ----------------------------------------
+    def score_terms(self, q: Tensor, k: Tensor, q_span: Span, k_span: Span, layer: LayerContext) -> dict[str, Tensor]:
+        """The pre-mask logits split into named terms that sum to them, each broadcastable to
+        (B, H, Lq, Lk), for the score-term probe. By default 'content' (the scaled q . k of the
+        rotated queries and keys, so RoPE's and absolute encodings' positions live inside it)
+        and, when the encoding adds anything else, 'position' (the rest). Encodings whose
+        logits have more named parts (Transformer-XL, DeBERTa) override this."""
+        scores = self.score(q, k, q_span, k_span, layer)
+        content = scores.scale * (q @ k.transpose(-1, -2))  # (B, H, Lq, Lk)
+        unchanged = scores.q.shape == q.shape and torch.equal(scores.q, q) and torch.equal(scores.k, k)
+        if unchanged and scores.bias is None:
+            return {"content": content}
+        if unchanged:  # the bias alone, so its own gradient path is what the probe sees
+            return {"content": content, "position": dense_bias(scores.bias, q.shape[-2])}
+        return {"content": content, "position": scores.logits() - content}  # folded into q and k

@@ -135,6 +135,14 @@ class DeBERTa(PositionalEncoding):
             if Lq > width:
                 band_deltas = self.delta(*last_row, q.device)[0, Lq - width :]  # keys i - W + 1 .. i
                 return self._band_scores(q, k, kr, qr, band_deltas, far, scale)
+        c2p, p2c = self._relative_terms(q, k, q_span, k_span, kr, qr)
+        return Scores(q, k, (c2p + p2c) * scale, scale)
+
+    def _relative_terms(self, q: Tensor, k: Tensor, q_span: Span, k_span: Span, kr: Tensor,
+                        qr: Tensor) -> tuple[Tensor, Tensor]:
+        """c2p = Qc_i . Kr_δ(i,j) and p2c = Qr_δ(i,j) . Kc_j, each (B, H, Lq, Lk), unscaled."""
+        B, H, Lq, _ = q.shape
+        Lk = k.shape[2]
         delta = self.delta(q_span, k_span, q.device)  # (Lq, Lk)
         c2p = (q @ kr.transpose(-1, -2)).gather(-1, delta.expand(B, H, Lq, Lk))  # (B, H, Lq, Lk)
         if Lq == 1:  # decoding: Qr_δ(i,j) . Kc_j key by key, not all 2k rows against every key
@@ -142,7 +150,15 @@ class DeBERTa(PositionalEncoding):
         else:
             p2c_table = qr @ k.transpose(-1, -2)  # (B, H, 2k, Lk): Qr_r . Kc_j
             p2c = p2c_table.gather(-2, delta.expand(B, H, Lq, Lk))  # (B, H, Lq, Lk)
-        return Scores(q, k, (c2p + p2c) * scale, scale)
+        return c2p, p2c
+
+    def score_terms(self, q: Tensor, k: Tensor, q_span: Span, k_span: Span, layer: LayerContext) -> dict[str, Tensor]:
+        """DeBERTa's three terms, each scaled by 1/sqrt(3d): content-to-content, content-to-position
+        and position-to-content (dense, for probes on short inputs)."""
+        scale = 1.0 / math.sqrt(3 * self.d_head)
+        kr, qr = self.projected_positions(layer, q.dtype)
+        c2p, p2c = self._relative_terms(q, k, q_span, k_span, kr, qr)
+        return {"c2c": scale * (q @ k.transpose(-1, -2)), "c2p": scale * c2p, "p2c": scale * p2c}
 
     @staticmethod
     def _band_scores(q: Tensor, k: Tensor, kr: Tensor, qr: Tensor, band_deltas: Tensor, far: int,

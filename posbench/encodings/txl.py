@@ -96,6 +96,24 @@ class TransformerXL(PositionalEncoding):
         k_wide = torch.cat((k, k_pos.expand(B, H, Lk, self.d_model)), dim=-1)
         return Scores(torch.cat((q + u, q_pos), dim=-1), k_wide, None, scale)
 
+    def score_terms(self, q: Tensor, k: Tensor, q_span: Span, k_span: Span, layer: LayerContext) -> dict[str, Tensor]:
+        """The four terms of Dai et al.'s decomposition, each scaled as the score is: (a) q.k,
+        (b) q.W_kR R_{i-j}, (c) u.k, (d) v.W_kR R_{i-j}; formed explicitly from the distance
+        embeddings (dense in Lq x Lk, for probes on short inputs)."""
+        uv = 0 if self.share_uv else layer.index
+        u, v = self.u[uv], self.v[uv]  # (H, d)
+        scale = 1.0 / math.sqrt(self.d_head) if self.scale else 1.0
+        H, d = self.n_heads, self.d_head
+        rel = self.relative_positions(q_span, k_span, q.device)  # (Lq, Lk)
+        r = self.w_kr[layer.index](self.distance_embedding(rel.flatten()).to(q.dtype))  # (Lq Lk, d_model)
+        r = r.view(*rel.shape, H, d)  # (Lq, Lk, H, d)
+        return {
+            "a content": scale * (q @ k.transpose(-1, -2)),
+            "b content-position": scale * torch.einsum("bhid,ijhd->bhij", q, r),
+            "c content bias": scale * torch.einsum("hd,bhjd->bhj", u, k)[:, :, None, :],
+            "d position bias": scale * torch.einsum("hd,ijhd->hij", v, r)[None],
+        }
+
     def _score_gather(
         self, q: Tensor, k: Tensor, q_span: Span, k_span: Span, layer: int, u: Tensor, v: Tensor, scale: float
     ) -> Scores:

@@ -12,9 +12,12 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Protocol
 
 import numpy as np
+import pandas as pd
 import torch
 
-from posbench.experiment.bias import positional_bias
+from posbench.experiment import diagnostics
+from posbench.encodings.base import Span
+from posbench.experiment.diagnostics import positional_bias
 from posbench.experiment.config import UNDERTRAINED_BELOW, EncodingSpec, ModelSize, RunConfig
 from posbench.kernels.cpu import compute_settings
 from posbench.experiment.evaluation import iter_evaluate, validation_exact_match
@@ -155,12 +158,16 @@ def _compute(job: RunJob, progress: ProgressSink) -> RunOutput:
         log.append(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {message}")
 
     last_event = [0.0]
+    probes: list[dict[str, Any]] = []
+    probe_every = max(1, run.train.steps // PROBE_POINTS)
 
     def on_step(step: int, loss: float) -> None:
         now = time.perf_counter()
         if now - last_event[0] >= STEP_EVENT_INTERVAL or step == run.train.steps - 1:
             last_event[0] = now
             progress(run.run_id, "step", (step, loss))
+        if step == 0 or (step + 1) % probe_every == 0:
+            probes.extend(diagnostics.term_rows(model, probe_tokens, step + 1))
 
     result: dict[str, Any] = {"encoding_label": run.encoding.display(), "task_label": run.task.display(), "quick": run.quick}
     measurements: list[dict[str, Any]] = []
@@ -173,6 +180,8 @@ def _compute(job: RunJob, progress: ProgressSink) -> RunOutput:
         result["train_len_max"] = task.train_lengths[1]
         torch.manual_seed(run.seed)
         model = build_model(run.model, run.encoding, task)
+        probe_tokens = task.batch(task.train_lengths[1], diagnostics.PROBE_SAMPLES,
+                                  torch.Generator().manual_seed(0)).tokens.to(run.device)
         note(f"run {run.run_id}: {run_label(run)}, {sum(p.numel() for p in model.parameters())} parameters, "
              f"{torch.get_num_threads()} threads")
         if job.trained_state is not None:
@@ -205,6 +214,12 @@ def _compute(job: RunJob, progress: ProgressSink) -> RunOutput:
             result["bias_picture"] = next(iter(artifacts), "none")
         except Exception as err:  # a picture is not worth a run: the report says it is missing
             note(f"bias picture failed ({type(err).__name__}: {err}); the report will try the model")
+        try:
+            artifacts |= _diagnostic_artifacts(model, task, run, probes)
+            result["health_flags"] = diagnostics.health_flags(
+                pd.DataFrame(probes), run.encoding.display(), any(p.requires_grad for p in model.encoding.parameters()))
+        except Exception as err:  # diagnostics are not worth a run either
+            note(f"diagnostics failed ({type(err).__name__}: {err})")
         result["status"] = "ok"
     except Diverged as err:
         result["status"], result["error"] = "diverged", f"diverged: {err}"
@@ -233,6 +248,29 @@ def _bias_artifact(model: Decoder, task: Task, device: str) -> dict[str, bytes]:
     buffer = io.BytesIO()
     np.save(buffer, bias.cpu().numpy(), allow_pickle=False)
     return {BIAS_FILE: buffer.getvalue()}
+
+
+#: Score-term probes per run: after the first step and every tenth of the step cap.
+PROBE_POINTS = 10
+
+
+def _diagnostic_artifacts(model: Decoder, task: Task, run: RunConfig, probes: list[dict[str, Any]]) -> dict[str, bytes]:
+    """The probes taken during training (none when only evaluating a stored model) and the
+    attention mass by key distance at the longest training length and at the first evaluation
+    length of at least twice it (or the longest the encoding can represent)."""
+    files = {diagnostics.TERMS_FILE: pd.DataFrame(probes).to_csv(index=False).encode()} if probes else {}
+    lo, hi = task.train_lengths
+    beyond = [n for n in task.eval_lengths if n >= 2 * hi and not model.encoding.supports(Span(0, task.sequence_length(n)))]
+    rows = []
+    for kind, length, source in (("in distribution", hi, task), ("beyond", beyond[0] if beyond else None, task.for_evaluation())):
+        if length is None:
+            continue
+        tokens = source.batch(length, diagnostics.PROBE_SAMPLES, torch.Generator().manual_seed(1)).tokens.to(run.device)
+        mass = diagnostics.attention_by_distance(model, tokens)
+        rows += [{"kind": kind, "length": length, "tokens": tokens.shape[1], "distance": d, "mass": float(m)}
+                 for d, m in enumerate(mass.tolist())]
+    files[diagnostics.DISTANCE_FILE] = pd.DataFrame(rows).to_csv(index=False).encode()
+    return files
 
 
 def _stop_check(model: Decoder, task: Task, run: RunConfig, note: Callable[[str], None]) -> Callable[[int], bool] | None:

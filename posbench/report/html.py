@@ -18,6 +18,7 @@ from posbench.report import plots
 from posbench.errors import ResultsError
 from posbench.experiment.profiling import MEMORY_METHOD
 from posbench.experiment.config import UNDERTRAINED_BELOW
+from posbench.experiment.diagnostics import DISTANCE_FILE, TERMS_FILE
 from posbench.report.literature import check_findings
 from posbench.store import (
     RunFolder,
@@ -190,11 +191,35 @@ def _bias_pictures(sweep_dir: Path, frame: pd.DataFrame, colours: dict[str, str]
     return pictures
 
 
+def _diagnostics(sweep_dir: Path, frame: pd.DataFrame, colours: dict[str, str], problems: list[str]) -> dict[str, Any]:
+    """The score-term curves with their health flags, and attention mass by distance, from the
+    files each encoding's first run (first task, lowest seed) stored; runs stored before
+    posbench probed them are skipped."""
+    trained = frame[frame["task"].notna()].sort_values(["task", "seed"]).drop_duplicates("encoding_label")
+    terms, distances = [], {}
+    first_task = trained["task"].min() if not trained.empty else None
+    for record in trained.itertuples():
+        folder = RunFolder(sweep_dir / record.run_id)
+        try:
+            result = folder.result() or {}
+            if (folder.path / TERMS_FILE).exists():
+                terms.append({"label": record.encoding_label, "task": record.task,
+                              "png": plots.term_curves(pd.read_csv(folder.path / TERMS_FILE), record.encoding_label),
+                              "flags": result.get("health_flags", [])})
+            if record.task == first_task and (folder.path / DISTANCE_FILE).exists():
+                distances[record.encoding_label] = pd.read_csv(folder.path / DISTANCE_FILE)
+        except Exception as err:  # a corrupt file costs its picture, not the report
+            problems.append(f"diagnostics for {record.encoding_label}: {err}")
+    order = list(colours)
+    terms.sort(key=lambda t: order.index(t["label"]))
+    return {"terms": terms, "distance_plot": plots.attention_distance(distances, colours), "distance_task": first_task}
+
+
 def _bias_from_model(folder: Path) -> np.ndarray | None:
     """The bias picture of a run stored without one, from its model (needs its encoding)."""
     import torch
 
-    from posbench.experiment.bias import positional_bias
+    from posbench.experiment.diagnostics import positional_bias
     from posbench.experiment.runner import load_run
     from posbench.tasks import create_task
 
@@ -245,6 +270,8 @@ def _write_figures(out_dir: Path, context: dict[str, Any]) -> None:
     figures |= {f"accuracy_vs_cache_{t['name']}": t["cache_plot"] for t in context["tasks"] if t["cache_plot"]}
     figures |= {f"loss_vs_position_{t['name']}": t["position_plot"] for t in context["tasks"] if t["position_plot"]}
     figures |= {f"cost_{name}": png for name, png in context["costs"].items()}
+    if context["diagnostics"].get("distance_plot"):
+        figures["attention_distance"] = context["diagnostics"]["distance_plot"]
     for name, png in figures.items():
         safe = "".join(ch if ch.isalnum() or ch in "-_" else "_" for ch in name)
         atomic_write_bytes(out_dir / "figures" / f"{safe}.png", base64.b64decode(png))
@@ -299,6 +326,7 @@ def build_report(sweep_dir: Path, out_dir: Path) -> Report:
                        for r in cross_task_ranking(frame).itertuples()],
         "noisy_timings": int(frame["note"].fillna("").str.startswith("noisy").sum()),
         "bias": _bias_pictures(sweep_dir, frame, colours, problems) if tasks else [],
+        "diagnostics": _diagnostics(sweep_dir, frame, colours, problems) if tasks else {"terms": [], "distance_plot": None},
         "config": json.dumps(config, indent=2, sort_keys=True),
         "environment": _environment(sweep_dir),
         "failures": failures,

@@ -193,3 +193,47 @@ def bias_heatmap(bias: np.ndarray, label: str) -> str:
     ax.grid(False)
     fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04, label="logit bias")
     return to_png(fig)
+
+
+@styled
+def term_curves(terms: pd.DataFrame, label: str) -> str:
+    """The score-term probe over training: each named term's spread (std of its logits) by
+    step, one panel per layer, log scale so a term orders of magnitude below the rest shows."""
+    layers = sorted(terms["layer"].unique())
+    fig = Figure(figsize=(2.4 * len(layers) + 0.6, 2.3))
+    axes = np.atleast_1d(fig.subplots(1, len(layers), sharey=True))
+    for ax, layer in zip(axes, layers):
+        for term, rows in terms[terms["layer"] == layer].groupby("term", sort=False):
+            rows = rows.sort_values("step")
+            ax.plot(rows["step"], rows["std"].clip(lower=1e-12), marker=".", label=str(term))
+        ax.set_yscale("log")
+        ax.set_xlabel("training step")
+        ax.set_title(f"{label}, layer {layer}", fontsize=9)
+    axes[0].set_ylabel("std of the term's logits")
+    axes[-1].legend(fontsize=7, loc="best")
+    return to_png(fig)
+
+
+@styled
+def attention_distance(distances: dict[str, pd.DataFrame], colours: dict[str, str]) -> str | None:
+    """Attention mass by key distance per encoding, in distribution and beyond the training
+    length: an encoding whose attention scatters past the training length spreads its mass."""
+    kinds = ["in distribution", "beyond"]
+    if not distances:
+        return None
+    fig = Figure(figsize=(9, 3.0))
+    axes = fig.subplots(1, 2, sharey=True)
+    for ax, kind in zip(axes, kinds):
+        for label in [l for l in colours if l in distances]:
+            rows = distances[label][distances[label]["kind"] == kind]
+            if rows.empty:
+                continue
+            ax.plot(rows["distance"] + 1, rows["mass"], color=colours[label], label=label, linewidth=1.2)
+            tokens = int(rows["tokens"].iloc[0])
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("key distance i - j + 1")
+        ax.set_title(f"{kind}" + (f" ({tokens} tokens)" if not rows.empty else ""), fontsize=9)
+    axes[0].set_ylabel("attention mass")
+    axes[1].legend(fontsize=7, loc="best")
+    return to_png(fig)

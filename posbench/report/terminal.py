@@ -17,7 +17,8 @@ from rich.text import Text
 
 from posbench.experiment.compute import run_label
 from posbench.experiment.config import UNDERTRAINED_BELOW, RunConfig
-from posbench.store import collect
+from posbench.errors import ResultsError
+from posbench.store import collect, run_label as run_label_of
 from posbench.experiment.runner import SweepOutcome
 from posbench.report.stats import Interval
 from posbench.report.summary import headline
@@ -210,3 +211,59 @@ def print_bench(console: Console, out_dir: Path) -> None:
         console.print(Text("? marks a noisy timing (other processes competed for the CPU, or a wide IQR): "
                            "see the note column of results.csv and measure again on a quiet machine.", style="yellow"))
     console.print(Text(f"results: {out_dir / 'results.csv'}"), soft_wrap=True)
+
+
+def print_inspection(console: Console, folder: Path) -> None:
+    """One stored run's diagnostics in the terminal: its score terms at the last probe with
+    the health flags, and where its attention mass lies by key distance. Runs stored without
+    diagnostics are probed now from their model (which needs the run's encoding importable)."""
+    import torch
+
+    from posbench.experiment import diagnostics
+    from posbench.experiment.runner import load_run
+    from posbench.store import RunFolder, read_json
+    from posbench.tasks import create_task
+
+    folder = Path(folder)
+    run_folder = RunFolder(folder)
+    result = run_folder.result()
+    if result is None or not (folder / "config.json").exists():
+        raise ResultsError(f"{folder} is not a finished posbench run; pass one run's folder (e.g. results/default/<run id>).")
+    config = read_json(folder / "config.json")
+    label = result.get("encoding_label") or config["encoding"]["name"]
+    terms_path, distance_path = folder / diagnostics.TERMS_FILE, folder / diagnostics.DISTANCE_FILE
+    flags = result.get("health_flags")
+    if terms_path.exists() and distance_path.exists():
+        terms, distances, source = pd.read_csv(terms_path), pd.read_csv(distance_path), "stored during the run"
+    else:
+        run, model = load_run(folder)
+        task = create_task(run.task.name, **run.task.options)
+        tokens = task.batch(task.train_lengths[1], diagnostics.PROBE_SAMPLES, torch.Generator().manual_seed(0)).tokens
+        terms = pd.DataFrame(diagnostics.term_rows(model, tokens, int(result.get("steps_done") or 0)))
+        mass = diagnostics.attention_by_distance(model, tokens)
+        distances = pd.DataFrame({"kind": "in distribution", "length": task.train_lengths[1], "tokens": tokens.shape[1],
+                                  "distance": range(len(mass)), "mass": mass.tolist()})
+        source = "probed now from the stored model (the run stored none)"
+        trainable = any(p.requires_grad for p in model.encoding.parameters())
+        flags = diagnostics.health_flags(terms, label, trainable)
+    console.print(Text(f"{run_label_of(config, result)}: {result.get('status')}; diagnostics {source}"), soft_wrap=True)
+    last = terms[terms["step"] == terms["step"].max()]
+    table = Table(title=f"score terms at step {int(last['step'].iloc[0])}", title_justify="left")
+    for column in ("layer", "term", "mean", "std", "attention moved", "gradient"):
+        table.add_column(column, justify="left" if column in ("term",) else "right", no_wrap=True)
+    for row in last.itertuples():
+        table.add_row(str(row.layer), Text(str(row.term)), f"{row.mean:+.4f}", f"{row.std:.4f}", f"{row.mass_moved:.3f}",
+                      "yes" if row.learns else "none")
+    console.print(table)
+    for flag in flags or []:
+        console.print(Text(f"flag: {flag}", style="yellow"), soft_wrap=True)
+    if not flags:
+        console.print(Text("health: no flags (every term non-zero, reachable by a gradient, within 100x of the largest)"))
+    spread = Table(title="attention mass by key distance", title_justify="left")
+    for column in ("sequence", "tokens", "distance 0", "<= 3", "<= 15", "mean distance"):
+        spread.add_column(column, justify="left" if column == "sequence" else "right", no_wrap=True)
+    for kind, rows in distances.groupby("kind", sort=False):
+        mass, distance = rows["mass"].to_numpy(), rows["distance"].to_numpy()
+        spread.add_row(Text(str(kind)), str(int(rows["tokens"].iloc[0])), f"{mass[distance == 0].sum():.3f}",
+                       f"{mass[distance <= 3].sum():.3f}", f"{mass[distance <= 15].sum():.3f}", f"{(mass * distance).sum():.1f}")
+    console.print(spread)
