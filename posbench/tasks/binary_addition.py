@@ -23,8 +23,6 @@ class BinaryAddition(Transduction):
 
     n_symbols = 3
     ends = True
-    default_train_lengths = (1, 16)
-    default_eval_lengths = (8, 16, 24, 32, 48, 64)
     length_unit = "question tokens"
 
     def answer_length(self, length: int) -> int:

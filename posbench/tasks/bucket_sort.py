@@ -1,14 +1,12 @@
 """Bucket sort (DeepMind's suite, context-sensitive)."""
 from __future__ import annotations
 
-import random
-
 from posbench.tasks.registry import register_task
-from posbench.tasks.transduction import Transduction, bits
+from posbench.tasks.transduction import UniformString
 
 
 @register_task("bucket_sort")
-class BucketSort(Transduction):
+class BucketSort(UniformString):
     """``s_1 .. s_n SEP sorted(s)``: sort a string over 5 symbols in increasing order.
 
     Solving it needs counting how many smaller symbols there are, not a fixed offset.
@@ -17,13 +15,10 @@ class BucketSort(Transduction):
     """
 
     n_symbols = 5
-    default_train_lengths = (1, 16)
-    default_eval_lengths = (8, 16, 24, 32, 48, 64)
     length_unit = "symbols"
 
     def answer_length(self, length: int) -> int:
         return length
 
-    def sample(self, length: int, batch_size: int, rng: random.Random) -> tuple[list[list[int]], list[list[int]]]:
-        questions = [bits(rng, length, self.n_symbols) for _ in range(batch_size)]
-        return questions, [sorted(q) for q in questions]
+    def answer(self, question: list[int]) -> list[int]:
+        return sorted(question)

@@ -17,8 +17,6 @@ class ComputeSqrt(Transduction):
     google-deepmind/neural_networks_chomsky_hierarchy tasks/cs/compute_sqrt.py.
     """
 
-    default_train_lengths = (1, 16)
-    default_eval_lengths = (8, 16, 24, 32, 48, 64)
     length_unit = "bits"
 
     def answer_length(self, length: int) -> int:

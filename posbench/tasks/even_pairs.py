@@ -1,14 +1,12 @@
 """Even pairs (DeepMind's suite, regular): is the number of unequal neighbours even?"""
 from __future__ import annotations
 
-import random
-
 from posbench.tasks.registry import register_task
-from posbench.tasks.transduction import Transduction, bits
+from posbench.tasks.transduction import UniformString
 
 
 @register_task("even_pairs")
-class EvenPairs(Transduction):
+class EvenPairs(UniformString):
     """``b_1 .. b_n SEP c``: c = 1 when the binary string has an odd number of unequal
     adjacent pairs (01 or 10), else 0 (equivalently, whether its first and last bits differ).
 
@@ -16,13 +14,7 @@ class EvenPairs(Transduction):
     As google-deepmind/neural_networks_chomsky_hierarchy tasks/regular/even_pairs.py.
     """
 
-    default_train_lengths = (1, 16)
-    default_eval_lengths = (8, 16, 24, 32, 48, 64)
     length_unit = "bits"
 
-    def answer_length(self, length: int) -> int:
-        return 1
-
-    def sample(self, length: int, batch_size: int, rng: random.Random) -> tuple[list[list[int]], list[list[int]]]:
-        questions = [bits(rng, length) for _ in range(batch_size)]
-        return questions, [[sum(a != b for a, b in zip(q, q[1:])) % 2] for q in questions]
+    def answer(self, question: list[int]) -> list[int]:
+        return [sum(a != b for a, b in zip(question, question[1:])) % 2]

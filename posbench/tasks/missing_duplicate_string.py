@@ -21,8 +21,6 @@ class MissingDuplicateString(Transduction):
     """
 
     n_symbols = 4
-    default_train_lengths = (1, 16)
-    default_eval_lengths = (8, 16, 24, 32, 48, 64)
     length_unit = "tokens"
 
     def answer_length(self, length: int) -> int:

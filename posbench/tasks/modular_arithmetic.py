@@ -22,8 +22,6 @@ class ModularArithmetic(Transduction):
     """
 
     n_symbols = MODULUS + len(OPERATORS)
-    default_train_lengths = (1, 16)
-    default_eval_lengths = (8, 16, 24, 32, 48, 64)
     length_unit = "expression tokens"
 
     def question_length(self, length: int) -> int:

@@ -47,8 +47,6 @@ class ModularArithmeticBrackets(Transduction):
     """
 
     n_symbols = MODULUS + len(CHARACTERS)
-    default_train_lengths = (1, 16)
-    default_eval_lengths = (8, 16, 24, 32, 48, 64)
     length_unit = "expression characters"
 
     def __init__(self, *, train_lengths=None, eval_lengths=None, mult: bool = False) -> None:

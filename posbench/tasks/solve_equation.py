@@ -22,7 +22,6 @@ class SolveEquation(Transduction):
 
     n_symbols = MODULUS + len(CHARACTERS)
     default_train_lengths = (3, 16)
-    default_eval_lengths = (8, 16, 24, 32, 48, 64)
     length_unit = "equation characters"
     min_length = 3
 

@@ -24,8 +24,6 @@ class StackManipulation(Transduction):
 
     n_symbols = 5
     ends = True
-    default_train_lengths = (1, 16)
-    default_eval_lengths = (8, 16, 24, 32, 48, 64)
     length_unit = "stack and action tokens"
 
     def answer_length(self, length: int) -> int:

@@ -25,6 +25,9 @@ class Transduction(Task):
     n_symbols: ClassVar[int] = 2
     #: Answers vary in length and close with END (DeepMind's termination token), which is scored.
     ends: ClassVar[bool] = False
+    #: DeepMind's suite trains on 1..40 and tests 41..500; on 2 CPU cores: 1..16, tested to 4x.
+    default_train_lengths = (1, 16)
+    default_eval_lengths = (8, 16, 24, 32, 48, 64)
 
     @property
     def sep(self) -> int:
@@ -71,6 +74,25 @@ class Transduction(Task):
             seq[row, q_len + 1 : q_len + 1 + len(reply)] = torch.tensor(reply, dtype=torch.long)
             answer[row, q_len + 1 : q_len + 1 + len(reply)] = True
         return seq, answer
+
+
+class UniformString(Transduction):
+    """A question of `length` symbols drawn uniformly from the first ``question_symbols``
+    (all symbols by default), answered by :meth:`answer`; one answer token unless
+    :meth:`answer_length` says otherwise."""
+
+    question_symbols: ClassVar[int | None] = None
+
+    def answer_length(self, length: int) -> int:
+        return 1
+
+    @abstractmethod
+    def answer(self, question: list[int]) -> list[int]:
+        """The answer tokens (without END) for one question."""
+
+    def sample(self, length: int, batch_size: int, rng: random.Random) -> tuple[list[list[int]], list[list[int]]]:
+        questions = [bits(rng, length, self.question_symbols or self.n_symbols) for _ in range(batch_size)]
+        return questions, [self.answer(q) for q in questions]
 
 
 def bits(rng: random.Random, n: int, symbols: int = 2) -> list[int]:
