@@ -79,9 +79,12 @@ def check_causality(encoding: str, **options: Any) -> None:
 
 
 def check_chunked_equals_whole(encoding: str, chunk_sizes: tuple[int, ...] = (1, 5, 8), **options: Any) -> None:
-    """A sequence fed in chunks through an unbounded cache gives the logits of the whole."""
+    """A sequence fed in chunks through an unbounded cache gives the logits of the whole; an
+    encoding that declares ``cache_consistent = False`` must really differ (a declaration
+    that is not needed hides a check)."""
     model = tiny_model(encoding, **options).eval()
     tokens = _tokens()
+    consistent = getattr(model.encoding, "cache_consistent", True)
     with torch.no_grad():
         whole = model(tokens)
         for size in chunk_sizes:
@@ -89,8 +92,18 @@ def check_chunked_equals_whole(encoding: str, chunk_sizes: tuple[int, ...] = (1,
             parts = [model(tokens[:, s : s + size], cache=cache) for s in range(0, SEQ_LEN, size)]
             chunked = torch.cat(parts, dim=1)
             err = (chunked - whole).abs().max().item()
-            assert err < 1e-5, f"{encoding}: chunks of {size} differ from the whole by {err:.2e}"
+            if consistent:
+                assert err < 1e-5, f"{encoding}: chunks of {size} differ from the whole by {err:.2e}"
             assert cache.seen == SEQ_LEN, f"{encoding}: cache counted {cache.seen} positions"
+    if not consistent:  # the declared difference must be real, at the rotation itself
+        enc, size = model.encoding, 8
+        q, k = torch.randn(2, 1, enc.n_heads, SEQ_LEN, enc.d_head, generator=torch.Generator().manual_seed(2))
+        whole_q, whole_k = enc.rotate(q, k, Span(0, SEQ_LEN), None)
+        parts = [enc.rotate(q[..., s : s + size, :], k[..., s : s + size, :], Span(s, s + size), None)
+                 for s in range(0, SEQ_LEN, size)]
+        chunked_k = torch.cat([part[1] for part in parts], dim=-2)
+        gap = (parts[-1][0] @ chunked_k.transpose(-1, -2) - whole_q[..., -size:, :] @ whole_k.transpose(-1, -2)).abs().max()
+        assert gap > 1e-3, f"{encoding}: declares cache_consistent = False but its chunked scores equal the whole"
 
 
 def attention_logits(

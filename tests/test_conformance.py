@@ -15,7 +15,11 @@ VARIANTS = [
     ("deberta", {"position_buckets": 8, "span": 16}),
     ("deberta", {"share_att_key": True, "span": 4}),
     ("alibi", {"symmetric": True}),
-    ("rope", {"base": 500.0, "interpolation": 2.0}),
+    ("rope", {"base": 500.0, "scaling": "linear", "factor": 2.0}),
+    ("rope", {"scaling": "ntk", "factor": 4.0}),
+    ("rope", {"scaling": "yarn", "factor": 4.0, "original_length": 8}),
+    ("rope", {"scaling": "llama3", "factor": 8.0, "original_length": 16}),
+    ("rope", {"scaling": "dynamic", "factor": 2.0, "original_length": 8}),
     ("learned", {"max_positions": 30}),
 ]
 

@@ -13,6 +13,7 @@ from posbench.encodings.base import LayerContext, Span
 from posbench.kernels.bias_types import BandBias
 from posbench.encodings.deberta import log_bucket_position
 from posbench.encodings.t5 import t5_bucket
+from posbench.errors import OptionError
 from posbench.testing import attention_logits
 
 
@@ -267,3 +268,71 @@ def test_deberta_matches_naive_three_terms(memory: int, options: dict) -> None:
     expected = naive_deberta(enc, q, k, q_span, k_span, 1, proj_q, proj_k)
     valid = ~expected.isnan()
     assert torch.allclose(got[valid], expected[valid], atol=1e-9)
+
+
+# ---- RoPE context-extension scalings against Hugging Face's modeling_rope_utils -------------
+def _hf_inv_freq(kind: str, dim: int, base: float, factor: float, max_pos: int, seq_len: int | None = None):
+    """The formulas of transformers' ROPE_INIT_FUNCTIONS (default, linear, ntk, dynamic, yarn,
+    llama3 with low 1, high 4), restated here in float32 as that file computes them."""
+    def default(b: float) -> torch.Tensor:
+        return 1.0 / (b ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+
+    if kind == "none":
+        return default(base), 1.0
+    if kind == "linear":
+        return default(base) / factor, 1.0
+    if kind == "ntk":
+        return default(base * factor ** (dim / (dim - 2))), 1.0
+    if kind == "dynamic":
+        seq = seq_len if seq_len is not None and seq_len > max_pos else max_pos
+        return default(base * ((factor * seq / max_pos) - (factor - 1)) ** (dim / (dim - 2))), 1.0
+    if kind == "yarn":
+        def correction(rotations: float) -> float:
+            return (dim * math.log(max_pos / (rotations * 2 * math.pi))) / (2 * math.log(base))
+
+        low, high = max(math.floor(correction(32)), 0), min(math.ceil(correction(1)), dim - 1)
+        if low == high:
+            high += 0.001
+        ramp = torch.clamp((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low), 0, 1)
+        pos_freqs = base ** (torch.arange(0, dim, 2).float() / dim)
+        extrapolation = 1 - ramp
+        inv = (1.0 / (factor * pos_freqs)) * (1 - extrapolation) + (1.0 / pos_freqs) * extrapolation
+        return inv, 0.1 * math.log(factor) + 1.0
+    assert kind == "llama3"
+    inv = default(base)
+    low_wavelen, high_wavelen = max_pos / 1.0, max_pos / 4.0
+    wavelen = 2 * math.pi / inv
+    scaled = torch.where(wavelen > low_wavelen, inv / factor, inv)
+    smooth = (max_pos / wavelen - 1.0) / (4.0 - 1.0)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = ~(wavelen < high_wavelen) * ~(wavelen > low_wavelen)
+    return torch.where(medium, smoothed, scaled), 1.0
+
+
+@pytest.mark.parametrize("kind", ["none", "linear", "ntk", "dynamic", "yarn", "llama3"])
+@pytest.mark.parametrize("dim", [8, 16, 64, 128])
+@pytest.mark.parametrize("factor", [1.0, 2.0, 4.0, 8.0])
+def test_rope_scalings_match_hugging_face(kind: str, dim: int, factor: float) -> None:
+    from posbench.encodings.rope import rope_frequencies
+
+    for base, max_pos in ((10000.0, 64), (500000.0, 8192)):
+        for seq_len in ((None, 3 * max_pos) if kind == "dynamic" else (None,)):
+            ours, attention = rope_frequencies(dim, base, kind, factor, max_pos, seq_len)
+            theirs, their_attention = _hf_inv_freq(kind, dim, base, factor, max_pos, seq_len)
+            assert torch.allclose(ours.float(), theirs, rtol=1e-5, atol=0), (kind, dim, factor, base)
+            assert attention == pytest.approx(their_attention)
+
+
+def test_rope_scaling_reaches_the_rotation_and_the_logits() -> None:
+    yarn = create_encoding("rope", n_heads=1, d_head=16, scaling="yarn", factor=4.0, original_length=32)
+    plain = create_encoding("rope", n_heads=1, d_head=16)
+    q = torch.randn(1, 1, 5, 16)
+    (qy, _), (qp, _) = yarn.rotate(q, q, Span(0, 5), None), plain.rotate(q, q, Span(0, 5), None)
+    attention = 0.1 * math.log(4.0) + 1.0
+    assert torch.allclose(qy[..., 0, :], attention * q[..., 0, :], atol=1e-6)  # position 0: no rotation, scaled
+    assert not torch.allclose(qy / attention, qp, atol=1e-4)  # frequencies changed
+    dynamic = create_encoding("rope", n_heads=1, d_head=16, scaling="dynamic", factor=2.0, original_length=8)
+    short, _ = dynamic.rotate(q, q, Span(0, 5), None)
+    assert torch.allclose(short, qp, atol=1e-6)  # within original_length: the plain rotation
+    with pytest.raises(OptionError, match="scaling 'yarn' needs original_length"):
+        create_encoding("rope", n_heads=1, d_head=16, scaling="yarn", factor=4.0)

@@ -59,6 +59,10 @@ class PositionalEncoding(PositionTables, nn.Module):
     name: ClassVar[str] = ""
     #: The score depends on positions only through i - j (checked by the conformance kit).
     relative: ClassVar[bool] = False
+    #: Feeding a sequence in chunks through a cache gives the logits of the whole (checked by
+    #: the conformance kit; an encoding that declares False must really differ, with the
+    #: reason in its docstring, e.g. dynamic NTK's base following the length read).
+    cache_consistent: ClassVar[bool] = True
     #: Largest number of positions the encoding can represent, or None for unbounded.
     max_positions: int | None = None
     #: Parameters (wildcards over their names) whose true gradient is zero by construction;

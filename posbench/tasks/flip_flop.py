@@ -30,7 +30,7 @@ class FlipFlop(Task):
     min_length = 2
 
     def __init__(self, *, train_lengths=None, eval_lengths=None,
-                 p_ignore: Annotated[float, Range(ge=0, lt=1)] = 0.8) -> None:
+                 p_ignore: Annotated[float, Range(ge=0, le=0.99)] = 0.8) -> None:
         super().__init__(train_lengths=train_lengths, eval_lengths=eval_lengths)
         self.p_ignore = p_ignore
 
