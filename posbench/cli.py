@@ -119,6 +119,7 @@ def run_command(
     ray_address: Optional[str] = typer.Option(None, help="Ray cluster to join ('auto' or host:port); default starts a local Ray runtime."),
     cpus_per_run: float = typer.Option(1.0, help="CPUs each Ray task asks for."),
     gpus_per_run: float = typer.Option(0.0, help="GPUs each Ray task asks for."),
+    eval_variants: Optional[str] = typer.Option(None, "--eval-variants", help="Also evaluate each trained model under other options, no retraining: 'rope:scaling=yarn,factor=4;rope:scaling=ntk,factor=4'."),
 ) -> None:
     """Train a tiny decoder per encoding and task, evaluate it at and beyond the training
     length and through caches, and store tidy, resumable results."""
@@ -133,6 +134,7 @@ def run_command(
         sweep, encodings=encodings, tasks=tasks,
         seeds=_int_list(seeds, "--seeds") if seeds is not None else None,
         steps=steps, device=device, train_mem_len=train_mem_len, threads=threads, quick=quick, profile=profile,
+        eval_variants=eval_variants,
     )
     name = name or (config.stem if config else DEFAULT_SUITE)
     if sweep.quick:  # a quick look never mixes with the full runs of the same sweep

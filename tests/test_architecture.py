@@ -21,7 +21,7 @@ LAYERS: list[set[str]] = [
      "experiment.timing", "testing"},
     {"store"},
     {"experiment.compute", "experiment.profiling"},
-    {"experiment.executors"},
+    {"experiment.executors", "experiment.variants"},
     {"experiment.runner"},
     {"report", "report.stats", "report.summary", "report.literature", "report.plots"},
     {"report.html", "report.terminal"},

@@ -122,6 +122,9 @@ class SweepConfig:
     profile: bool = True
     #: What the sweep is for, in a sentence; reports show it at the top.
     about: str = ""
+    #: Evaluation-time variants: each trained run of an encoding with the same name is also
+    #: evaluated with these options merged into its own (no retraining), as its own rows.
+    eval_variants: tuple[EncodingSpec, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -209,7 +212,8 @@ def expand_runs(sweep: SweepConfig) -> list[RunConfig]:
 
 
 # ---- loading TOML --------------------------------------------------------------------------
-_TOP_KEYS = {"name", "about", "tasks", "encodings", "seeds", "model", "train", "eval", "device", "threads", "quick", "profile"}
+_TOP_KEYS = {"name", "about", "tasks", "encodings", "seeds", "model", "train", "eval", "device", "threads", "quick", "profile",
+             "eval_variants"}
 
 
 def load_config_file(path: Path) -> tuple[SweepConfig, str | None]:
@@ -232,6 +236,8 @@ def config_from_mapping(data: Mapping[str, Any], source: str = "config") -> Swee
         kwargs["tasks"] = tuple(_spec(entry, TaskSpec, source, "tasks") for entry in _as_list(data["tasks"]))
     if "encodings" in data:
         kwargs["encodings"] = tuple(_spec(entry, EncodingSpec, source, "encodings") for entry in _as_list(data["encodings"]))
+    if "eval_variants" in data:
+        kwargs["eval_variants"] = tuple(_spec(e, EncodingSpec, source, "eval_variants") for e in _as_list(data["eval_variants"]))
     for key, cls in (("model", ModelSize), ("train", TrainConfig), ("eval", EvalConfig)):
         if key in data:
             section = f"{source} [{key}]"
@@ -304,6 +310,7 @@ def apply_overrides(
     threads: int | None = None,
     quick: bool = False,
     profile: bool | None = None,
+    eval_variants: str | None = None,
 ) -> SweepConfig:
     """Command-line flags over a config: names (commas, wildcards) replace the lists, keeping
     any options the config gave a name; --quick shrinks steps and the evaluation sample."""
@@ -347,4 +354,38 @@ def apply_overrides(
         changes["threads"] = threads
     if profile is not None:
         changes["profile"] = profile
+    if eval_variants is not None:
+        changes["eval_variants"] = parse_variants(eval_variants)
     return dataclasses.replace(sweep, **changes)
+
+
+def parse_variants(text: str) -> tuple[EncodingSpec, ...]:
+    """``'rope:scaling=yarn,factor=4;rope:scaling=ntk,factor=4'`` as encoding specs; values
+    are read as TOML (numbers, true/false), anything else as a string."""
+    specs = []
+    for part in (p.strip() for p in text.split(";")):
+        if not part:
+            continue
+        name, _, rest = part.partition(":")
+        options: dict[str, Any] = {}
+        for item in (i.strip() for i in rest.split(",") if i.strip()):
+            key, sep, value = item.partition("=")
+            if not sep or not key.strip():
+                raise ConfigError(f"--eval-variants: {item!r} in {part!r} is not key=value; write e.g. 'rope:scaling=yarn,factor=4'.")
+            try:
+                options[key.strip()] = tomllib.loads(f"v = {value.strip()}")["v"]
+            except tomllib.TOMLDecodeError:
+                options[key.strip()] = value.strip()
+        specs.append(EncodingSpec(name.strip(), options))
+    if not specs:
+        raise ConfigError("--eval-variants names no variant; write e.g. 'rope:scaling=yarn,factor=4'.")
+    return tuple(specs)
+
+
+def variant_label(base: EncodingSpec, variant: EncodingSpec) -> str:
+    """How a run evaluated under a variant is named: the variant's label, or the base's label
+    with the variant's options, e.g. ``rope [eval scaling=yarn,factor=4]``."""
+    if variant.label:
+        return variant.label
+    options = ",".join(f"{k}={v}" for k, v in variant.options.items())
+    return f"{base.display()} [eval {options}]"

@@ -24,7 +24,8 @@ from posbench.experiment.compute import (
     rng_devices,
     run_label,
 )
-from posbench.experiment.config import DEVICE_PATTERN, EncodingSpec, EvalConfig, ModelSize, RunConfig, SweepConfig, TrainConfig, expand_runs, to_jsonable
+from posbench.experiment.config import DEVICE_PATTERN, EncodingSpec, EvalConfig, ModelSize, RunConfig, SweepConfig, TrainConfig, expand_runs, to_jsonable, variant_label
+from posbench.experiment.variants import evaluate_variant, variant_jobs
 from posbench.kernels.cpu import compute_settings
 from posbench.encodings import BUILTINS, REGISTRY as ENCODINGS
 from posbench.encodings.base import Span
@@ -95,6 +96,14 @@ def resolve_sweep(sweep: SweepConfig) -> SweepConfig:
     _check_device(sweep.device)
     for spec in sweep.encodings:
         check_options(ENCODINGS.get(spec.name), dict(spec.options), f"encoding {spec.name!r}")
+    names = {spec.name for spec in sweep.encodings}
+    for variant in sweep.eval_variants:
+        if variant.name not in names:
+            raise ConfigError(f"evaluation variant {variant.name!r} names an encoding this sweep does not train "
+                              f"({', '.join(sorted(names))}); add it to the encodings or drop the variant.")
+        for spec in (s for s in sweep.encodings if s.name == variant.name):
+            check_options(ENCODINGS.get(spec.name), {**spec.options, **variant.options},
+                          f"evaluation variant {variant_label(spec, variant)!r}")
     available = _available_memory(sweep.device)
     for task_spec in sweep.tasks:
         task = create_task(task_spec.name, **task_spec.options)
@@ -181,9 +190,11 @@ def _run_sweep(sweep: SweepConfig, out_dir: Path, force: bool, reporter: Reporte
     sweep = resolve_sweep(sweep)
     runs = expand_runs(sweep)
     profiles = profile_jobs(sweep)
+    variants = variant_jobs(sweep, runs)
     prepare_sweep_dir(out_dir)
     with sweep_lock(out_dir), compute_settings(None):
         members = {run.run_id: run_label(run) for run in runs}
+        members |= {job.run_id: job.label() for job in variants}
         members |= {job.run_id: f"profile / {job.encoding.display()}" for job in profiles}
         write_sweep_marker(out_dir, to_jsonable(dataclasses.asdict(sweep)), members)
         outcome = SweepOutcome(out_dir, out_dir / "results.csv")
@@ -205,10 +216,14 @@ def _run_sweep(sweep: SweepConfig, out_dir: Path, force: bool, reporter: Reporte
                 outcome.ran.append(output.run_id)
                 reporter.run_finished(by_id[output.run_id], output.status, output.result.get("seconds", 0.0))
                 write_results_csv(out_dir, outcome.problems)
-        for run in runs:
-            result = RunFolder(out_dir / run.run_id).result() or {}
-            if result.get("status") in ("diverged", "error"):
-                outcome.failures[run_label(run)] = result.get("error", "unknown error")
+        for job in variants:
+            reporter.note(f"evaluating {job.label()} (the trained model, no retraining)")
+            run_id, ran = evaluate_variant(job, out_dir, force)
+            (outcome.ran if ran else outcome.skipped).append(run_id)
+        for run_id, label in members.items():
+            result = RunFolder(out_dir / run_id).result() or {}
+            if result.get("status") in ("diverged", "error") and not label.startswith("profile / "):
+                outcome.failures[label] = result.get("error", "unknown error")
         _profile_encodings(profiles, out_dir, force, reporter, outcome)
         problems: list[str] = []
         outcome.results_csv = write_results_csv(out_dir, problems)
