@@ -23,7 +23,7 @@ def test_help_and_list() -> None:
     assert invoke("--help").exit_code == 0
     result = invoke("list")
     assert result.exit_code == 0
-    for name in ("sinusoidal", "learned", "nope", "txl", "t5", "deberta", "alibi", "rope", "kerple_log", "copy", "rotate", "bucket_sort"):
+    for name in ("sinusoidal", "learned", "nope", "txl", "t5", "deberta", "alibi", "rope", "kerple_log", "kerple_power", "gaussian_window", "copy", "rotate", "bucket_sort"):
         assert name in result.output
 
 

@@ -336,3 +336,36 @@ def test_rope_scaling_reaches_the_rotation_and_the_logits() -> None:
     assert torch.allclose(short, qp, atol=1e-6)  # within original_length: the plain rotation
     with pytest.raises(OptionError, match="scaling 'yarn' needs original_length"):
         create_encoding("rope", n_heads=1, d_head=16, scaling="yarn", factor=4.0)
+
+
+# ---- KERPLE against chijames/KERPLE's kernels ------------------------------------------------
+def _kerple_reference(kind: str, a: torch.Tensor, p: torch.Tensor, L: int) -> torch.Tensor:
+    """The reference's forward: diff = tril(i - j), a and p clamped to >= 0.01 (p <= 2 for power)."""
+    diff = torch.tril(torch.arange(L).view(L, 1).repeat(1, L) + torch.arange(0, -L, -1)).float()
+    a, p = a.clamp(min=1e-2)[:, None, None], p.clamp(min=1e-2)[:, None, None]
+    if kind == "kerple_log":
+        return -p * torch.log(1 + a * diff)
+    return -(diff.pow(p.clamp(max=2))) * a
+
+
+@pytest.mark.parametrize("kind", ["kerple_log", "kerple_power"])
+def test_kerple_bias_matches_the_reference(kind: str) -> None:
+    torch.manual_seed(3)
+    enc = create_encoding(kind, n_heads=4, d_head=8)
+    with torch.no_grad():
+        enc.a.copy_(torch.tensor([0.5, 0.001, 0.9, 0.2]))  # one below the clamp
+        enc.p.copy_(torch.tensor([1.5, 0.3, 2.7, 0.005]))  # one above 2, one below the clamp
+    bias = enc.position_bias(Span(0, 9), Span(0, 9), 0, torch.device("cpu"))
+    expected = _kerple_reference(kind, enc.a.detach(), enc.p.detach(), 9)
+    mask = torch.ones(9, 9, dtype=torch.bool).tril()
+    assert torch.allclose(bias[:, mask], expected[:, mask], atol=1e-6)
+    # through a cache: the last 3 queries against all 9 keys read the same rows
+    tail = enc.position_bias(Span(6, 9), Span(0, 9), 0, torch.device("cpu"))
+    assert torch.allclose(tail[:, mask[6:]], expected[:, 6:][:, mask[6:]], atol=1e-6)
+
+
+def test_kerple_initialisation_follows_the_reference() -> None:
+    torch.manual_seed(0)
+    enc = create_encoding("kerple_log", n_heads=64, d_head=4).requires_grad_(False)
+    assert 0 <= float(enc.a.min()) and float(enc.a.max()) <= 1 and 0 <= float(enc.p.min()) and float(enc.p.max()) <= 2
+    assert float(enc.p.mean()) == pytest.approx(1.0, abs=0.25)  # U(0, 2)

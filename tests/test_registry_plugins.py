@@ -51,7 +51,7 @@ def test_select_commas_and_wildcards() -> None:
 
 
 def test_local_plugin_is_listed() -> None:
-    assert "kerple_log" in posbench.list_encodings()
+    assert "gaussian_window" in posbench.list_encodings()
     assert "rotate" in posbench.list_tasks()
 
 
