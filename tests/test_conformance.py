@@ -20,6 +20,8 @@ VARIANTS = [
     ("rope", {"scaling": "yarn", "factor": 4.0, "original_length": 8}),
     ("rope", {"scaling": "llama3", "factor": 8.0, "original_length": 16}),
     ("rope", {"scaling": "dynamic", "factor": 2.0, "original_length": 8}),
+    ("rope", {"rotary_fraction": 0.25}),
+    ("rope", {"keep_frequencies": 0.5}),
     ("learned", {"max_positions": 30}),
 ]
 

@@ -369,3 +369,24 @@ def test_kerple_initialisation_follows_the_reference() -> None:
     enc = create_encoding("kerple_log", n_heads=64, d_head=4).requires_grad_(False)
     assert 0 <= float(enc.a.min()) and float(enc.a.max()) <= 1 and 0 <= float(enc.p.min()) and float(enc.p.max()) <= 2
     assert float(enc.p.mean()) == pytest.approx(1.0, abs=0.25)  # U(0, 2)
+
+
+def test_partial_rotary_follows_hugging_face_and_p_rope_drops_the_lowest_frequencies() -> None:
+    torch.manual_seed(0)
+    q = torch.randn(1, 2, 6, 16)
+    partial = create_encoding("rope", n_heads=2, d_head=16, rotary_fraction=0.25)
+    got, _ = partial.rotate(q, q, Span(3, 9), None)
+    # Hugging Face: rotary_dim = int(16 * 0.25) = 4, half-split rotation of q[..., :4], the rest passes
+    inv_freq = 1.0 / (10000.0 ** (torch.arange(0, 4, 2).float() / 4))
+    angles = torch.arange(3, 9).float()[:, None] * inv_freq
+    cos, sin = torch.cat((angles.cos(), angles.cos()), -1), torch.cat((angles.sin(), angles.sin()), -1)
+    x = q[..., :4]
+    expected = torch.cat((x * cos + torch.cat((-x[..., 2:], x[..., :2]), -1) * sin, q[..., 4:]), -1)
+    assert torch.allclose(got, expected, atol=1e-6)
+    p_rope = create_encoding("rope", n_heads=2, d_head=16, keep_frequencies=0.5)
+    inv, _ = p_rope.frequencies()
+    full = 1.0 / (10000.0 ** (torch.arange(0, 16, 2, dtype=torch.float64) / 16))
+    assert torch.equal(inv[:4], full[:4]) and (inv[4:] == 0).all()  # the 4 lowest of 8 frequencies dropped
+    turned, _ = p_rope.rotate(q, q, Span(5, 11), None)
+    dropped = [4, 5, 6, 7, 12, 13, 14, 15]  # pairs (k, k + 8) for k = 4..7 do not rotate
+    assert torch.allclose(turned[..., dropped], q[..., dropped])

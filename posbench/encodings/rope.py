@@ -83,6 +83,10 @@ class RoPE(PositionalEncoding):
 
     Pairs (k, k + d/2) (half-split); GPT-J/NeoX pair (2k, 2k+1), a fixed permutation of the
     same rotation. Keys are rotated by their absolute positions before they are cached.
+    ``rotary_fraction`` rotates only the first fraction of each head's dimensions (Hugging
+    Face's partial_rotary_factor; Kazemnejad et al.'s rotary rotates 25%), the rest pass through.
+    ``keep_frequencies`` is p-RoPE (Barbero et al. 2025): only the highest-frequency fraction p
+    of the pairs rotates, the lowest-frequency ones get frequency 0.
     ``scaling`` (linear, ntk, dynamic, yarn, llama3) with ``factor`` stretches a model trained
     on ``original_length`` tokens to longer inputs, typically applied at evaluation time to a
     model trained without it. Dynamic NTK's base follows the current length: its scores are
@@ -104,6 +108,8 @@ class RoPE(PositionalEncoding):
         beta_slow: Annotated[float, Range(gt=0)] = 1.0,
         low_freq_factor: Annotated[float, Range(gt=0)] = 1.0,
         high_freq_factor: Annotated[float, Range(gt=0)] = 4.0,
+        rotary_fraction: Annotated[float, Range(gt=0, le=1)] = 1.0,
+        keep_frequencies: Annotated[float, Range(ge=0, le=1)] = 1.0,
     ) -> None:
         super().__init__(shape)
         if shape.d_head % 2:
@@ -117,6 +123,11 @@ class RoPE(PositionalEncoding):
         if scaling == "llama3" and high_freq_factor <= low_freq_factor:
             raise OptionError("encoding 'rope': llama3 scaling needs high_freq_factor > low_freq_factor, "
                               f"got {high_freq_factor} and {low_freq_factor}.")
+        self.rotary_dim = 2 * int(shape.d_head * rotary_fraction // 2)  # HF: int(d * factor), kept even
+        if self.rotary_dim == 0:
+            raise OptionError(f"encoding 'rope': rotary_fraction {rotary_fraction} of d_head {shape.d_head} rotates no "
+                              "pair of dimensions; raise it.")
+        self.keep_frequencies = keep_frequencies
         self.base, self.scaling, self.factor, self.original_length = base, scaling, factor, original_length
         self.knobs = {"beta_fast": beta_fast, "beta_slow": beta_slow, "low_freq_factor": low_freq_factor,
                       "high_freq_factor": high_freq_factor}
@@ -125,12 +136,16 @@ class RoPE(PositionalEncoding):
             self.cache_consistent = False
 
     def frequencies(self, length: int | None = None) -> tuple[Tensor, float]:
-        """theta_k (d_head / 2,) float64 and the attention factor, at `length` for dynamic NTK."""
-        return rope_frequencies(self.d_head, self.base, self.scaling, self.factor, self.original_length, length,
-                                **self.knobs)
+        """theta_k (rotary_dim / 2,) float64 and the attention factor, at `length` for dynamic
+        NTK; p-RoPE zeroes the lowest-frequency (last) 1 - p of them."""
+        inv_freq, attention = rope_frequencies(self.rotary_dim, self.base, self.scaling, self.factor,
+                                               self.original_length, length, **self.knobs)
+        kept = round(self.keep_frequencies * len(inv_freq))
+        inv_freq[kept:] = 0.0
+        return inv_freq, attention
 
     def cos_sin(self, span: Span, device: torch.device) -> tuple[Tensor, Tensor]:
-        """cos and sin for `span`, each (L, d_head), repeated over both halves and multiplied
+        """cos and sin for `span`, each (L, rotary_dim), repeated over both halves and multiplied
         by the attention factor (as Hugging Face applies YaRN's)."""
         length = span.stop if self.scaling == "dynamic" and span.stop > (self.original_length or 0) else None
         inv_freq, attention = self.frequencies(length)
@@ -138,7 +153,7 @@ class RoPE(PositionalEncoding):
         def build(n: int) -> Tensor:
             angles = torch.arange(n, dtype=torch.float64)[:, None] * inv_freq[None, :]  # (n, d_head / 2)
             cos, sin = (attention * angles.cos()).float(), (attention * angles.sin()).float()
-            return torch.stack((cos.repeat(1, 2), sin.repeat(1, 2)), dim=1).to(device)  # (n, 2, d_head)
+            return torch.stack((cos.repeat(1, 2), sin.repeat(1, 2)), dim=1).to(device)  # (n, 2, rotary_dim)
 
         name = "cos_sin" if length is None else f"cos_sin@{length}"  # dynamic: one table per length read
         table = self.position_table(name, span.stop, device, build)[span.start :]
@@ -147,4 +162,10 @@ class RoPE(PositionalEncoding):
     def rotate(self, q: Tensor, k: Tensor, span: Span, layer: LayerContext) -> tuple[Tensor, Tensor]:
         cos, sin = self.cos_sin(span, q.device)
         cos, sin = cos.to(q.dtype), sin.to(q.dtype)
-        return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+        r = self.rotary_dim
+
+        def turn(x: Tensor) -> Tensor:  # rotate the first r dimensions, pass the rest through
+            turned = x[..., :r] * cos + rotate_half(x[..., :r]) * sin
+            return turned if r == x.shape[-1] else torch.cat((turned, x[..., r:]), dim=-1)
+
+        return turn(q), turn(k)
