@@ -390,3 +390,47 @@ def test_partial_rotary_follows_hugging_face_and_p_rope_drops_the_lowest_frequen
     turned, _ = p_rope.rotate(q, q, Span(5, 11), None)
     dropped = [4, 5, 6, 7, 12, 13, 14, 15]  # pairs (k, k + 8) for k = 4..7 do not rotate
     assert torch.allclose(turned[..., dropped], q[..., dropped])
+
+
+# ---- Sandwich against NeMo, xPos against torchscale ------------------------------------------
+def test_sandwich_matches_nemo() -> None:
+    H, d, L = 4, 16, 10
+    enc = create_encoding("sandwich", n_heads=H, d_head=d)
+    bias = enc.position_bias(Span(0, L), Span(0, L), 0, torch.device("cpu"))
+    # NeMo: relative_position = tril(|i - j|), inv_freq = 1 / 10000^(2 arange(1, d/2 + 1) / d),
+    # bias = sum cos(r inv_freq) repeated per head, (bias - d/2) / (arange(1, H + 1) * 8 / H)
+    rel = torch.tril((torch.arange(L)[:, None] - torch.arange(L)[None, :]).abs())
+    inv_freq = 1.0 / (10000 ** (2 * torch.arange(1, d / 2 + 1) / d))
+    summed = torch.sum((rel[:, :, None].repeat(1, 1, len(inv_freq)) * inv_freq).cos(), axis=2)
+    expected = (summed.repeat(H, 1, 1) - d / 2) / (torch.arange(1, H + 1)[:, None, None] * 8 / H)
+    mask = torch.ones(L, L, dtype=torch.bool).tril()
+    assert torch.allclose(bias[:, mask], expected[:, mask].float(), atol=1e-5)
+    assert torch.allclose(bias.diagonal(dim1=1, dim2=2), torch.zeros(H, L), atol=1e-5)
+
+
+def test_xpos_logits_match_torchscale() -> None:
+    torch.manual_seed(0)
+    d, L, gamma = 8, 12, 16.0
+    enc = create_encoding("xpos", n_heads=1, d_head=d, scale_base=gamma)
+    q, k = torch.randn(1, 1, L, d), torch.randn(1, 1, L, d)
+    q2, k2 = enc.rotate(q, k, Span(0, L), None)
+    ours = q2 @ k2.transpose(-1, -2)
+
+    def torchscale(x: torch.Tensor, downscale: bool) -> torch.Tensor:  # x (L, d), offset 0
+        zeta = (torch.arange(0, d, 2) + 0.4 * d) / (1.4 * d)
+        min_pos = -L // 2
+        scale = zeta ** (torch.arange(min_pos, L + min_pos, 1).float() / gamma)[:, None]  # (L, d/2)
+        inv_freq = 1.0 / (10000 ** (torch.arange(0, d // 2) / (d // 2)))
+        angles = torch.arange(0, L).float()[:, None] * inv_freq
+        sin, cos = angles.sin(), angles.cos()
+        if downscale:
+            scale = 1 / scale
+        sin, cos = (t.repeat_interleave(2, dim=-1) for t in (sin * scale, cos * scale))
+        rotated = torch.stack((-x[:, 1::2], x[:, ::2]), dim=-1).flatten(-2)
+        return x * cos + rotated * sin
+
+    theirs = torchscale(q[0, 0], False) @ torchscale(k[0, 0], True).T
+    assert torch.allclose(ours[0, 0], theirs, atol=1e-5)
+    # through a cache: queries 8..11 against keys rotated when they were written give the same logits
+    q_late, _ = enc.rotate(q[..., 8:, :], k[..., 8:, :], Span(8, L), None)
+    assert torch.allclose(q_late @ k2.transpose(-1, -2), ours[..., 8:, :], atol=1e-5)

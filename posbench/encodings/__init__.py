@@ -19,7 +19,8 @@ def create_encoding(
 
 
 #: The built-in encodings, in the order sweeps and reports show them.
-BUILTINS = ("sinusoidal", "learned", "nope", "txl", "t5", "deberta", "alibi", "rope", "kerple_log", "kerple_power")
+BUILTINS = ("sinusoidal", "learned", "nope", "txl", "t5", "deberta", "alibi", "rope", "kerple_log", "kerple_power",
+            "sandwich", "xpos")
 
 # Built-ins register themselves on import; the order here is the order `posbench list` shows.
 from posbench.encodings import (  # noqa: E402,F401
@@ -29,9 +30,11 @@ from posbench.encodings import (  # noqa: E402,F401
     learned,
     nope,
     rope,
+    sandwich,
     sinusoidal,
     t5,
     txl,
+    xpos,
 )
 
 __all__ = [
