@@ -434,3 +434,23 @@ def test_xpos_logits_match_torchscale() -> None:
     # through a cache: queries 8..11 against keys rotated when they were written give the same logits
     q_late, _ = enc.rotate(q[..., 8:, :], k[..., 8:, :], Span(8, L), None)
     assert torch.allclose(q_late @ k2.transpose(-1, -2), ours[..., 8:, :], atol=1e-5)
+
+
+# ---- FIRE against mcleish7/arithmetic's FIRE module --------------------------------------------
+@pytest.mark.parametrize("threshold", [512.0, 5.0])
+def test_fire_matches_the_reference(threshold: float) -> None:
+    torch.manual_seed(0)
+    enc = create_encoding("fire", n_heads=3, d_head=4, init_threshold=threshold)
+    L = 12
+    bias = enc.position_bias(Span(0, L), Span(0, L), 0, torch.device("cpu"))
+    # the reference's forward for seq_length L (positions 0..L-1, no random positions)
+    positions = torch.arange(L).float()
+    rel = positions[:, None] - positions[None, :]
+    normaliser = torch.max(positions, torch.abs(enc.threshold_multiplier * enc.init_threshold))[:, None]
+    rel = torch.log(torch.abs(enc.c * rel) + 1)
+    normaliser = torch.log(torch.abs(enc.c * normaliser) + 1)
+    expected = enc.mlp((rel / (normaliser + 1e-6)).unsqueeze(-1)).permute(2, 0, 1)
+    assert torch.allclose(bias, expected, atol=1e-5)
+    # through a cache: the last 4 query rows alone
+    tail = enc.position_bias(Span(8, L), Span(0, L), 0, torch.device("cpu"))
+    assert torch.allclose(tail, expected[:, 8:], atol=1e-5)
