@@ -15,7 +15,7 @@ from posbench.validation import Range
 
 @register_encoding("fire")
 class FIRE(PositionalEncoding):
-    """FIRE: bias[h, i, j] = MLP_h( log(|c (i - j)| + 1) / (log(|c max(i, L)| + 1) + eps) ).
+    """FIRE (Li et al. 2024; mcleish7/arithmetic): bias = MLP_h( log(|c (i - j)| + 1) / (log(|c max(i, L)| + 1) + eps) ).
 
     A 1 -> ``mlp_width`` -> H MLP with a ReLU, learned c (init 0.1) and a learned multiplier on
     the threshold L (init ``init_threshold`` = 512), one per model, as the reference. The

@@ -14,7 +14,7 @@ from posbench.validation import Range
 
 @register_encoding("sandwich")
 class Sandwich(PositionalEncoding):
-    """Sandwich: bias[h, i, j] = (sum_k cos(|i - j| w_k) - d'/2) / (8 h / H), w_k = 10000^(-2k/d').
+    """Sandwich (Chi et al. 2023; NeMo): bias = (sum_k cos(|i - j| w_k) - d'/2) / (8h / H), w_k = 10000^(-2k/d').
 
     k runs 1..d'/2 (NeMo's inv_freq starts at k = 1), h = 1..H scales each head's bias like
     ALiBi's slopes; d' (``dim``, default the head size, as NeMo passes it) sets how many

@@ -20,7 +20,7 @@ def rotate_every_two(x: Tensor) -> Tensor:
 
 @register_encoding("xpos")
 class XPos(PositionalEncoding):
-    """xPos: q at position n is rotated like RoPE and scaled by zeta_k^(n/gamma), k at m by
+    """xPos (Sun et al. 2023; torchscale): q at position n is rotated like RoPE and scaled by zeta_k^(n/gamma), k at m by
     zeta_k^(-m/gamma), so q . k carries zeta_k^((n - m)/gamma): a decay with distance.
 
     zeta_k = (2k + 0.4 d) / (1.4 d) for the k-th pair, gamma = ``scale_base`` (512), pairs
