@@ -169,8 +169,8 @@ RESTART_GAP = 0.3
 def _restart_confusion(frame: pd.DataFrame) -> tuple[str, str]:
     """lookback at the training lengths through an unbounded memory: the answer is always in
     the memory, so only the positions of cached keys decide."""
-    rows = frame[(frame["task"] == "lookback") & (frame["metric"] == "token_accuracy")
-                 & (frame["eval_len"] <= frame["train_len_max"])]
+    rows = frame[(frame["task"] == "lookback") & (frame["metric"] == "token_accuracy")]
+    rows = rows[rows["eval_len"].astype(float) <= rows["train_len_max"].astype(float)]
     cached = rows[rows["mem_len"] == math.inf].groupby("encoding_label")["value"].mean()
     whole = rows[rows["mem_len"].isna()].groupby("encoding_label")["value"].mean()
     relative = [n for n in RELATIVE if n in cached.index]
