@@ -100,9 +100,9 @@ def _int_list(value: str, flag: str) -> tuple[int, ...]:
 @app.command("run")
 @user_errors
 def run_command(
-    encodings: Optional[str] = typer.Option(None, help="Encodings, commas and wildcards: 'txl,t5', 'rope*'. Default: every built-in."),
-    tasks: Optional[str] = typer.Option(None, help="Tasks, commas and wildcards. Default: copy."),
-    seeds: Optional[str] = typer.Option(None, help="Seeds, e.g. 0,1,2. Default: 0."),
+    encodings: Optional[str] = typer.Option(None, help="Encodings, commas and wildcards: 'txl,t5', 'rope*'. Default: the suite's (or config's) encodings."),
+    tasks: Optional[str] = typer.Option(None, help="Tasks, commas and wildcards. Default: the suite's (or config's) tasks."),
+    seeds: Optional[str] = typer.Option(None, help="Seeds, e.g. 0,1,2. Default: the suite's (or config's) seeds."),
     steps: Optional[int] = typer.Option(None, help="Training steps per run."),
     device: Optional[str] = typer.Option(None, help="cpu (default) or cuda."),
     out: Optional[Path] = typer.Option(None, help="Sweep folder. Default: results/<config name>, results/default or results/quick."),
