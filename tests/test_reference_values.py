@@ -454,3 +454,25 @@ def test_fire_matches_the_reference(threshold: float) -> None:
     # through a cache: the last 4 query rows alone
     tail = enc.position_bias(Span(8, L), Span(0, L), 0, torch.device("cpu"))
     assert torch.allclose(tail, expected[:, 8:], atol=1e-5)
+
+
+# ---- CoPE against the paper's reference module ------------------------------------------------
+def test_cope_matches_the_papers_reference() -> None:
+    torch.manual_seed(0)
+    H, d, L, npos = 2, 8, 10, 6
+    enc = create_encoding("cope", n_heads=H, d_head=d, n_layers=2, npos_max=npos)
+    with torch.no_grad():
+        enc.pos_emb.normal_()
+    q, k = torch.randn(1, H, L, d), torch.randn(1, H, L, d)
+    ctx = LayerContext(1, None, None)
+    logits = enc.score(q, k, Span(0, L), Span(0, L), ctx).logits()
+    # the reference: attn_logits = q k^T / sqrt(d) + log(mask); gates = sigmoid(attn_logits);
+    # pos = reverse cumsum, clamp to npos - 1; interpolate q @ pos_emb at floor and ceil
+    mask = torch.ones(L, L).tril()
+    attn = q @ k.transpose(-1, -2) / math.sqrt(d) + mask.log()
+    pos = torch.sigmoid(attn).flip(-1).cumsum(dim=-1).flip(-1).clamp(max=npos - 1)
+    ints = q @ enc.pos_emb[1][None]
+    w = pos - pos.floor()
+    expected = attn + ints.gather(-1, pos.ceil().long()) * w + ints.gather(-1, pos.floor().long()) * (1 - w)
+    seen = mask.bool()
+    assert torch.allclose(logits[..., seen], expected[..., seen], atol=1e-5)

@@ -20,11 +20,12 @@ def create_encoding(
 
 #: The built-in encodings, in the order sweeps and reports show them.
 BUILTINS = ("sinusoidal", "learned", "nope", "txl", "t5", "deberta", "alibi", "rope", "kerple_log", "kerple_power",
-            "sandwich", "xpos", "fire")
+            "sandwich", "xpos", "fire", "cope")
 
 # Built-ins register themselves on import; the order here is the order `posbench list` shows.
 from posbench.encodings import (  # noqa: E402,F401
     alibi,
+    cope,
     deberta,
     fire,
     kerple,
