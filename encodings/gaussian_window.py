@@ -10,7 +10,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn.functional import softplus
 
-from posbench import AttentionShape, PositionalEncoding, Span, register_encoding
+from posbench import AttentionShape, LayerContext, PositionalEncoding, Span, register_encoding
 
 
 @register_encoding("gaussian_window")
@@ -28,7 +28,7 @@ class GaussianWindow(PositionalEncoding):
         widths = torch.logspace(0, 6, shape.n_heads, base=2.0)  # (H,) from 1 to 64
         self.raw_width = nn.Parameter(torch.log(torch.expm1(widths)))
 
-    def position_bias(self, q_span: Span, k_span: Span, layer: int, device: torch.device) -> Tensor:
+    def position_bias(self, q_span: Span, k_span: Span, layer: LayerContext, device: torch.device) -> Tensor:
         distance = self.relative_positions(q_span, k_span, device).float()  # (Lq, Lk)
         width = softplus(self.raw_width)[:, None, None]  # (H, 1, 1)
         return -(distance / width) ** 2  # (H, Lq, Lk)

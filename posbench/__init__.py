@@ -4,6 +4,7 @@ from __future__ import annotations
 from posbench.encodings import (
     AttentionShape,
     BandBias,
+    LayerContext,
     PositionalEncoding,
     Scores,
     Span,
@@ -21,6 +22,7 @@ __all__ = [
     "AttentionShape",
     "BandBias",
     "Decoder",
+    "LayerContext",
     "ModelConfig",
     "PosbenchError",
     "PositionalEncoding",

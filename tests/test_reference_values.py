@@ -46,7 +46,7 @@ def test_t5_bidirectional_buckets() -> None:
 
 def test_t5_bias_reads_table_by_bucket() -> None:
     enc = create_encoding("t5", n_heads=3, d_head=4, num_buckets=8, max_distance=16)
-    bias = enc.position_bias(Span(5, 9), Span(0, 9), 0, torch.device("cpu"))
+    bias = enc.position_bias(Span(5, 9), Span(0, 9), LayerContext(0, None, None), torch.device("cpu"))
     table = enc.tables[0].weight
     for a, i, b, j in causal_pairs(Span(5, 9), Span(0, 9)):
         bucket = t5_bucket(torch.tensor(j - i), False, 8, 16).item()
@@ -62,7 +62,7 @@ def test_t5_long_causal_bias_is_banded_at_max_distance(num_buckets: int, max_dis
     assert (t5_bucket(-distances, False, num_buckets, max_distance) == num_buckets - 1).all()
     enc = create_encoding("t5", n_heads=3, d_head=4, num_buckets=num_buckets, max_distance=max_distance)
     span = Span(5, 5 + 3 * max_distance)
-    bias = enc.position_bias(span, span, 0, torch.device("cpu"))
+    bias = enc.position_bias(span, span, LayerContext(0, None, None), torch.device("cpu"))
     assert isinstance(bias, BandBias) and bias.width <= max_distance
     dense = bias.dense(len(span))[0]
     table = enc.tables[0].weight
@@ -355,12 +355,12 @@ def test_kerple_bias_matches_the_reference(kind: str) -> None:
     with torch.no_grad():
         enc.a.copy_(torch.tensor([0.5, 0.001, 0.9, 0.2]))  # one below the clamp
         enc.p.copy_(torch.tensor([1.5, 0.3, 2.7, 0.005]))  # one above 2, one below the clamp
-    bias = enc.position_bias(Span(0, 9), Span(0, 9), 0, torch.device("cpu"))
+    bias = enc.position_bias(Span(0, 9), Span(0, 9), LayerContext(0, None, None), torch.device("cpu"))
     expected = _kerple_reference(kind, enc.a.detach(), enc.p.detach(), 9)
     mask = torch.ones(9, 9, dtype=torch.bool).tril()
     assert torch.allclose(bias[:, mask], expected[:, mask], atol=1e-6)
     # through a cache: the last 3 queries against all 9 keys read the same rows
-    tail = enc.position_bias(Span(6, 9), Span(0, 9), 0, torch.device("cpu"))
+    tail = enc.position_bias(Span(6, 9), Span(0, 9), LayerContext(0, None, None), torch.device("cpu"))
     assert torch.allclose(tail[:, mask[6:]], expected[:, 6:][:, mask[6:]], atol=1e-6)
 
 
@@ -396,7 +396,7 @@ def test_partial_rotary_follows_hugging_face_and_p_rope_drops_the_lowest_frequen
 def test_sandwich_matches_nemo() -> None:
     H, d, L = 4, 16, 10
     enc = create_encoding("sandwich", n_heads=H, d_head=d)
-    bias = enc.position_bias(Span(0, L), Span(0, L), 0, torch.device("cpu"))
+    bias = enc.position_bias(Span(0, L), Span(0, L), LayerContext(0, None, None), torch.device("cpu"))
     # NeMo: relative_position = tril(|i - j|), inv_freq = 1 / 10000^(2 arange(1, d/2 + 1) / d),
     # bias = sum cos(r inv_freq) repeated per head, (bias - d/2) / (arange(1, H + 1) * 8 / H)
     rel = torch.tril((torch.arange(L)[:, None] - torch.arange(L)[None, :]).abs())
@@ -442,7 +442,7 @@ def test_fire_matches_the_reference(threshold: float) -> None:
     torch.manual_seed(0)
     enc = create_encoding("fire", n_heads=3, d_head=4, init_threshold=threshold)
     L = 12
-    bias = enc.position_bias(Span(0, L), Span(0, L), 0, torch.device("cpu"))
+    bias = enc.position_bias(Span(0, L), Span(0, L), LayerContext(0, None, None), torch.device("cpu"))
     # the reference's forward for seq_length L (positions 0..L-1, no random positions)
     positions = torch.arange(L).float()
     rel = positions[:, None] - positions[None, :]
@@ -452,7 +452,7 @@ def test_fire_matches_the_reference(threshold: float) -> None:
     expected = enc.mlp((rel / (normaliser + 1e-6)).unsqueeze(-1)).permute(2, 0, 1)
     assert torch.allclose(bias, expected, atol=1e-5)
     # through a cache: the last 4 query rows alone
-    tail = enc.position_bias(Span(8, L), Span(0, L), 0, torch.device("cpu"))
+    tail = enc.position_bias(Span(8, L), Span(0, L), LayerContext(0, None, None), torch.device("cpu"))
     assert torch.allclose(tail, expected[:, 8:], atol=1e-5)
 
 

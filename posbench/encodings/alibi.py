@@ -7,7 +7,7 @@ import torch
 from torch import Tensor
 
 from posbench.encodings.registry import register_encoding
-from posbench.encodings.base import AttentionShape, PositionalEncoding, Span
+from posbench.encodings.base import AttentionShape, LayerContext, PositionalEncoding, Span
 
 
 def alibi_slopes(n_heads: int) -> list[float]:
@@ -43,7 +43,7 @@ class ALiBi(PositionalEncoding):
         self.symmetric = (not shape.causal) if symmetric is None else symmetric
         self.register_buffer("slopes", torch.tensor(alibi_slopes(shape.n_heads)), persistent=False)
 
-    def position_bias(self, q_span: Span, k_span: Span, layer: int, device: torch.device) -> Tensor:
+    def position_bias(self, q_span: Span, k_span: Span, layer: LayerContext, device: torch.device) -> Tensor:
         slopes = self.slopes.to(device)
 
         def penalty(distance: Tensor) -> Tensor:  # distance i - j -> (n, H)

@@ -105,13 +105,14 @@ class PositionalEncoding(PositionTables, nn.Module):
 
     def score(self, q: Tensor, k: Tensor, q_span: Span, k_span: Span, layer: LayerContext) -> Scores:
         """Build the attention inputs from q (B, H, Lq, d) and all keys k (B, H, Lk, d)."""
-        bias = self.position_bias(q_span, k_span, layer.index, q.device)
+        bias = self.position_bias(q_span, k_span, layer, q.device)
         return Scores(q, k, bias, 1.0 / math.sqrt(self.d_head))
 
     def position_bias(
-        self, q_span: Span, k_span: Span, layer: int, device: torch.device
+        self, q_span: Span, k_span: Span, layer: LayerContext, device: torch.device
     ) -> Tensor | BandBias | None:
-        """A bias (H, Lq, Lk) that depends on positions only, or None."""
+        """A bias (H, Lq, Lk) that depends on positions only (and on the layer, for per-layer
+        tables), or None."""
         return None
 
     # ---- diagnostics (never on the training path) ----------------------------------------

@@ -7,7 +7,7 @@ from typing import Annotated
 import torch
 from torch import Tensor, nn
 
-from posbench.encodings.base import AttentionShape, PositionalEncoding, Span
+from posbench.encodings.base import AttentionShape, LayerContext, PositionalEncoding, Span
 from posbench.encodings.registry import register_encoding
 from posbench.kernels.bias_types import toeplitz
 from posbench.validation import Range
@@ -53,7 +53,7 @@ class FIRE(PositionalEncoding):
         normaliser = torch.log(torch.abs(self.c * torch.maximum(position, threshold)) + 1)
         return torch.log(torch.abs(self.c * distance) + 1) / (normaliser + self.eps)
 
-    def position_bias(self, q_span: Span, k_span: Span, layer: int, device: torch.device) -> Tensor:
+    def position_bias(self, q_span: Span, k_span: Span, layer: LayerContext, device: torch.device) -> Tensor:
         threshold = float(torch.abs(self.threshold_multiplier.detach() * self.init_threshold))  # which rows
         dtype = self.c.dtype
         rows = q_span.arange(device).to(dtype)  # (Lq,)

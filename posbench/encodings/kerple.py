@@ -7,7 +7,7 @@ from typing import Annotated
 import torch
 from torch import Tensor, nn
 
-from posbench.encodings.base import AttentionShape, PositionalEncoding, Span
+from posbench.encodings.base import AttentionShape, LayerContext, PositionalEncoding, Span
 from posbench.encodings.registry import register_encoding
 from posbench.validation import Range
 
@@ -48,7 +48,7 @@ class _Kerple(PositionalEncoding):
 class KerpleLog(_Kerple):
     """KERPLE-log (Chi et al. 2022): bias = -p * log(1 + a |i - j|), a and p learned per head."""
 
-    def position_bias(self, q_span: Span, k_span: Span, layer: int, device: torch.device) -> Tensor:
+    def position_bias(self, q_span: Span, k_span: Span, layer: LayerContext, device: torch.device) -> Tensor:
         a, p = self.parameters_clamped()
         return -p * torch.log1p(a * self.distances(q_span, k_span, device))  # (H, Lq, Lk)
 
@@ -59,6 +59,6 @@ class KerplePower(_Kerple):
 
     max_power = 2.0
 
-    def position_bias(self, q_span: Span, k_span: Span, layer: int, device: torch.device) -> Tensor:
+    def position_bias(self, q_span: Span, k_span: Span, layer: LayerContext, device: torch.device) -> Tensor:
         a, p = self.parameters_clamped()
         return -a * self.distances(q_span, k_span, device).pow(p)  # (H, Lq, Lk)

@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 import torch
 from torch import Tensor
 
-from posbench.encodings.base import AttentionShape, PositionalEncoding, Span
+from posbench.encodings.base import AttentionShape, LayerContext, PositionalEncoding, Span
 from posbench.encodings.registry import register_encoding
 from posbench.validation import Range
 
@@ -28,7 +28,7 @@ class Sandwich(PositionalEncoding):
         super().__init__(shape)
         self.dim = dim or shape.d_head
 
-    def position_bias(self, q_span: Span, k_span: Span, layer: int, device: torch.device) -> Tensor:
+    def position_bias(self, q_span: Span, k_span: Span, layer: LayerContext, device: torch.device) -> Tensor:
         H = self.n_heads
         k = torch.arange(1, self.dim // 2 + 1, device=device, dtype=torch.float64)
         inv_freq = 1.0 / 10000 ** (2 * k / self.dim)  # (d'/2,)

@@ -9,7 +9,7 @@ from torch import Tensor, nn
 
 from posbench.encodings.registry import register_encoding
 from posbench.errors import OptionError
-from posbench.encodings.base import AttentionShape, PositionalEncoding, Span
+from posbench.encodings.base import AttentionShape, LayerContext, PositionalEncoding, Span
 from posbench.kernels.bias_types import BandBias, toeplitz
 from posbench.validation import Range
 
@@ -82,8 +82,8 @@ class T5Bias(PositionalEncoding):
             lambda distance: t5_bucket(-distance, self.bidirectional, self.num_buckets, self.max_distance),
         )
 
-    def position_bias(self, q_span: Span, k_span: Span, layer: int, device: torch.device) -> Tensor | BandBias:
-        table = self.tables[layer if len(self.tables) > 1 else 0]
+    def position_bias(self, q_span: Span, k_span: Span, layer: LayerContext, device: torch.device) -> Tensor | BandBias:
+        table = self.tables[layer.index if len(self.tables) > 1 else 0]
         if self.causal and not self.bidirectional and q_span == k_span and len(q_span) > self.max_distance:
             # every distance >= max_distance reads the last bucket (the log term reaches 1 before
             # the cap): the band holds the nearer buckets relative to it, the last is a constant
