@@ -94,3 +94,19 @@ def test_attention_tensor_size_is_quadratic_only_for_dense_biases() -> None:
     assert sizes["alibi"][1] == 4 * sizes["alibi"][0] == 4 * 4 * 2 * 2 * 256 * 256
     for name in ("nope", "t5", "deberta", "txl"):  # no L x L tensor: band biases, folds
         assert sizes[name][1] == 2 * sizes[name][0], name
+
+
+def test_bench_says_why_an_encoding_costs_more_than_nope(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from rich.console import Console
+
+    import posbench.report.terminal as terminal
+
+    config = TINY.__class__(**{**TINY.__dict__, "memory": False})
+    for name in ("nope", "fire", "cope"):
+        run_profile(ProfileRun(EncodingSpec(name), config), tmp_path)
+    monkeypatch.setattr(terminal, "COST_NOTE_ABOVE", 0.0)  # every ratio counts as costly here
+    console = Console(record=True, width=200)
+    terminal.print_bench(console, tmp_path)
+    text = console.export_text()
+    assert "fire:" in text and "an MLP runs per distance below the threshold" in text
+    assert "cope:" in text and "positions depend on content" in text

@@ -63,6 +63,9 @@ class PositionalEncoding(PositionTables, nn.Module):
     #: the conformance kit; an encoding that declares False must really differ, with the
     #: reason in its docstring, e.g. dynamic NTK's base following the length read).
     cache_consistent: ClassVar[bool] = True
+    #: Why the encoding costs what it does, printed by `posbench bench` where its forward and
+    #: backward pass is more than 2.5x NoPE's.
+    cost_note: ClassVar[str] = ""
     #: Largest number of positions the encoding can represent, or None for unbounded.
     max_positions: int | None = None
     #: Parameters (wildcards over their names) whose true gradient is zero by construction;

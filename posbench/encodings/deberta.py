@@ -78,6 +78,7 @@ class DeBERTa(PositionalEncoding):
     gradient_free = ("pos_key_proj.*.bias",)
 
     relative = True
+    cost_note = "c2p and p2c project a (2k, d) position table per layer and gather it twice per pair"
 
     def __init__(
         self,

@@ -26,6 +26,7 @@ class FIRE(PositionalEncoding):
     """
 
     relative = False  # the normaliser depends on i once i >= L
+    cost_note = "an MLP runs per distance below the threshold and per (i, j) pair past it; the learned (H, L, L) bias is dense"
     #: The MLP's output bias adds one constant per head to every logit, which softmax ignores.
     gradient_free = ("mlp.2.bias",)
     #: Rows per block when the bias is computed per (i, j) pair.

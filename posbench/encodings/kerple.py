@@ -23,6 +23,7 @@ class _Kerple(PositionalEncoding):
     are masked anyway; bidirectional attention uses |i - j|."""
 
     relative = True
+    cost_note = "the learned bias is recomputed densely every call (a log or a power per pair) and gets a gradient"
     #: Largest p (power kernel only): the reference clamps p to (0, 2].
     max_power: float | None = None
 

@@ -49,6 +49,7 @@ class T5Bias(PositionalEncoding):
     bucket, so only the band of max_distance keys carries a bias relative to it."""
 
     relative = True
+    cost_note = "a learned (H, L, L) bias is gathered from buckets and its gradient scattered back"
 
     def __init__(
         self,

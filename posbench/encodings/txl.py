@@ -33,6 +33,7 @@ class TransformerXL(PositionalEncoding):
     """
 
     relative = True
+    cost_note = "terms (b) and (d) widen q and k by d_model per head (the sin/cos identity), and u, v add two more"
 
     def __init__(
         self,

@@ -23,6 +23,8 @@ from posbench.experiment.runner import SweepOutcome
 from posbench.report.stats import Interval
 from posbench.report.summary import headline
 
+#: Above this fwd+bwd ratio to NoPE, `posbench bench` says why the encoding costs what it does.
+COST_NOTE_ABOVE = 2.5
 QUICK_BANNER = "QUICK RUN: few training steps and a small evaluation sample, for a first look only."
 
 
@@ -207,6 +209,14 @@ def print_bench(console: Console, out_dir: Path) -> None:
             cells.append(f"{_cell(ratio)}x{'?' if noisy else ''} | {_cell(mem)}" if not math.isnan(ratio) else "n/a")
         table.add_row(Text(str(label)), *cells)
     console.print(table)
+    from posbench.encodings import REGISTRY
+
+    for name, group in rows[rows["metric"] == "latency_fwdbwd_ratio"].groupby("encoding", sort=False):
+        worst = group.loc[group["value"].idxmax()]
+        if worst["value"] > COST_NOTE_ABOVE:
+            reason = getattr(REGISTRY.get(name), "cost_note", "") if name in REGISTRY.names() else ""
+            reason = reason or "it declares no cost_note"
+            console.print(Text(f"{name}: {worst['value']:.1f}x nope at L={int(worst['seq_len'])}, because {reason}"), soft_wrap=True)
     if rows["note"].fillna("").str.startswith("noisy").any():
         console.print(Text("? marks a noisy timing (other processes competed for the CPU, or a wide IQR): "
                            "see the note column of results.csv and measure again on a quiet machine.", style="yellow"))
