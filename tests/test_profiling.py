@@ -110,3 +110,19 @@ def test_bench_says_why_an_encoding_costs_more_than_nope(tmp_path: Path, monkeyp
     text = console.export_text()
     assert "fire:" in text and "an MLP runs per distance below the threshold" in text
     assert "cope:" in text and "positions depend on content" in text
+
+
+def test_a_length_that_would_not_fit_in_memory_is_na_not_attempted(monkeypatch: pytest.MonkeyPatch) -> None:
+    import posbench.experiment.profiling as profiling
+
+    assert profiling.too_big(None, 4096, "cpu") is None  # nothing measured yet: no guess
+    monkeypatch.setattr(profiling, "_available_mib", lambda device: 1000.0)
+    assert profiling.too_big((1024, 100.0), 2048, "cpu") is None  # 400 MiB fits in 800
+    reason = profiling.too_big((1024, 100.0), 4096, "cpu")  # 1600 MiB does not
+    assert reason.startswith("would need about 1.6 GiB (grown quadratically from 100 MiB at L=1024), more than the 1.0 GiB")
+    monkeypatch.setattr(profiling, "measure_peak_mb", lambda fn, device="cpu": 10.0)  # 10 MiB at L=16
+    monkeypatch.setattr(profiling, "_available_mib", lambda device: 20.0)  # 40 MiB at L=32 does not fit in 16
+    rows = pd.DataFrame(profile_encoding(EncodingSpec("nope"), TINY, parts=("latency",)))
+    latency = rows[rows["metric"] == "latency_fwdbwd_ms"].set_index("seq_len")
+    assert latency.loc[16, "value"] > 0 and math.isnan(latency.loc[32, "value"])
+    assert "would need about 0.0 GiB (grown quadratically from 10 MiB at L=16)" in latency.loc[32, "note"]

@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Hashable, Iterable
 
+import psutil
 import torch
 from torch import Tensor, nn
 
@@ -108,13 +109,49 @@ def _not_applicable(layer: AttentionUnderTest, stop: int) -> str | None:
     return layer.encoding.supports(Span(0, stop))
 
 
+#: Share of the memory available now that a measurement may be expected to take.
+MEMORY_HEADROOM = 0.8
+
+
+def _available_mib(device: str) -> float | None:
+    if device.startswith("cuda"):
+        return torch.cuda.mem_get_info(torch.device(device))[0] / 2**20
+    if device == "cpu":
+        return psutil.virtual_memory().available / 2**20
+    return None
+
+
+def too_big(measured: tuple[int, float] | None, length: int, device: str) -> str | None:
+    """Why forward+backward at `length` is skipped, when the peak measured at a shorter length
+    (length, MiB), grown quadratically, would not fit the memory available now; else None. A
+    length that would take the machine down is recorded as n/a, never attempted."""
+    available = _available_mib(device)
+    if measured is None or available is None:
+        return None
+    shorter, peak = measured
+    predicted = peak * (length / shorter) ** 2
+    if predicted <= MEMORY_HEADROOM * available:
+        return None
+    return (f"would need about {predicted / 1024:.1f} GiB (grown quadratically from {peak:.0f} MiB at L={shorter}), "
+            f"more than the {available / 1024:.1f} GiB available; measure shorter lengths")
+
+
+def _peak_or_none(fn: Callable[[], Any], device: str) -> float | None:
+    """The peak memory `fn` adds, or None where this system cannot measure it."""
+    try:
+        return measure_peak_mb(fn, device)
+    except OSError:
+        return None
+
+
 def latency_rows(spec: EncodingSpec, config: BenchConfig) -> list[dict[str, Any]]:
     """Forward and forward+backward latency across sequence lengths, each next to `nope`."""
     rows = []
     layers = {"enc": _layer(spec, config), "base": _layer(EncodingSpec(BASELINE), config)}
     d_model = config.n_heads * config.d_head
+    measured: tuple[int, float] | None = None  # (length, peak MiB) of the encoding's last fwd+bwd
     for L in config.seq_lens:
-        reason = _not_applicable(layers["enc"], L)
+        reason = _not_applicable(layers["enc"], L) or too_big(measured, L, config.device)
         if reason:
             rows += [_row(m, math.nan, L, note=reason) for m in ("latency_fwd_ms", "latency_fwdbwd_ms")]
             continue
@@ -143,6 +180,8 @@ def latency_rows(spec: EncodingSpec, config: BenchConfig) -> list[dict[str, Any]
                 _row(f"latency_{kind}_ratio", median / times[("base", kind)][0], L, note=note),
             ]
         rows.append(_row("attention_tensor_mb", attention_tensor_bytes(layers["enc"].encoding, config.batch_size, L) / 2**20, L))
+        peak = _peak_or_none(runs[("enc", "fwdbwd")], config.device)
+        measured = (L, peak) if peak is not None else measured
     return rows
 
 
@@ -274,15 +313,18 @@ def memory_rows_here(spec: EncodingSpec, config: BenchConfig) -> list[dict[str, 
     layer = _layer(spec, config)
     d_model = config.n_heads * config.d_head
     rows = []
+    measured: tuple[int, float] | None = None
     for L in config.seq_lens:
-        reason = _not_applicable(layer, L)
+        reason = _not_applicable(layer, L) or too_big(measured, L, config.device)
         if reason:
             rows.append(_row("peak_mem_mb", math.nan, L, note=reason))
             continue
         x = torch.randn(config.batch_size, L, d_model, device=config.device)
         layer(x[:, :8]).sum().backward()  # warm-up outside the measurement
         layer.zero_grad(set_to_none=True)
-        rows.append(_row("peak_mem_mb", measure_peak_mb(lambda: layer(x).sum().backward(), config.device), L))
+        peak = measure_peak_mb(lambda: layer(x).sum().backward(), config.device)
+        rows.append(_row("peak_mem_mb", peak, L))
+        measured = (L, peak)
         layer.zero_grad(set_to_none=True)
     return rows
 
