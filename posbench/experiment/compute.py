@@ -89,12 +89,14 @@ def relay(reporter: Reporter, runs: Iterable[RunConfig]) -> ProgressSink:
 
 @dataclass
 class RunJob:
-    """A run to compute; `trained_state` and `trained_result` carry a model that an earlier
-    attempt trained before its evaluation failed, so the retry only evaluates."""
+    """A run to compute; `trained_state` and `trained_result` carry a model trained before
+    (by an earlier attempt whose evaluation failed, or the base run of an evaluation-time
+    variant), so the job only evaluates; `reused` says whose model it is, for the log."""
 
     run: RunConfig
     trained_state: bytes | None = None
     trained_result: dict[str, Any] = field(default_factory=dict)
+    reused: str = "an earlier attempt trained (its evaluation had failed)"
 
 
 @dataclass
@@ -189,7 +191,7 @@ def _compute(job: RunJob, progress: ProgressSink) -> RunOutput:
             model.to(run.device)
             state = job.trained_state
             result.update({k: job.trained_result[k] for k in TRAINING_FIELDS if k in job.trained_result})
-            note("reusing the model an earlier attempt trained (its evaluation had failed); evaluating only")
+            note(f"reusing the model {job.reused}; evaluating only")
         else:
             stage = "training"
             progress(run.run_id, "started", run.train.steps)
@@ -216,8 +218,9 @@ def _compute(job: RunJob, progress: ProgressSink) -> RunOutput:
             note(f"bias picture failed ({type(err).__name__}: {err}); the report will try the model")
         try:
             artifacts |= _diagnostic_artifacts(model, task, run, probes)
-            result["health_flags"] = diagnostics.health_flags(
-                pd.DataFrame(probes), run.encoding.display(), any(p.requires_grad for p in model.encoding.parameters()))
+            if probes:  # none when the job only evaluates a model trained before
+                result["health_flags"] = diagnostics.health_flags(
+                    pd.DataFrame(probes), run.encoding.display(), any(p.requires_grad for p in model.encoding.parameters()))
         except Exception as err:  # diagnostics are not worth a run either
             note(f"diagnostics failed ({type(err).__name__}: {err})")
         result["status"] = "ok"

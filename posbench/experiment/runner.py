@@ -218,7 +218,7 @@ def _run_sweep(sweep: SweepConfig, out_dir: Path, force: bool, reporter: Reporte
                 write_results_csv(out_dir, outcome.problems)
         for job in variants:
             reporter.note(f"evaluating {job.label()} (the trained model, no retraining)")
-            run_id, ran = evaluate_variant(job, out_dir, force)
+            run_id, ran = evaluate_variant(job, out_dir, force, sweep.threads)
             (outcome.ran if ran else outcome.skipped).append(run_id)
         for run_id, label in members.items():
             result = RunFolder(out_dir / run_id).result() or {}

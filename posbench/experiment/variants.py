@@ -6,20 +6,14 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-import io
-import time
-import traceback
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from posbench.encodings import REGISTRY as ENCODINGS
-from posbench.experiment.compute import build_model
+from posbench.experiment.compute import RunJob, compute_run
 from posbench.experiment.config import EncodingSpec, RunConfig, SweepConfig, config_id, to_jsonable, variant_label
-from posbench.experiment.evaluation import iter_evaluate
-from posbench.store import RunFolder, environment
+from posbench.store import RunFolder
 from posbench.tasks import create_task
 
 #: An option a variant may leave out: filled with the length the model was trained on (in tokens).
@@ -57,35 +51,23 @@ def variant_jobs(sweep: SweepConfig, runs: list[RunConfig]) -> list[VariantJob]:
     return [VariantJob(run, variant) for run in runs for variant in sweep.eval_variants if variant.name == run.encoding.name]
 
 
-def evaluate_variant(job: VariantJob, out_dir: Path, force: bool = False) -> tuple[str, bool]:
-    """Evaluate the base run's stored model under the variant and store it; returns the run id
-    and whether it was computed (False: already finished, or the base run is not)."""
+def evaluate_variant(job: VariantJob, out_dir: Path, force: bool = False, threads: int | None = None) -> tuple[str, bool]:
+    """Evaluate the base run's stored model under the variant, through the same computation
+    as any run that reuses a trained model, and store it without a second copy of the model;
+    returns the run id and whether it was computed (False: already finished, or the base run is not)."""
     folder, base = RunFolder(out_dir / job.run_id), RunFolder(out_dir / job.base.run_id)
     if (folder.is_finished() and not force) or not base.is_finished():
         return job.run_id, False
-    run, spec = job.base, job.encoding
-    start = time.perf_counter()
-    log = [f"{time.strftime('%Y-%m-%dT%H:%M:%S')} variant {job.run_id}: {job.label()}, the model of run {run.run_id}"]
-    result: dict[str, Any] = {"encoding_label": spec.display(), "task_label": run.task.display(), "quick": run.quick,
-                              "variant_of": run.run_id}
-    measurements: list[dict[str, Any]] = []
-    try:
-        task = create_task(run.task.name, **run.task.options)
-        result["train_len_max"] = task.train_lengths[1]
-        options = dict(spec.options)
-        accepted = inspect.signature(ENCODINGS.get(spec.name)).parameters
-        if TRAINED_LENGTH_OPTION in accepted and TRAINED_LENGTH_OPTION not in options:
-            options[TRAINED_LENGTH_OPTION] = task.sequence_length(task.train_lengths[1])
-            log.append(f"{TRAINED_LENGTH_OPTION} = {options[TRAINED_LENGTH_OPTION]} (the longest training sequence)")
-        model = build_model(run.model, dataclasses.replace(spec, options=options), task)
-        state = torch.load(io.BytesIO((base.path / "model.pt").read_bytes()), map_location="cpu", weights_only=True)
-        model.load_state_dict(state)
-        model.to(run.device)
-        measurements = [m.__dict__ | {"seq_len": None, "cache_len": None} for m in iter_evaluate(model, task, run.eval, run.device)]
-        result["status"] = "ok"
-    except Exception as err:  # one variant's failure must not stop the sweep
-        result["status"], result["error"] = "error", f"{type(err).__name__}: {err}"
-        log.append(traceback.format_exc())
-    result["seconds"] = time.perf_counter() - start
-    folder.store(job.config(), environment(run.device), log, result, measurements if result["status"] == "ok" else None)
+    task = create_task(job.base.task.name, **job.base.task.options)
+    options = dict(job.encoding.options)
+    if TRAINED_LENGTH_OPTION in inspect.signature(ENCODINGS.get(job.encoding.name)).parameters:
+        options.setdefault(TRAINED_LENGTH_OPTION, task.sequence_length(task.train_lengths[1]))  # the longest training sequence
+    run = dataclasses.replace(job.base, encoding=dataclasses.replace(job.encoding, options=options))
+    reuse = RunJob(run, (base.path / "model.pt").read_bytes(), base.result() or {},
+                   reused=f"run {job.base.run_id} trained, under evaluation-time variant options")
+    output = compute_run(reuse, threads)
+    output.result["variant_of"] = job.base.run_id
+    ok = output.status == "ok"
+    folder.store(job.config(), output.env, output.log, output.result, output.measurements if ok else None, None,
+                 output.artifacts if ok else None)
     return job.run_id, True
