@@ -163,14 +163,20 @@ def _lm_rows(frame: pd.DataFrame) -> list[dict[str, Any]]:
     return rows
 
 
+def _representative_runs(frame: pd.DataFrame, colours: dict[str, str]) -> list[Any]:
+    """Each encoding's first run (first task, lowest seed), in the report's encoding order:
+    the run whose stored pictures stand for the encoding."""
+    trained = frame[frame["task"].notna()].sort_values(["task", "seed"]).drop_duplicates("encoding_label")
+    order = list(colours)
+    return sorted(trained.itertuples(), key=lambda r: order.index(r.encoding_label))
+
+
 def _bias_pictures(sweep_dir: Path, frame: pd.DataFrame, colours: dict[str, str], problems: list[str]) -> list[dict[str, Any]]:
     """One heatmap per encoding (first task, lowest seed) from the bias picture its run stored,
     so no model, plugin or torch computation is needed. Runs stored before pictures were
     stored fall back to loading their model."""
     pictures = []
-    trained = frame[frame["task"].notna()].sort_values(["task", "seed"]).drop_duplicates("encoding_label")
-    order = list(colours)
-    for record in sorted(trained.itertuples(), key=lambda r: order.index(r.encoding_label)):
+    for record in _representative_runs(frame, colours):
         folder = RunFolder(sweep_dir / record.run_id)
         try:
             stored = (folder.result() or {}).get("bias_picture")
@@ -195,10 +201,10 @@ def _diagnostics(sweep_dir: Path, frame: pd.DataFrame, colours: dict[str, str], 
     """The score-term curves with their health flags, and attention mass by distance, from the
     files each encoding's first run (first task, lowest seed) stored; runs stored before
     posbench probed them are skipped."""
-    trained = frame[frame["task"].notna()].sort_values(["task", "seed"]).drop_duplicates("encoding_label")
+    runs = _representative_runs(frame, colours)
     terms, distances = [], {}
-    first_task = trained["task"].min() if not trained.empty else None
-    for record in trained.itertuples():
+    first_task = min((r.task for r in runs), default=None)
+    for record in runs:
         folder = RunFolder(sweep_dir / record.run_id)
         try:
             result = folder.result() or {}
@@ -210,8 +216,6 @@ def _diagnostics(sweep_dir: Path, frame: pd.DataFrame, colours: dict[str, str], 
                 distances[record.encoding_label] = pd.read_csv(folder.path / DISTANCE_FILE)
         except Exception as err:  # a corrupt file costs its picture, not the report
             problems.append(f"diagnostics for {record.encoding_label}: {err}")
-    order = list(colours)
-    terms.sort(key=lambda t: order.index(t["label"]))
     return {"terms": terms, "distance_plot": plots.attention_distance(distances, colours), "distance_task": first_task}
 
 
