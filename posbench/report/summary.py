@@ -147,13 +147,9 @@ def cross_task_ranking(frame: pd.DataFrame) -> pd.DataFrame:
     if rows["task"].nunique() < 2:
         return pd.DataFrame(columns=["encoding_label", "mrr_exact_match", "mrr_token_accuracy", "tasks"])
     scores = rows.groupby(["metric", "task", "encoding_label", "seed"])["value"].mean().groupby(level=[0, 1, 2]).mean()
-    ranks = scores.groupby(level=[0, 1]).rank(ascending=False, method="average")
-    mrr = (1.0 / ranks).groupby(level=[0, 2]).mean().unstack(level=0)
-    tasks = scores.xs("token_accuracy", level=0).groupby(level=1).size() if "token_accuracy" in scores.index.get_level_values(0) else None
-    table = pd.DataFrame({
-        "encoding_label": mrr.index,
-        "mrr_exact_match": mrr.get("exact_match", pd.Series(index=mrr.index, dtype=float)).values,
-        "mrr_token_accuracy": mrr.get("token_accuracy", pd.Series(index=mrr.index, dtype=float)).values,
-        "tasks": (tasks.reindex(mrr.index).fillna(0).astype(int).values if tasks is not None else 0),
-    })
+    ranks = scores.groupby(level=[0, 1]).rank(ascending=False, method="average")  # per (metric, task)
+    mrr = (1.0 / ranks).groupby(level=[0, 2]).mean().unstack(level=0)  # (encoding, metric)
+    mrr = mrr.reindex(columns=["exact_match", "token_accuracy"]).add_prefix("mrr_")
+    mrr["tasks"] = rows.groupby("encoding_label")["task"].nunique()
+    table = mrr.rename_axis("encoding_label").reset_index()
     return table.sort_values("mrr_token_accuracy", ascending=False).reset_index(drop=True)
