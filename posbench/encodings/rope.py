@@ -148,9 +148,9 @@ class RoPE(PositionalEncoding):
         """cos and sin for `span`, each (L, rotary_dim), repeated over both halves and multiplied
         by the attention factor (as Hugging Face applies YaRN's)."""
         length = span.stop if self.scaling == "dynamic" and span.stop > (self.original_length or 0) else None
-        inv_freq, attention = self.frequencies(length)
 
-        def build(n: int) -> Tensor:
+        def build(n: int) -> Tensor:  # frequencies only when the table is (re)built, not per call
+            inv_freq, attention = self.frequencies(length)
             angles = torch.arange(n, dtype=torch.float64)[:, None] * inv_freq[None, :]  # (n, d_head / 2)
             cos, sin = (attention * angles.cos()).float(), (attention * angles.sin()).float()
             return torch.stack((cos.repeat(1, 2), sin.repeat(1, 2)), dim=1).to(device)  # (n, 2, rotary_dim)
