@@ -29,12 +29,11 @@ class Sandwich(PositionalEncoding):
         self.dim = dim or shape.d_head
 
     def position_bias(self, q_span: Span, k_span: Span, layer: LayerContext, device: torch.device) -> Tensor:
-        H = self.n_heads
-        k = torch.arange(1, self.dim // 2 + 1, device=device, dtype=torch.float64)
-        inv_freq = 1.0 / 10000 ** (2 * k / self.dim)  # (d'/2,)
-        head_scale = torch.arange(1, H + 1, device=device, dtype=torch.float64) * 8 / H  # (H,)
-
-        def bias(distance: Tensor) -> Tensor:  # distance i - j -> (n, H)
+        def bias(distance: Tensor) -> Tensor:  # distance i - j -> (n, H); only when the table is built
+            H = self.n_heads
+            k = torch.arange(1, self.dim // 2 + 1, device=device, dtype=torch.float64)
+            inv_freq = 1.0 / 10000 ** (2 * k / self.dim)  # (d'/2,)
+            head_scale = torch.arange(1, H + 1, device=device, dtype=torch.float64) * 8 / H  # (H,)
             total = torch.cos(distance.abs().double()[:, None] * inv_freq).sum(-1)  # (n,)
             return ((total - self.dim / 2)[:, None] / head_scale).float()
 
