@@ -321,7 +321,7 @@ def collect(sweep_dir: Path, problems: list[str] | None = None, run_ids: Iterabl
             continue
         profile = config.get("kind") == "profile"  # latency/memory rows: no task, seed or training
         frame.insert(0, "run_id", folder.run_id)
-        frame.insert(1, "task", None if profile else result.get("task_label") or config["task"].get("label") or config["task"]["name"])
+        frame.insert(1, "task", None if profile else task_label(config, result))
         frame.insert(2, "encoding", config["encoding"]["name"])
         frame.insert(3, "encoding_label", result.get("encoding_label", config["encoding"]["name"]))
         frame.insert(4, "seed", None if profile else config["seed"])
@@ -352,13 +352,18 @@ def other_runs(sweep_dir: Path) -> list[dict[str, str]]:
     return others
 
 
+def task_label(config: dict[str, Any], result: dict[str, Any]) -> str:
+    """What results call a stored run's task: its label (as the run recorded it), else its name."""
+    task = config.get("task", {})
+    return result.get("task_label") or task.get("label") or task.get("name", "?")
+
+
 def run_label(config: dict[str, Any], result: dict[str, Any]) -> str:
     """How a stored run is named to people: task / encoding label / seed (or profile / label)."""
     label = result.get("encoding_label") or config.get("encoding", {}).get("name", "?")
     if config.get("kind") == "profile":
         return f"profile / {label}"
-    task = result.get("task_label") or config.get("task", {}).get("label") or config.get("task", {}).get("name", "?")
-    return f"{task} / {label} / seed {config.get('seed', '-')}"
+    return f"{task_label(config, result)} / {label} / seed {config.get('seed', '-')}"
 
 
 def write_results_csv(sweep_dir: Path, problems: list[str] | None = None) -> Path:
