@@ -4,7 +4,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from posbench.encodings.base import Span
+from posbench.encodings.base import PositionalEncoding, Span
+from posbench.errors import PositionOutOfRangeError
 
 
 class _Buffer:
@@ -45,19 +46,43 @@ class Cache:
     always gets its true absolute positions. With ``mem_len`` set only the newest ``mem_len``
     positions are kept (``mem_len=0`` keeps none yet positions keep counting); ``None`` keeps
     all. Stored tensors are detached: gradients stop at the memory.
+
+    ``positions``, when given, are the whole stream's drawn positions (randomized positions,
+    drawn once for the stream so cached keys keep theirs); spans then carry their slice.
     """
 
-    def __init__(self, n_layers: int, mem_len: int | None = None) -> None:
+    def __init__(self, n_layers: int, mem_len: int | None = None, positions: Tensor | None = None) -> None:
         if mem_len is not None and mem_len < 0:
             raise ValueError(f"mem_len must be >= 0 or None, got {mem_len}")
         self.mem_len = mem_len
+        self.positions = positions  # (stream length,) or None: positions are token indices
         self.seen = 0
         self._keys = [_Buffer() for _ in range(n_layers)]
         self._values = [_Buffer() for _ in range(n_layers)]
 
+    @classmethod
+    def for_stream(cls, n_layers: int, mem_len: int | None, encoding: PositionalEncoding, length: int | None) -> "Cache":
+        """A memory for a stream of `length` tokens read through `encoding`. The length is
+        needed only when the encoding draws positions: they spread over their whole range, so
+        the stream's are drawn up front."""
+        if length is None and encoding.draws_positions:
+            raise ValueError(f"encoding {encoding.name!r} draws randomized positions for a whole stream up front; "
+                             "pass the stream's length when making its cache (new_cache(mem_len, length=...)).")
+        return cls(n_layers, mem_len, None if length is None else encoding.place(length))
+
     def span_for(self, new_tokens: int) -> Span:
         """Absolute positions of the next `new_tokens` tokens."""
-        return Span(self.seen, self.seen + new_tokens)
+        return self._span(self.seen, self.seen + new_tokens)
+
+    def _span(self, start: int, stop: int) -> Span:
+        if self.positions is None:
+            return Span(start, stop)
+        if stop > len(self.positions):
+            raise PositionOutOfRangeError(
+                f"this cache was made for a stream of {len(self.positions)} tokens (its positions are drawn "
+                f"up front) and was asked for token {stop - 1}; pass the whole stream's length to new_cache."
+            )
+        return Span(start, stop, self.positions[start:stop])
 
     def held(self, layer: int = 0) -> int:
         """Number of positions a layer's memory holds now."""
@@ -70,7 +95,7 @@ class Cache:
         every layer of one forward pass sees the same positions."""
         keys, values = self._keys[layer], self._values[layer]
         held = self.held(layer)
-        span = Span(self.seen - held, self.seen + k.shape[2])
+        span = self._span(self.seen - held, self.seen + k.shape[2])
         if torch.is_grad_enabled() and (k.requires_grad or v.requires_grad):
             # training through the memory: the new keys keep their gradient, the memory not
             mem_k, mem_v = keys.view(), values.view()

@@ -81,6 +81,10 @@ def list_command(
         table.add_column("description")
         for name in registry.names(pattern):
             table.add_row(Text(name), Text(registry.description(name).replace("``", "")))
+        if registry is ENCODINGS:
+            table.caption = ("Every encoding also takes randomize_positions = M: randomized positions (Ruoss et al. "
+                             "2023), each stream's drawn sorted from 0..M-1; eval_positions = random|plain.")
+            table.caption_justify = "left"
         console.print(table)
     table = Table(title="Suites (posbench run --suite NAME)", title_justify="left")
     table.add_column("name", style="bold cyan", no_wrap=True)

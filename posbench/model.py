@@ -4,7 +4,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
 from torch import Tensor, nn
 
 from posbench.attention import SelfAttention
@@ -66,16 +65,22 @@ class Decoder(nn.Module):
         self.head = nn.Linear(config.d_model, config.vocab_size, bias=False)
         self.apply(_init_linear)
 
-    def new_cache(self, mem_len: int | None = None) -> Cache:
-        """An empty memory keeping the newest `mem_len` positions (None: all)."""
-        return Cache(self.config.n_layers, mem_len)
+    def new_cache(self, mem_len: int | None = None, length: int | None = None) -> Cache:
+        """An empty memory keeping the newest `mem_len` positions (None: all), for a stream of
+        `length` tokens. The length is needed only when the encoding draws positions (they
+        spread over their whole range, so the stream's are drawn up front)."""
+        return Cache.for_stream(self.config.n_layers, mem_len, self.encoding, length)
+
+    def stream_span(self, length: int) -> Span:
+        """The span of a whole stream of `length` tokens read at once (drawn positions, if any)."""
+        return Span(0, length, self.encoding.place(length))
 
     def forward(self, tokens: Tensor, cache: Cache | None = None) -> Tensor:
         """Logits (B, L, V) for tokens (B, L), continuing what `cache` holds if given."""
         L = tokens.shape[1]
         if cache is not None and not self.config.causal:
             raise ValueError("a cache continues causal attention; a model built with causal=False reads whole sequences")
-        span = cache.span_for(L) if cache is not None else Span(0, L)
+        span = cache.span_for(L) if cache is not None else self.stream_span(L)
         self.encoding.check(span)
         x = self.encoding.embed(self.tok_emb(tokens), span)  # (B, L, d_model)
         for block in self.blocks:

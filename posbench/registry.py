@@ -5,7 +5,7 @@ from __future__ import annotations
 import difflib
 import fnmatch
 import inspect
-from typing import Callable, Generic, Iterable, TypeVar
+from typing import Callable, Generic, Iterable, Sequence, TypeVar
 
 from posbench.errors import OptionError, UnknownNameError
 from posbench.validation import check_declared
@@ -82,14 +82,15 @@ class Registry(Generic[T]):
         return doc.strip().splitlines()[0] if doc.strip() else ""
 
 
-def check_options(factory: object, options: dict[str, object], what: str) -> None:
+def check_options(factory: object, options: dict[str, object], what: str, shared: Sequence[str] = ()) -> None:
     """Raise OptionError naming each option that `factory` does not accept, or whose value
-    does not fit the type and range it declares (see posbench.validation)."""
+    does not fit the type and range it declares (see posbench.validation). `shared` names
+    options accepted besides the factory's own (checked elsewhere), listed in the message."""
     params = inspect.signature(factory).parameters  # type: ignore[arg-type]
     open_ended = any(p.kind is p.VAR_KEYWORD for p in params.values())
-    unknown = [] if open_ended else [k for k in options if k not in params]
+    unknown = [] if open_ended else [k for k in options if k not in params and k not in shared]
     if unknown:
-        known = [n for n, p in params.items() if p.kind is p.KEYWORD_ONLY]
+        known = [n for n, p in params.items() if p.kind is p.KEYWORD_ONLY] + list(shared)
         accepted = ", ".join(known) if known else "no options"
         raise OptionError(
             f"Unknown option {', '.join(repr(u) for u in unknown)} for {what}; it accepts: {accepted}."

@@ -17,6 +17,7 @@ import torch
 from posbench.kernels.masks import causal_mask
 from posbench.encodings import REGISTRY, create_encoding
 from posbench.encodings.base import LayerContext, PositionalEncoding, Span
+from posbench.encodings.positions import seeded_draws
 from posbench.errors import PositionOutOfRangeError
 from posbench.model import Decoder, build_model
 
@@ -72,8 +73,10 @@ def check_causality(encoding: str, **options: Any) -> None:
     changed = tokens.clone()
     cut = SEQ_LEN // 2
     changed[:, cut:] = (changed[:, cut:] + 1) % VOCAB
-    with torch.no_grad():
-        a, b = model(tokens), model(changed)
+    with torch.no_grad(), seeded_draws(0):
+        a = model(tokens)
+    with torch.no_grad(), seeded_draws(0):  # drawn positions, if any: the same for both
+        b = model(changed)
     diff = (a[:, :cut] - b[:, :cut]).abs().max().item()
     assert diff < 1e-6, f"{encoding}: future tokens changed earlier logits by {diff:.2e}"
 
@@ -81,14 +84,17 @@ def check_causality(encoding: str, **options: Any) -> None:
 def check_chunked_equals_whole(encoding: str, chunk_sizes: tuple[int, ...] = (1, 5, 8), **options: Any) -> None:
     """A sequence fed in chunks through an unbounded cache gives the logits of the whole; an
     encoding that declares ``cache_consistent = False`` must really differ (a declaration
-    that is not needed hides a check)."""
+    that is not needed hides a check). Drawn positions are drawn once for the stream, whole
+    or chunked alike."""
     model = tiny_model(encoding, **options).eval()
     tokens = _tokens()
     consistent = getattr(model.encoding, "cache_consistent", True)
     with torch.no_grad():
-        whole = model(tokens)
+        with seeded_draws(0):
+            whole = model(tokens)
         for size in chunk_sizes:
-            cache = model.new_cache(mem_len=None)
+            with seeded_draws(0):
+                cache = model.new_cache(mem_len=None, length=SEQ_LEN)
             parts = [model(tokens[:, s : s + size], cache=cache) for s in range(0, SEQ_LEN, size)]
             chunked = torch.cat(parts, dim=1)
             err = (chunked - whole).abs().max().item()
@@ -140,9 +146,11 @@ def check_shift_invariance(encoding: str, shift: int = 37, **options: Any) -> No
 
 
 def check_max_positions(encoding: str, **options: Any) -> None:
-    """An encoding with a largest position says so clearly past it, before any computation."""
+    """An encoding with a largest position (or randomized positions, with their most tokens
+    per stream) says so clearly past it, before any computation."""
     model = tiny_model(encoding, **options)
-    limit = model.encoding.max_positions
+    enc = model.encoding
+    limit = enc.random_positions.max_position if enc.random_positions is not None else enc.max_positions
     if limit is None:
         return
     ok = torch.zeros(1, limit, dtype=torch.long)
@@ -154,14 +162,47 @@ def check_max_positions(encoding: str, **options: Any) -> None:
         assert str(limit - 1) in str(err), f"{encoding}: error does not name the limit: {err}"
     else:
         raise AssertionError(f"{encoding}: no error past max_positions={limit}")
-    cache = model.new_cache(mem_len=0)
-    model(torch.zeros(1, limit, dtype=torch.long), cache=cache)
-    try:
+    try:  # drawn positions refuse when the cache is made for the stream; others on the way
+        cache = model.new_cache(mem_len=0, length=limit + 1)
+        model(torch.zeros(1, limit, dtype=torch.long), cache=cache)
         model(torch.zeros(1, 1, dtype=torch.long), cache=cache)
     except PositionOutOfRangeError:
         pass
     else:
         raise AssertionError(f"{encoding}: a cached continuation past max_positions did not raise")
+
+
+def check_explicit_positions(encoding: str, **options: Any) -> None:
+    """Spans that carry their positions (randomized positions) read the same encoding: given
+    start..stop-1 explicitly they give exactly the plain span's embeddings and logits (the
+    general paths against the fast ones), and at drawn positions p those of all positions
+    0..P-1 at rows and columns p, for encodings whose logits are pairwise."""
+    torch.manual_seed(0)
+    enc = create_encoding(encoding, n_heads=4, d_head=8, causal=True, n_layers=1, **options).eval()
+    enc.random_positions = None  # the spans below say their positions themselves
+    n, P = 10, 30
+    generator = torch.Generator().manual_seed(3)
+    q, k = torch.randn(2, 2, 4, P, 8, generator=generator)
+    x = torch.randn(2, P, enc.d_model, generator=generator)
+    with torch.no_grad():
+        plain = attention_logits(enc, q[..., 5 : 5 + n, :], k[..., : 5 + n, :], Span(5, 5 + n), Span(0, 5 + n))
+        explicit = attention_logits(enc, q[..., 5 : 5 + n, :], k[..., : 5 + n, :],
+                                    Span(5, 5 + n, torch.arange(5, 5 + n)), Span(0, 5 + n, torch.arange(5 + n)))
+        err = (plain - explicit).abs().max().item()
+        assert err < 1e-5, f"{encoding}: explicit positions start..stop-1 change the logits by {err:.2e}"
+        err = (enc.embed(x, Span(0, P)) - enc.embed(x, Span(0, P, torch.arange(P)))).abs().max().item()
+        assert err < 1e-6, f"{encoding}: explicit positions 0..P-1 change the embeddings by {err:.2e}"
+        if not enc.pairwise:
+            return
+        drawn = torch.cat((torch.randperm(P - 1, generator=generator)[: n - 1].sort().values, torch.tensor([P - 1])))
+        full = attention_logits(enc, q, k, Span(0, P), Span(0, P))  # (B, H, P, P)
+        at_drawn = attention_logits(enc, q[..., drawn, :], k[..., drawn, :], Span(0, n, drawn), Span(0, n, drawn))
+        mask = causal_mask(n, n, torch.device("cpu"))
+        expected = full[..., drawn[:, None], drawn[None, :]]
+        err = (expected - at_drawn)[..., mask].abs().max().item()
+        assert err < 1e-4, f"{encoding}: logits at drawn positions differ from all positions' by {err:.2e}"
+        err = (enc.embed(x, Span(0, P))[:, drawn] - enc.embed(x[:, drawn], Span(0, n, drawn))).abs().max().item()
+        assert err < 1e-6, f"{encoding}: embeddings at drawn positions differ from all positions' by {err:.2e}"
 
 
 def check_determinism(encoding: str, **options: Any) -> None:
@@ -179,6 +220,7 @@ CHECKS: dict[str, Callable[..., None]] = {
     "chunked_equals_whole": check_chunked_equals_whole,
     "shift_invariance": check_shift_invariance,
     "max_positions": check_max_positions,
+    "explicit_positions": check_explicit_positions,
     "determinism": check_determinism,
 }
 

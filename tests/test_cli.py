@@ -25,6 +25,7 @@ def test_help_and_list() -> None:
     assert result.exit_code == 0
     for name in ("sinusoidal", "learned", "nope", "txl", "t5", "deberta", "alibi", "rope", "kerple_log", "kerple_power", "gaussian_window", "copy", "rotate", "bucket_sort"):
         assert name in result.output
+    assert "randomize_positions" in " ".join(result.output.split())  # the option every encoding takes
 
 
 def test_run_from_config_then_rerun_skips(tmp_path: Path) -> None:

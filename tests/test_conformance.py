@@ -52,3 +52,17 @@ def test_a_parameter_without_a_real_gradient_is_caught_not_passed_by_round_off()
     load_plugin_dir(Path("tests/plugins"))
     with pytest.raises(AssertionError, match="parameter encoding.offset has no real gradient"):
         check_shapes_and_gradients("test_row_constant")
+
+
+@pytest.mark.parametrize("check", CHECKS)
+@pytest.mark.parametrize("encoding", ENCODINGS)
+def test_conformance_with_randomized_positions(encoding: str, check: str) -> None:
+    """Randomized positions are an option of every encoding, plugins included: every check
+    holds with them too (training and evaluation both draw here)."""
+    CHECKS[check](encoding, randomize_positions=64)
+
+
+@pytest.mark.parametrize("check", CHECKS)
+@pytest.mark.parametrize("encoding", ["rope", "learned", "t5"])
+def test_conformance_with_randomized_positions_evaluated_plain(encoding: str, check: str) -> None:
+    CHECKS[check](encoding, randomize_positions=40, eval_positions="plain")

@@ -50,7 +50,7 @@ def test_a_trained_rope_model_evaluated_under_four_scalings(tmp_path: Path) -> N
 
 def test_variants_must_name_a_trained_encoding_and_valid_options(tmp_path: Path) -> None:
     sweep = dataclasses.replace(tiny_sweep("nope", "rope"), eval_variants=parse_variants("t5:num_buckets=8"))
-    with pytest.raises(ConfigError, match="names an encoding this sweep does not train"):
+    with pytest.raises(ConfigError, match="names no encoding this sweep trains, by name or label"):
         run_sweep(sweep, tmp_path / "a")
     sweep = dataclasses.replace(tiny_sweep("nope", "rope"), eval_variants=parse_variants("rope:scaling=warp"))
     with pytest.raises(OptionError, match="option 'scaling' must be one of"):

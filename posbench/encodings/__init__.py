@@ -1,7 +1,13 @@
 """The encoding registry and the built-in encodings (each registered in its own module)."""
 from __future__ import annotations
 
+import inspect
+from typing import Mapping
+
 from posbench.encodings.base import AttentionShape, LayerContext, PositionalEncoding, Span
+from posbench.encodings.positions import RandomPositions, random_positions_from
+from posbench.errors import OptionError
+from posbench.registry import check_options
 from posbench.kernels.bias_types import BandBias, Scores
 from posbench.encodings.registry import REGISTRY, register_encoding
 
@@ -11,11 +17,37 @@ def list_encodings(pattern: str | None = None) -> list[str]:
     return REGISTRY.names(pattern)
 
 
+#: Options every encoding accepts (randomized positions), handled here, not by its constructor.
+SHARED_OPTIONS = tuple(inspect.signature(random_positions_from).parameters)
+
+
+def check_encoding_options(name: str, options: Mapping[str, object], what: str) -> None:
+    """Raise OptionError for an option encoding `name` does not accept or a value out of its
+    declared range, its own options and the shared ones alike."""
+    check_options(REGISTRY.get(name), dict(options), what, shared=SHARED_OPTIONS)
+    shared = {k: v for k, v in options.items() if k in SHARED_OPTIONS}
+    check_options(random_positions_from, shared, what)
+    random_positions_from(**shared)  # type: ignore[arg-type]  # their combination
+
+
 def create_encoding(
     name: str, n_heads: int, d_head: int, causal: bool = True, n_layers: int = 1, **options: object
 ) -> PositionalEncoding:
-    """Build encoding `name` for attention with `n_heads` heads of size `d_head`."""
-    return REGISTRY.create(name, AttentionShape(n_heads, d_head, causal, n_layers), **options)  # type: ignore[return-value]
+    """Build encoding `name` for attention with `n_heads` heads of size `d_head`; the shared
+    options (``randomize_positions``, ``eval_positions``) apply to any encoding."""
+    what = f"encoding {name!r}"
+    check_encoding_options(name, options, what)
+    shared = {k: options.pop(k) for k in SHARED_OPTIONS if k in options}
+    encoding: PositionalEncoding = REGISTRY.create(name, AttentionShape(n_heads, d_head, causal, n_layers), **options)  # type: ignore[assignment]
+    drawn = random_positions_from(**shared)  # type: ignore[arg-type]
+    if drawn is not None:
+        if encoding.max_positions is not None and drawn.max_position > encoding.max_positions:
+            raise OptionError(
+                f"{what} represents positions 0..{encoding.max_positions - 1} only, but randomize_positions = "
+                f"{drawn.max_position} draws up to {drawn.max_position - 1}; lower it or raise max_positions."
+            )
+        encoding.random_positions = drawn
+    return encoding
 
 
 #: The built-in encodings, in the order sweeps and reports show them.
@@ -41,6 +73,9 @@ from posbench.encodings import (  # noqa: E402,F401
 
 __all__ = [
     "BUILTINS",
+    "SHARED_OPTIONS",
+    "RandomPositions",
+    "check_encoding_options",
     "REGISTRY",
     "AttentionShape",
     "LayerContext",

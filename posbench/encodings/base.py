@@ -2,6 +2,8 @@
 
 The attention module calls an encoding's hooks in one fixed order and never names an encoding:
 
+0. ``place(length)``             once per stream: None for positions 0..length-1, or the drawn
+   positions of randomized positions (any encoding built with ``randomize_positions``).
 1. ``embed(x, span)``            at the input: absolute encodings add to token embeddings.
 2. ``rotate(q, k, span, layer)`` on the new queries and keys, before keys enter the cache (RoPE).
 3. ``score(q, k, q_span, k_span, layer)`` returns :class:`Scores`: the (possibly augmented)
@@ -11,7 +13,10 @@ The attention module calls an encoding's hooks in one fixed order and never name
 
 The attention logits are ``scale * q' @ k'^T + bias``, masked causally, fed to
 ``scaled_dot_product_attention``. Positions are absolute integers given as :class:`Span`s, so a
-continuation through a cache is just a later span.
+continuation through a cache is just a later span. A span may carry explicit, strictly
+increasing positions (randomized positions); hooks read them through ``span.arange``,
+``span.first``, ``span.last`` and the table helpers, and keep fast paths that assume
+``start .. stop - 1`` behind ``span.contiguous``.
 """
 from __future__ import annotations
 
@@ -22,7 +27,7 @@ from typing import Callable, ClassVar
 import torch
 from torch import Tensor, nn
 
-from posbench.encodings.positions import Span
+from posbench.encodings.positions import RandomPositions, Span
 from posbench.encodings.tables import PositionTables
 from posbench.errors import PositionOutOfRangeError
 from posbench.kernels.bias_types import BandBias, Scores, dense_bias
@@ -63,6 +68,10 @@ class PositionalEncoding(PositionTables, nn.Module):
     #: the conformance kit; an encoding that declares False must really differ, with the
     #: reason in its docstring, e.g. dynamic NTK's base following the length read).
     cache_consistent: ClassVar[bool] = True
+    #: Each logit depends on its own query, key and their two positions only, so the logits at
+    #: drawn positions are those at all positions, gathered (checked by the conformance kit).
+    #: CoPE's counts read every key in between: False.
+    pairwise: ClassVar[bool] = True
     #: Why the encoding costs what it does, printed by `posbench bench` where its forward and
     #: backward pass is more than 2.5x NoPE's.
     cost_note: ClassVar[str] = ""
@@ -71,6 +80,8 @@ class PositionalEncoding(PositionTables, nn.Module):
     #: Parameters (wildcards over their names) whose true gradient is zero by construction;
     #: the conformance kit checks they get none, and that every other parameter gets one.
     gradient_free: ClassVar[tuple[str, ...]] = ()
+    #: Randomized positions, set when the encoding is built with ``randomize_positions``.
+    random_positions: RandomPositions | None = None
 
     def __init__(self, shape: AttentionShape) -> None:
         super().__init__()
@@ -80,12 +91,26 @@ class PositionalEncoding(PositionTables, nn.Module):
         self.init_tables()
 
     # ---- capabilities -------------------------------------------------------------------
+    @property
+    def draws_positions(self) -> bool:
+        """True when streams get drawn positions now: randomized, and training or drawing at
+        evaluation too."""
+        drawn = self.random_positions
+        return drawn is not None and (self.training or drawn.at_evaluation)
+
     def supports(self, span: Span) -> str | None:
-        """None when the encoding can represent `span`, else the reason it cannot."""
-        if self.max_positions is not None and span.stop > self.max_positions:
+        """None when the encoding can represent `span`, else the reason it cannot. While
+        positions are drawn, a plain span stands for a stream of that many tokens."""
+        if span.contiguous and self.draws_positions:
+            limit = self.random_positions.max_position  # type: ignore[union-attr]
+            if len(span) > limit:
+                return (f"randomized positions place at most {limit} tokens (distinct positions "
+                        f"0..{limit - 1}), got {len(span)}")
+            return None
+        if self.max_positions is not None and span.last >= self.max_positions:
             return (
                 f"encoding {self.name!r} represents positions 0..{self.max_positions - 1} only, "
-                f"got up to {span.stop - 1}"
+                f"got up to {span.last}"
             )
         return None
 
@@ -98,6 +123,11 @@ class PositionalEncoding(PositionTables, nn.Module):
             )
 
     # ---- hooks, called in this order ----------------------------------------------------
+    def place(self, length: int) -> Tensor | None:
+        """Positions for a stream of `length` tokens, (length,) int64: None means 0..length-1.
+        Randomized positions draw them (in training, and at evaluation unless told not to)."""
+        return self.random_positions.draw(length) if self.draws_positions else None  # type: ignore[union-attr]
+
     def embed(self, x: Tensor, span: Span) -> Tensor:
         """Add an absolute signal to token embeddings x (B, L, d_model)."""
         return x

@@ -26,6 +26,7 @@ class CoPE(PositionalEncoding):
     """
 
     relative = False  # positions are counted in gated content, not in i - j
+    pairwise = False  # p_ij counts the gates of every key between j and i
     cost_note = "positions depend on content: dense (B, H, L, L) gates, a reverse cumulative sum and two gathers per pair"
 
     def __init__(self, shape: AttentionShape, *, npos_max: Annotated[int, Range(ge=2)] = 64) -> None:

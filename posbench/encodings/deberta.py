@@ -126,10 +126,9 @@ class DeBERTa(PositionalEncoding):
 
     def score(self, q: Tensor, k: Tensor, q_span: Span, k_span: Span, layer: LayerContext) -> Scores:
         B, H, Lq, d = q.shape
-        Lk = k.shape[2]
         scale = 1.0 / math.sqrt(3 * d)
         kr, qr = self.projected_positions(layer, q.dtype)
-        if self.causal and q_span == k_span:
+        if self.causal and q_span == k_span and q_span.contiguous:
             far = 2 * self.att_span - 1  # δ of every key far enough back
             last_row = Span(Lq - 1, Lq), Span(0, Lq)  # the last query's keys: distances L - 1 .. 0
             width = BandBias.width_for(self.delta(*last_row, torch.device("cpu"))[0].flip(0), far)
@@ -168,7 +167,6 @@ class DeBERTa(PositionalEncoding):
         Qc_i . Kr_far is a row constant and Qr_far . Kc_j moves into the queries (q + Qr_far);
         what is left lives in a band of W keys. band_deltas (W,): δ of keys i - W + 1 .. i."""
         B, H, L, d = q.shape
-        W = band_deltas.shape[0]
         kr_band = kr[:, band_deltas] - kr[:, far, None]  # (H, W, d)
         qr_band = qr[:, band_deltas] - qr[:, far, None]  # (H, W, d)
         c2p = q @ kr_band.transpose(-1, -2)  # (B, H, L, W)

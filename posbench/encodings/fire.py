@@ -59,10 +59,10 @@ class FIRE(PositionalEncoding):
         dtype = self.c.dtype
         rows = q_span.arange(device).to(dtype)  # (Lq,)
         short = rows < threshold  # rows whose normaliser is the threshold's
-        n_short = int(short.sum())
+        n_short = int(short.sum()) if q_span.contiguous and k_span.contiguous else 0  # Toeplitz rows
         parts = []
         if n_short:  # one value per distance i - j for these rows: a Toeplitz matrix
-            lo, hi = q_span.start - (k_span.stop - 1), q_span.start + n_short - 1 - k_span.start
+            lo, hi = q_span.first - k_span.last, q_span.first + n_short - 1 - k_span.first
             distances = torch.arange(lo, hi + 1, device=device).to(dtype)  # (n,)
             values = self.mlp(self._normalised(distances, torch.zeros((), device=device, dtype=dtype))[:, None])  # (n, H)
             parts.append(toeplitz(values.T, n_short, len(k_span)))  # (H, n_short, Lk)

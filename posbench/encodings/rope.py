@@ -147,7 +147,7 @@ class RoPE(PositionalEncoding):
     def cos_sin(self, span: Span, device: torch.device) -> tuple[Tensor, Tensor]:
         """cos and sin for `span`, each (L, rotary_dim), repeated over both halves and multiplied
         by the attention factor (as Hugging Face applies YaRN's)."""
-        length = span.stop if self.scaling == "dynamic" and span.stop > (self.original_length or 0) else None
+        length = span.last + 1 if self.scaling == "dynamic" and span.last + 1 > (self.original_length or 0) else None
 
         def build(n: int) -> Tensor:  # frequencies only when the table is (re)built, not per call
             inv_freq, attention = self.frequencies(length)
@@ -156,7 +156,7 @@ class RoPE(PositionalEncoding):
             return torch.stack((cos.repeat(1, 2), sin.repeat(1, 2)), dim=1).to(device)  # (n, 2, rotary_dim)
 
         name = "cos_sin" if length is None else f"cos_sin@{length}"  # dynamic: one table per length read
-        table = self.position_table(name, span.stop, device, build)[span.start :]
+        table = self.position_rows(name, span, device, build)
         return table[:, 0], table[:, 1]
 
     def rotate(self, q: Tensor, k: Tensor, span: Span, layer: LayerContext) -> tuple[Tensor, Tensor]:

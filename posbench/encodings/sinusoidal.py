@@ -38,6 +38,6 @@ class Sinusoidal(PositionalEncoding):
         return torch.stack((sin, cos), dim=-1).flatten(-2)
 
     def embed(self, x: Tensor, span: Span) -> Tensor:
-        if self.restart_per_segment:
-            span = Span(0, len(span))
+        if self.restart_per_segment:  # positions counted from the segment's first (drawn ones too)
+            span = Span(0, len(span), None if span.contiguous else span.arange() - span.first)
         return x + self.table(span, x.device).to(x.dtype)  # (B, L, d_model)

@@ -76,15 +76,19 @@ class T5Bias(PositionalEncoding):
         for table in self.tables:
             nn.init.normal_(table.weight, std=0.02)
 
+    def bucket_of(self, distance: Tensor) -> Tensor:
+        """T5's bucket of each distance i - j (relative_position = j - i in its code)."""
+        return t5_bucket(-distance, self.bidirectional, self.num_buckets, self.max_distance)
+
     def buckets(self, q_span: Span, k_span: Span, device: torch.device) -> Tensor:
-        """Bucket of each distance i - j the spans contain, ascending, (Lq + Lk - 1,)."""
-        return self.distance_values(
-            "buckets", q_span.start - (k_span.stop - 1), q_span.stop - 1 - k_span.start, device,
-            lambda distance: t5_bucket(-distance, self.bidirectional, self.num_buckets, self.max_distance),
-        )
+        """Bucket of each distance i - j from the spans' nearest to farthest reach, ascending,
+        (Lq + Lk - 1,) for contiguous spans."""
+        return self.distance_values("buckets", q_span.first - k_span.last, q_span.last - k_span.first, device, self.bucket_of)
 
     def position_bias(self, q_span: Span, k_span: Span, layer: LayerContext, device: torch.device) -> Tensor | BandBias:
         table = self.tables[layer.index if len(self.tables) > 1 else 0]
+        if not (q_span.contiguous and k_span.contiguous):  # drawn positions: not Toeplitz
+            return table(self.distance_lookup("buckets", q_span, k_span, device, self.bucket_of)).permute(2, 0, 1)  # (H, Lq, Lk)
         if self.causal and not self.bidirectional and q_span == k_span and len(q_span) > self.max_distance:
             # every distance >= max_distance reads the last bucket (the log term reaches 1 before
             # the cap): the band holds the nearer buckets relative to it, the last is a constant

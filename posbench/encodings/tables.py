@@ -50,6 +50,12 @@ class PositionTables:
         capacity = max(64, 1 << max(0, stop - 1).bit_length())
         return self._kept_table(name, device, lambda t: t.shape[0] >= stop, lambda: build(capacity))[:stop]
 
+    def position_rows(self, name: str, span: Span, device: torch.device, build: Callable[[int], Tensor]) -> Tensor:
+        """The rows of ``position_table`` at the span's positions, (L, ...): a slice for
+        contiguous positions, a gather for drawn ones."""
+        table = self.position_table(name, span.last + 1, device, build)
+        return table[span.start :] if span.contiguous else table[span.arange(table.device)]
+
     def distance_values(
         self, name: str, lo: int, hi: int, device: torch.device, build: Callable[[Tensor], Tensor]
     ) -> Tensor:
@@ -67,8 +73,8 @@ class PositionTables:
         self, name: str, q_span: Span, k_span: Span, device: torch.device, build: Callable[[Tensor], Tensor]
     ) -> Tensor:
         """f(i - j) for every (query, key) pair, (Lq, Lk, ...), from ``distance_values``."""
-        lo = q_span.start - (k_span.stop - 1)
-        values = self.distance_values(name, lo, q_span.stop - 1 - k_span.start, device, build)
+        lo = q_span.first - k_span.last
+        values = self.distance_values(name, lo, q_span.last - k_span.first, device, build)
         return values[self.relative_positions(q_span, k_span, device) - lo]
 
     def parameter_free_relative_bias(
@@ -78,7 +84,10 @@ class PositionTables:
         matrix, build(distances) -> (n, H) read through ``distance_values``. The last matrix is
         kept and served again for spans of the same lengths and offset, so a training or
         evaluation loop at one length builds it once; that is only sound because nothing in it
-        is learned (``distance_values`` refuses a `build` whose result requires a gradient)."""
+        is learned (``distance_values`` refuses a `build` whose result requires a gradient).
+        Drawn (non-contiguous) positions are not Toeplitz: they read ``distance_lookup``."""
+        if not (q_span.contiguous and k_span.contiguous):
+            return self.distance_lookup(name, q_span, k_span, device, build).permute(2, 0, 1)  # (H, Lq, Lk)
         key = (len(q_span), len(k_span), q_span.start - k_span.start, str(device))
         last = self._last_bias.get(name)
         if last is None or last[0] != key:

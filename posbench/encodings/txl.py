@@ -69,7 +69,7 @@ class TransformerXL(PositionalEncoding):
             sin, cos = sinusoid(torch.arange(n, device=device), self.d_model)
             return torch.cat((cos, sin), dim=-1)
 
-        return self.position_table("key_positions", span.stop, device, build)[span.start :]
+        return self.position_rows("key_positions", span, device, build)
 
     def score(self, q: Tensor, k: Tensor, q_span: Span, k_span: Span, layer: LayerContext) -> Scores:
         uv = 0 if self.share_uv else layer.index
@@ -123,8 +123,8 @@ class TransformerXL(PositionalEncoding):
         matmul, then a gather."""
         B, H, Lq, d = q.shape
         Lk = k.shape[2]
-        lo = max(q_span.start - (k_span.stop - 1), 0 if self.causal else -self.clamp_len)
-        hi = min(q_span.stop - 1 - k_span.start, self.clamp_len)
+        lo = max(q_span.first - k_span.last, 0 if self.causal else -self.clamp_len)
+        hi = min(q_span.last - k_span.first, self.clamp_len)
         distances = torch.arange(lo, hi + 1, device=q.device)  # (T,)
         r = self.w_kr[layer](self.distance_embedding(distances).to(q.dtype))  # (T, d_model)
         r = r.view(-1, H, d).transpose(0, 1)  # (H, T, d)

@@ -50,7 +50,7 @@ class XPos(PositionalEncoding):
             table = torch.stack((angles.cos(), angles.sin(), decay), dim=1)  # (n, 3, d/2)
             return table.repeat_interleave(2, dim=-1).float().to(device)
 
-        return self.position_table("xpos", span.stop, device, build)[span.start :]
+        return self.position_rows("xpos", span, device, build)
 
     def rotate(self, q: Tensor, k: Tensor, span: Span, layer: LayerContext) -> tuple[Tensor, Tensor]:
         table = self.tables(span, q.device).to(q.dtype)

@@ -382,6 +382,11 @@ def parse_variants(text: str) -> tuple[EncodingSpec, ...]:
     return tuple(specs)
 
 
+def variant_applies(variant: EncodingSpec, spec: EncodingSpec) -> bool:
+    """A variant names the encodings it re-evaluates by name (every entry of it) or by label."""
+    return variant.name in (spec.name, spec.label)
+
+
 def variant_label(base: EncodingSpec, variant: EncodingSpec) -> str:
     """How a run evaluated under a variant is named: the variant's label, or the base's label
     with the variant's options, e.g. ``rope [eval scaling=yarn,factor=4]``."""

@@ -15,6 +15,7 @@ import torch
 from torch import Tensor
 
 from posbench.encodings.base import LayerContext, Span
+from posbench.encodings.positions import seeded_draws
 from posbench.kernels.masks import causal_mask
 from posbench.model import Decoder
 
@@ -28,9 +29,11 @@ TERMS_FILE, DISTANCE_FILE = "terms.csv", "attention_distance.csv"
 
 def layer_queries_and_keys(model: Decoder, tokens: Tensor) -> Iterator[tuple[int, Tensor, Tensor, Span, LayerContext]]:
     """Replay the forward pass over whole sequences (B, L), yielding each layer's index, its
-    rotated queries and keys (B, H, L, d), the span and the layer context, as attention sees them."""
+    rotated queries and keys (B, H, L, d), the span and the layer context, as attention sees them.
+    Randomized positions are drawn as the model's mode draws them, from a fixed seed."""
     enc = model.encoding
-    span = Span(0, tokens.shape[1])
+    with seeded_draws(0):  # drawn positions, if any: one fixed draw, training's draws untouched
+        span = model.stream_span(tokens.shape[1])
     x = enc.embed(model.tok_emb(tokens), span)  # (B, L, d_model)
     for index, block in enumerate(model.blocks):
         attn = block.attn

@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from posbench.attention import attention_tensor_bytes
 from posbench.experiment.config import EvalConfig
 from posbench.encodings.base import Span
+from posbench.encodings.positions import seeded_draws
 from posbench.model import Decoder
 from posbench.tasks.base import IGNORE, Batch, Task
 
@@ -62,7 +63,7 @@ def mem_lens(task: Task, config: EvalConfig) -> list[int | None]:
 def _logits(model: Decoder, tokens: torch.Tensor, segment: int | None, mem_len: int | None) -> torch.Tensor:
     if segment is None:
         return model(tokens)
-    cache = model.new_cache(mem_len=mem_len)
+    cache = model.new_cache(mem_len=mem_len, length=tokens.shape[1])
     return torch.cat([model(tokens[:, s : s + segment], cache=cache) for s in range(0, tokens.shape[1], segment)], dim=1)
 
 
@@ -72,9 +73,10 @@ def _accuracy(
 ) -> dict[str, float]:
     exact = correct = answers = sequences = 0
     loss_sum = 0.0
-    for batch in held_out(task, length, config, seed):
+    for number, batch in enumerate(held_out(task, length, config, seed)):
         batch = batch.to(device)
-        logits = _logits(model, batch.tokens, segment, mem_len)  # (B, T, V)
+        with seeded_draws(seed + length + number):  # drawn positions: a function of the sample
+            logits = _logits(model, batch.tokens, segment, mem_len)  # (B, T, V)
         mask = batch.targets != IGNORE
         hit = (logits.argmax(-1) == batch.targets) & mask
         exact += int((hit | ~mask).all(dim=1).sum())
@@ -159,13 +161,15 @@ def position_rows(model: Decoder, task: Task, config: EvalConfig, device: torch.
     full = torch.zeros(E, dtype=torch.float64)
     window = torch.zeros(E, dtype=torch.float64)
     count = 0
-    for batch in held_out(task, E, config):
+    for number, batch in enumerate(held_out(task, E, config)):
         tokens, targets = batch.tokens.to(device), batch.targets.to(device)  # (B, E)
-        full += _token_losses(model(tokens), targets).sum(0).cpu()
+        with seeded_draws(HELD_OUT_SEED + E + number):
+            full += _token_losses(model(tokens), targets).sum(0).cpu()
         scored = torch.zeros(E, dtype=torch.float64)
         for i, s in enumerate(starts):
             w = min(L, E - s)
-            losses = _token_losses(model(tokens[:, s : s + w]), targets[:, s : s + w]).sum(0).cpu()  # (w,)
+            with seeded_draws(HELD_OUT_SEED + E + number):
+                losses = _token_losses(model(tokens[:, s : s + w]), targets[:, s : s + w]).sum(0).cpu()  # (w,)
             first = 0 if i == 0 else max(0, (starts[i - 1] + L) - s)  # score what no earlier window scored
             window[s + first : s + w] += losses[first:]
             scored[s + first : s + w] += 1

@@ -74,15 +74,15 @@ class AttentionUnderTest(nn.Module):
 
     def forward(self, x: Tensor, cache: Cache | None = None) -> Tensor:
         L = x.shape[1]
-        span = cache.span_for(L) if cache is not None else Span(0, L)
+        span = cache.span_for(L) if cache is not None else Span(0, L, self.encoding.place(L))
         self.encoding.check(span)
         out = self.attn(self.encoding.embed(x, span), span, self.encoding, cache)
         if cache is not None:
             cache.advance(L)
         return out
 
-    def new_cache(self, mem_len: int | None) -> Cache:
-        return Cache(1, mem_len)
+    def new_cache(self, mem_len: int | None, length: int | None = None) -> Cache:
+        return Cache.for_stream(1, mem_len, self.encoding, length)
 
 
 def interleaved(runs: dict[Hashable, Callable[[], Any]], config: BenchConfig) -> Guarded:
@@ -192,6 +192,8 @@ def decode_rows(spec: EncodingSpec, config: BenchConfig) -> list[dict[str, Any]]
     for name, layer in (("enc", _layer(spec, config)), ("base", _layer(EncodingSpec(BASELINE), config))):
         for M in config.cache_lens:
             reason = _not_applicable(layer, M + 64)
+            if layer.encoding.draws_positions:
+                reason = "drawn positions need the stream's length up front; open-ended decoding is not timed"
             if reason:
                 if name == "enc":
                     rows.append(_row("latency_decode_ms", math.nan, cache_len=M, note=reason))
@@ -236,7 +238,7 @@ def window_rows(spec: EncodingSpec, config: BenchConfig) -> list[dict[str, Any]]
         x = torch.randn(1, N, d_model, device=config.device)
 
         def segments() -> None:
-            cache = layer.new_cache(mem_len=S)
+            cache = layer.new_cache(mem_len=S, length=N)
             with torch.no_grad():
                 for start in range(0, N, S):
                     layer(x[:, start : start + S], cache)

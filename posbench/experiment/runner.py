@@ -24,15 +24,15 @@ from posbench.experiment.compute import (
     rng_devices,
     run_label,
 )
-from posbench.experiment.config import DEVICE_PATTERN, EncodingSpec, EvalConfig, ModelSize, RunConfig, SweepConfig, TrainConfig, expand_runs, to_jsonable, variant_label
+from posbench.experiment.config import DEVICE_PATTERN, EncodingSpec, EvalConfig, ModelSize, RunConfig, SweepConfig, TrainConfig, expand_runs, to_jsonable, variant_applies, variant_label
 from posbench.experiment.variants import evaluate_variant, variant_jobs
 from posbench.kernels.cpu import compute_settings
-from posbench.encodings import BUILTINS, REGISTRY as ENCODINGS
+from posbench.encodings import BUILTINS, REGISTRY as ENCODINGS, check_encoding_options
 from posbench.encodings.base import Span
 from posbench.errors import ConfigError, PosbenchError, ResultsError
 from posbench.experiment.evaluation import evaluation_memory_bytes
 from posbench.plugins import loaded_plugin_dirs
-from posbench.registry import check_options
+
 from posbench.store import (
     RunFolder,
     prepare_sweep_dir,
@@ -95,15 +95,15 @@ def resolve_sweep(sweep: SweepConfig) -> SweepConfig:
         raise ConfigError(f"d_model={sweep.model.d_model} must be divisible by n_heads={sweep.model.n_heads}.")
     _check_device(sweep.device)
     for spec in sweep.encodings:
-        check_options(ENCODINGS.get(spec.name), dict(spec.options), f"encoding {spec.name!r}")
-    names = {spec.name for spec in sweep.encodings}
+        check_encoding_options(spec.name, spec.options, f"encoding {spec.name!r}")
+    names = {spec.name for spec in sweep.encodings} | {spec.label for spec in sweep.encodings if spec.label}
     for variant in sweep.eval_variants:
         if variant.name not in names:
-            raise ConfigError(f"evaluation variant {variant.name!r} names an encoding this sweep does not train "
-                              f"({', '.join(sorted(names))}); add it to the encodings or drop the variant.")
-        for spec in (s for s in sweep.encodings if s.name == variant.name):
-            check_options(ENCODINGS.get(spec.name), {**spec.options, **variant.options},
-                          f"evaluation variant {variant_label(spec, variant)!r}")
+            raise ConfigError(f"evaluation variant {variant.name!r} names no encoding this sweep trains, by name or "
+                              f"label ({', '.join(sorted(names))}); add it to the encodings or drop the variant.")
+        for spec in (s for s in sweep.encodings if variant_applies(variant, s)):
+            check_encoding_options(spec.name, {**spec.options, **variant.options},
+                                   f"evaluation variant {variant_label(spec, variant)!r}")
     available = _available_memory(sweep.device)
     for task_spec in sweep.tasks:
         task = create_task(task_spec.name, **task_spec.options)

@@ -51,7 +51,7 @@ def sequence_loss(model: Decoder, batch: Batch) -> torch.Tensor:
 
 def recurrent_loss(model: Decoder, batch: Batch, segment_len: int, mem_len: int) -> torch.Tensor:
     """Transformer-XL training: segments through a cache of mem_len detached positions."""
-    cache = model.new_cache(mem_len=mem_len)
+    cache = model.new_cache(mem_len=mem_len, length=batch.tokens.shape[1])
     total, count = batch.tokens.new_zeros((), dtype=torch.float32), 0
     for start in range(0, batch.tokens.shape[1], segment_len):
         tokens = batch.tokens[:, start : start + segment_len]

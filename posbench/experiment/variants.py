@@ -12,7 +12,7 @@ from typing import Any
 
 from posbench.encodings import REGISTRY as ENCODINGS
 from posbench.experiment.compute import RunJob, compute_run
-from posbench.experiment.config import EncodingSpec, RunConfig, SweepConfig, config_id, to_jsonable, variant_label
+from posbench.experiment.config import EncodingSpec, RunConfig, SweepConfig, config_id, to_jsonable, variant_applies, variant_label
 from posbench.store import RunFolder
 from posbench.tasks import create_task
 
@@ -48,7 +48,7 @@ class VariantJob:
 
 def variant_jobs(sweep: SweepConfig, runs: list[RunConfig]) -> list[VariantJob]:
     """Every run of an encoding a variant names, under each such variant."""
-    return [VariantJob(run, variant) for run in runs for variant in sweep.eval_variants if variant.name == run.encoding.name]
+    return [VariantJob(run, variant) for run in runs for variant in sweep.eval_variants if variant_applies(variant, run.encoding)]
 
 
 def evaluate_variant(job: VariantJob, out_dir: Path, force: bool = False, threads: int | None = None) -> tuple[str, bool]:
