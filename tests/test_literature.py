@@ -52,6 +52,7 @@ def test_results_that_agree() -> None:
         _copy({"t5": 0.5, "alibi": 0.4, "nope": 0.35, "sinusoidal": 0.05, "rope": 0.02})
         + _lm({"sinusoidal": 1.2, "rope": 0.3, "t5": 0.05, "alibi": 0.01}) + _txl({0: 2.9, 64: 2.6, 128: 2.5})
         + _lookback({"sinusoidal-restart": 0.1, "txl": 1.0, "rope": 0.98, "sinusoidal": 1.0})
+        + _randomized({"rope": 0.3, "rope+random": 0.6})
     )
     assert {verdict for verdict, _ in verdicts.values()} == {AGREES}, verdicts
     copy_order = verdicts["The order of encodings on copy past the training length"][1]
@@ -64,7 +65,7 @@ def test_results_that_disagree_say_so_with_the_numbers() -> None:
     verdicts = _verdicts(
         _copy({"t5": 0.0, "alibi": 0.05, "nope": 0.01, "sinusoidal": 0.3, "rope": 0.6})
         + _lm({"sinusoidal": 0.0, "rope": 0.1, "t5": 0.3, "alibi": 0.9}) + _txl({0: 2.5, 128: 2.9})
-        + _lookback({"sinusoidal-restart": 0.99, "t5": 0.97})
+        + _lookback({"sinusoidal-restart": 0.99, "t5": 0.97}) + _randomized({"rope": 0.5, "rope+random": 0.4})
     )
     assert {verdict for verdict, _ in verdicts.values()} == {DISAGREES}, verdicts
     flat = verdicts["ALiBi's loss stays flat far past the training length"][1]
@@ -85,3 +86,28 @@ def test_memory_check_prefers_the_task_trained_through_a_cache() -> None:
 def test_missing_results_are_not_measured() -> None:
     verdicts = _verdicts(_copy({"t5": 0.0, "nope": 0.0, "rope": 0.0, "alibi": 0.0}))
     assert {verdict for verdict, _ in verdicts.values()} == {NOT_MEASURED}, verdicts
+
+
+def _randomized(accuracies: dict[str, float]) -> list[dict]:
+    """Token accuracy 1.0 at the training length and `accuracies[label]` past it, two seeds."""
+    rows = []
+    for label, value in accuracies.items():
+        for seed in (0, 1):
+            base = {"task": "copy", "encoding": label.removesuffix("+random"), "encoding_label": label, "seed": seed,
+                    "train_len_max": 8, "mem_len": math.nan, "metric": "token_accuracy"}
+            rows += [base | {"eval_len": 8, "value": 1.0}, base | {"eval_len": 16, "value": value},
+                     base | {"eval_len": 16, "mem_len": 8.0, "value": 0.0}]
+    return rows
+
+
+RANDOMIZED = "Randomized positions improve accuracy past the training length"
+
+
+def test_randomized_positions_are_paired_with_the_plain_encoding_by_label() -> None:
+    verdict, measured = _verdicts(_randomized({"rope": 0.3, "rope+random": 0.6, "sinusoidal": 0.2,
+                                               "sinusoidal+random": 0.25}))[RANDOMIZED]
+    assert verdict == AGREES
+    assert measured.endswith("rope on copy 0.30 -> 0.60, sinusoidal on copy 0.20 -> 0.25; mean gain +17.5 points over 2 pair(s)")
+    verdict, measured = _verdicts(_randomized({"rope": 0.5, "rope+random": 0.49, "alibi": 0.9, "alibi+random": 0.5}))[RANDOMIZED]
+    assert verdict == DISAGREES and "mean gain -20.5 points" in measured
+    assert _verdicts(_randomized({"rope+random": 0.6}))[RANDOMIZED][0] == NOT_MEASURED

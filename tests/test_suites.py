@@ -49,7 +49,7 @@ def test_bad_task_training_settings_and_unknown_suites_are_one_sentence(tmp_path
     result = CliRunner().invoke(app, ["run", "--config", str(config), "--out", str(tmp_path / "o")])
     assert result.exit_code == 2 and "Unknown key 'stepz'" in result.output
     result = CliRunner().invoke(app, ["run", "--suite", "nonesuch", "--out", str(tmp_path / "o")])
-    assert result.exit_code == 2 and "Unknown suite 'nonesuch'; available: deepmind, default, kazemnejad, standard" in result.output
+    assert result.exit_code == 2 and "Unknown suite 'nonesuch'; available: deepmind, default, kazemnejad, randomized, standard" in result.output
     listed = CliRunner().invoke(app, ["list"])
     assert "standard" in listed.output and "Suites" in listed.output
 
