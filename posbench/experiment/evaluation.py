@@ -73,17 +73,17 @@ def _accuracy(
 ) -> dict[str, float]:
     exact = correct = answers = sequences = 0
     loss_sum = 0.0
-    for number, batch in enumerate(held_out(task, length, config, seed)):
-        batch = batch.to(device)
-        with seeded_draws(seed + length + number):  # drawn positions: a function of the sample
+    with seeded_draws(seed + length):  # drawn positions, if any: a function of the sample alone
+        for batch in held_out(task, length, config, seed):
+            batch = batch.to(device)
             logits = _logits(model, batch.tokens, segment, mem_len)  # (B, T, V)
-        mask = batch.targets != IGNORE
-        hit = (logits.argmax(-1) == batch.targets) & mask
-        exact += int((hit | ~mask).all(dim=1).sum())
-        correct += int(hit.sum())
-        answers += int(mask.sum())
-        sequences += batch.tokens.shape[0]
-        loss_sum += float(F.cross_entropy(logits[mask], batch.targets[mask], reduction="sum"))
+            mask = batch.targets != IGNORE
+            hit = (logits.argmax(-1) == batch.targets) & mask
+            exact += int((hit | ~mask).all(dim=1).sum())
+            correct += int(hit.sum())
+            answers += int(mask.sum())
+            sequences += batch.tokens.shape[0]
+            loss_sum += float(F.cross_entropy(logits[mask], batch.targets[mask], reduction="sum"))
     scores = {"exact_match": exact / sequences, "token_accuracy": correct / answers, "loss": loss_sum / answers}
     if not task.exact_match_meaningful:
         del scores["exact_match"]
@@ -161,20 +161,19 @@ def position_rows(model: Decoder, task: Task, config: EvalConfig, device: torch.
     full = torch.zeros(E, dtype=torch.float64)
     window = torch.zeros(E, dtype=torch.float64)
     count = 0
-    for number, batch in enumerate(held_out(task, E, config)):
-        tokens, targets = batch.tokens.to(device), batch.targets.to(device)  # (B, E)
-        with seeded_draws(HELD_OUT_SEED + E + number):
+    with seeded_draws(HELD_OUT_SEED + E):  # drawn positions, if any: a function of the sample alone
+        for batch in held_out(task, E, config):
+            tokens, targets = batch.tokens.to(device), batch.targets.to(device)  # (B, E)
             full += _token_losses(model(tokens), targets).sum(0).cpu()
-        scored = torch.zeros(E, dtype=torch.float64)
-        for i, s in enumerate(starts):
-            w = min(L, E - s)
-            with seeded_draws(HELD_OUT_SEED + E + number):
+            scored = torch.zeros(E, dtype=torch.float64)
+            for i, s in enumerate(starts):
+                w = min(L, E - s)
                 losses = _token_losses(model(tokens[:, s : s + w]), targets[:, s : s + w]).sum(0).cpu()  # (w,)
-            first = 0 if i == 0 else max(0, (starts[i - 1] + L) - s)  # score what no earlier window scored
-            window[s + first : s + w] += losses[first:]
-            scored[s + first : s + w] += 1
-        assert bool((scored == 1).all()), "every position is scored by exactly one window"
-        count += tokens.shape[0]
+                first = 0 if i == 0 else max(0, (starts[i - 1] + L) - s)  # score what no earlier window scored
+                window[s + first : s + w] += losses[first:]
+                scored[s + first : s + w] += 1
+            assert bool((scored == 1).all()), "every position is scored by exactly one window"
+            count += tokens.shape[0]
     full, window = full / count, window / count
     rows: list[Measurement] = []
     width = max(1, L // 4)
