@@ -180,14 +180,16 @@ def check_explicit_positions(encoding: str, **options: Any) -> None:
     torch.manual_seed(0)
     enc = create_encoding(encoding, n_heads=4, d_head=8, causal=True, n_layers=1, **options).eval()
     enc.random_positions = None  # the spans below say their positions themselves
-    n, P = 10, 30
+    P = min(30, enc.max_positions or 30)  # positions 0..P-1, within what the encoding represents
+    n = min(10, P // 2)
+    s = min(5, P - n)  # queries s..s+n-1 against keys 0..s+n-1
     generator = torch.Generator().manual_seed(3)
     q, k = torch.randn(2, 2, 4, P, 8, generator=generator)
     x = torch.randn(2, P, enc.d_model, generator=generator)
     with torch.no_grad():
-        plain = attention_logits(enc, q[..., 5 : 5 + n, :], k[..., : 5 + n, :], Span(5, 5 + n), Span(0, 5 + n))
-        explicit = attention_logits(enc, q[..., 5 : 5 + n, :], k[..., : 5 + n, :],
-                                    Span(5, 5 + n, torch.arange(5, 5 + n)), Span(0, 5 + n, torch.arange(5 + n)))
+        plain = attention_logits(enc, q[..., s : s + n, :], k[..., : s + n, :], Span(s, s + n), Span(0, s + n))
+        explicit = attention_logits(enc, q[..., s : s + n, :], k[..., : s + n, :],
+                                    Span(s, s + n, torch.arange(s, s + n)), Span(0, s + n, torch.arange(s + n)))
         err = (plain - explicit).abs().max().item()
         assert err < 1e-5, f"{encoding}: explicit positions start..stop-1 change the logits by {err:.2e}"
         err = (enc.embed(x, Span(0, P)) - enc.embed(x, Span(0, P, torch.arange(P)))).abs().max().item()
