@@ -32,7 +32,6 @@ from posbench.encodings.base import Span
 from posbench.errors import ConfigError, PosbenchError, ResultsError
 from posbench.experiment.evaluation import evaluation_memory_bytes
 from posbench.plugins import loaded_plugin_dirs
-
 from posbench.store import (
     RunFolder,
     prepare_sweep_dir,
