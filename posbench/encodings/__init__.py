@@ -21,13 +21,14 @@ def list_encodings(pattern: str | None = None) -> list[str]:
 SHARED_OPTIONS = tuple(inspect.signature(random_positions_from).parameters)
 
 
-def check_encoding_options(name: str, options: Mapping[str, object], what: str) -> None:
+def check_encoding_options(name: str, options: Mapping[str, object], what: str) -> RandomPositions | None:
     """Raise OptionError for an option encoding `name` does not accept or a value out of its
-    declared range, its own options and the shared ones alike."""
+    declared range, its own options and the shared ones alike; returns the randomized
+    positions the shared options ask for (None: plain positions)."""
     check_options(REGISTRY.get(name), dict(options), what, shared=SHARED_OPTIONS)
     shared = {k: v for k, v in options.items() if k in SHARED_OPTIONS}
     check_options(random_positions_from, shared, what)
-    random_positions_from(**shared)  # type: ignore[arg-type]  # their combination
+    return random_positions_from(**shared)  # type: ignore[arg-type]
 
 
 def create_encoding(
@@ -36,10 +37,9 @@ def create_encoding(
     """Build encoding `name` for attention with `n_heads` heads of size `d_head`; the shared
     options (``randomize_positions``, ``eval_positions``) apply to any encoding."""
     what = f"encoding {name!r}"
-    check_encoding_options(name, options, what)
-    shared = {k: options.pop(k) for k in SHARED_OPTIONS if k in options}
-    encoding: PositionalEncoding = REGISTRY.create(name, AttentionShape(n_heads, d_head, causal, n_layers), **options)  # type: ignore[assignment]
-    drawn = random_positions_from(**shared)  # type: ignore[arg-type]
+    drawn = check_encoding_options(name, options, what)
+    own = {k: v for k, v in options.items() if k not in SHARED_OPTIONS}
+    encoding: PositionalEncoding = REGISTRY.create(name, AttentionShape(n_heads, d_head, causal, n_layers), **own)  # type: ignore[assignment]
     if drawn is not None:
         if encoding.max_positions is not None and drawn.max_position > encoding.max_positions:
             raise OptionError(
