@@ -4,6 +4,7 @@ from __future__ import annotations
 from posbench.encodings import (
     AttentionShape,
     BandBias,
+    IndexedTable,
     LayerContext,
     PositionalEncoding,
     Scores,
@@ -22,6 +23,7 @@ __all__ = [
     "AttentionShape",
     "BandBias",
     "Decoder",
+    "IndexedTable",
     "LayerContext",
     "ModelConfig",
     "PosbenchError",

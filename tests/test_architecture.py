@@ -18,6 +18,7 @@ LAYERS: list[set[str]] = [
     {"encodings", "encodings.*", "tasks", "tasks.*", "cache"},
     {"attention", "model", "plugins"},
     {"experiment", "experiment.config", "experiment.training", "experiment.evaluation", "experiment.diagnostics",
+     "experiment.reachability",
      "experiment.timing", "testing"},
     {"store"},
     {"experiment.compute", "experiment.profiling"},

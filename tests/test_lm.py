@@ -118,3 +118,62 @@ def test_the_report_shows_loss_by_position_and_the_penalty(tmp_path: Path) -> No
     assert "lm: loss by position" in html and "Language modelling: loss by position" in html
     assert (tmp_path / "report" / "figures" / "loss_vs_position_lm.png").is_file()
     assert " ± " in html  # two seeds: intervals
+
+
+def test_language_floor_matches_a_brute_force_estimate_on_a_small_vocabulary() -> None:
+    """The floor by position against plug-in conditional entropies counted over many windows:
+    equal where the copied token is inside the window (the exact Bayes loss), and an upper
+    bound on the plug-in estimate of the window's best predictor before that."""
+    import collections
+    import math
+
+    task = create_task("lm", n_symbols=3, copy_distance=3, p_copy=0.5, train_lengths=[8, 8], eval_lengths=[8])
+    floor = task.floor_by_position(8)
+    windows = task._synthetic(9, 60000, torch.Generator().manual_seed(7))
+    for k in range(8):  # target k is token k + 1 given tokens 0..k (at most 3 back matter once k >= 3)
+        context = windows[:, max(0, k - 2) : k + 1] if k >= 3 else windows[:, : k + 1]
+        counts: dict[tuple[int, ...], collections.Counter] = collections.defaultdict(collections.Counter)
+        for row, nxt in zip(context.tolist(), windows[:, k + 1].tolist()):
+            counts[tuple(row)][nxt] += 1
+        total = len(windows)
+        brute = -sum(c * math.log(c / sum(cs.values())) for cs in counts.values() for c in cs.values()) / total
+        if k >= 3:
+            assert float(floor[k]) == pytest.approx(brute, abs=0.02)
+        else:
+            assert float(floor[k]) >= brute - 0.02
+    assert task.loss_floor(8) == pytest.approx(float(floor.mean()))
+
+
+def test_a_text_corpus_has_no_floor(tmp_path) -> None:
+    corpus = tmp_path / "text.txt"
+    corpus.write_text("the quick brown fox jumps over the lazy dog " * 200)
+    assert create_task("lm", corpus=str(corpus), train_lengths=[16, 16], eval_lengths=[16]).loss_floor(16) is None
+
+
+def test_lm_training_stops_near_the_floor_and_records_when(tmp_path) -> None:
+    """stop_within: held-out in-distribution loss within that many nats of the language's floor
+    ends training; far above it, the cap ends it and the note says the threshold was not reached."""
+    import dataclasses
+
+    import pandas as pd
+
+    from posbench.experiment.config import TaskSpec
+    from posbench.experiment.runner import run_sweep
+    from posbench.store import run_folders
+
+    from helpers import tiny_sweep
+
+    sweep = dataclasses.replace(tiny_sweep("nope", steps=20), tasks=(TaskSpec("lm", {"train_lengths": [16, 16], "eval_lengths": [16, 32]}),))
+    loose = dataclasses.replace(sweep, train=dataclasses.replace(sweep.train, stop_within=50.0, check_every=5))
+    frame = pd.read_csv(run_sweep(loose, tmp_path / "a").results_csv)
+    assert frame.loc[frame["metric"] == "steps_to_threshold", "value"].tolist() == [5]
+    excess = frame[frame["metric"] == "excess_loss"].set_index("eval_len")["value"]
+    floor = frame[frame["metric"] == "loss_floor"].set_index("eval_len")["value"]
+    loss = frame[(frame["metric"] == "loss") & frame["mem_len"].isna()].set_index("eval_len")["value"]
+    assert excess[16] == pytest.approx(loss[16] - floor[16])
+    strict = dataclasses.replace(sweep, train=dataclasses.replace(sweep.train, stop_within=1e-6, check_every=5))
+    outcome = run_sweep(strict, tmp_path / "b")
+    frame = pd.read_csv(outcome.results_csv, keep_default_na=False, na_values=[""])
+    assert frame.loc[frame["metric"] == "steps_to_threshold", "note"].tolist() == ["not reached within 20 steps"]
+    result = next(f.result() for f in run_folders(tmp_path / "b"))
+    assert result["undertrained"] and result["in_distribution_excess"] > 0.1  # 20 steps learn no language

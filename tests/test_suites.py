@@ -67,3 +67,22 @@ def test_one_task_twice_needs_labels_that_name_results_but_not_run_ids(tmp_path:
     result = CliRunner().invoke(app, ["run", "--config", str(config), "--out", str(tmp_path / "o")])
     assert result.exit_code == 2
     assert "lists task 'lookback' more than once with the same label; give each entry its own 'label'" in result.output
+
+
+@pytest.mark.parametrize("name", ["default", "standard", "randomized"])
+def test_published_suites_train_every_parameter_they_evaluate(name: str) -> None:
+    """Only the learned table (its untrained rows are the encoding's expected failure) and T5
+    kept at its paper defaults under its own label may read rows training never reached."""
+    from posbench.experiment.runner import reachability_warnings
+
+    sweep = resolve_sweep(load_config_file(suite_file(name))[0])
+    for warning in reachability_warnings(sweep):
+        assert ": learned: " in warning or ": t5-paper: " in warning, warning
+
+
+def test_standard_suite_compares_at_equal_accuracy_and_equal_compute() -> None:
+    runs = expand_runs(resolve_sweep(load_config_file(suite_file("standard"))[0]))
+    fixed = [r for r in runs if r.task.display() == "copy-fixed"]
+    assert fixed and all(r.train.stop_at is None and r.train.steps == fixed[0].train.steps for r in fixed)
+    assert {r.encoding.display() for r in runs if r.task.display() == "copy"} == {r.encoding.display() for r in fixed}
+    assert all(r.train.stop_within for r in runs if r.task.display() == "lm")

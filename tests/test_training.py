@@ -96,21 +96,43 @@ def test_early_stopping_checks_every_n_steps_and_records_when_it_passed() -> Non
     assert never.steps_done == 12 and never.steps_to_threshold is None
 
 
-def test_a_run_records_steps_to_threshold_or_why_not(tmp_path) -> None:
+def test_a_run_records_steps_to_threshold_or_why_not(tmp_path, monkeypatch) -> None:
     import dataclasses
     import math
 
     import pandas as pd
 
+    from posbench.experiment import compute
     from posbench.experiment.runner import run_sweep
 
     from helpers import tiny_sweep
 
     sweep = tiny_sweep("nope", steps=30)
-    reached = dataclasses.replace(sweep, train=dataclasses.replace(sweep.train, stop_at=1e-9, check_every=10))
-    frame = pd.read_csv(run_sweep(reached, tmp_path / "a").results_csv)
+    reached = dataclasses.replace(sweep, train=dataclasses.replace(sweep.train, stop_at=0.5, check_every=10))
+    with monkeypatch.context() as patch:  # a model that already meets the threshold with margin
+        patch.setattr(compute, "validation_exact_match", lambda *args: (0.6, 0.55))
+        frame = pd.read_csv(run_sweep(reached, tmp_path / "a").results_csv)
     assert frame.loc[frame["metric"] == "steps_to_threshold", "value"].tolist() == [10]
     capped = dataclasses.replace(sweep, train=dataclasses.replace(sweep.train, stop_at=1.0, check_every=10))
     frame = pd.read_csv(run_sweep(capped, tmp_path / "b").results_csv, keep_default_na=False, na_values=[""])
     row = frame[frame["metric"] == "steps_to_threshold"].iloc[0]
     assert math.isnan(row["value"]) and row["note"] == "not reached within 30 steps"
+
+
+def test_early_stopping_reads_the_reported_lengths_and_needs_a_margin() -> None:
+    """The stop signal covers the lengths reports call in distribution and stops on its 95%
+    lower bound, so a run that stopped meets the threshold on the evaluation sample too."""
+    from posbench.experiment.config import EvalConfig
+    from posbench.experiment.evaluation import in_distribution_lengths, validation_exact_match
+    from posbench.model import build_model
+    from posbench.tasks import create_task
+
+    task = create_task("copy", train_lengths=[1, 8], eval_lengths=[2, 4, 6, 8, 12, 16])
+    assert in_distribution_lengths(task) == [2, 4, 6, 8]
+    assert in_distribution_lengths(create_task("copy", train_lengths=[1, 8], eval_lengths=[16])) == [1, 4, 8]
+    model = build_model("nope", task.vocab_size, 16, 1, 2)
+    train(model, task, TrainConfig(steps=150, batch_size=16, warmup_steps=10), 0)
+    mean, lower = validation_exact_match(model, task, EvalConfig(n_samples=64, batch_size=64))
+    assert lower <= mean <= 1
+    if 0 < mean < 1:
+        assert mean - lower == pytest.approx(1.645 * math.sqrt(mean * (1 - mean) / (64 * 4)))

@@ -4,7 +4,7 @@ from __future__ import annotations
 import inspect
 from typing import Mapping
 
-from posbench.encodings.base import AttentionShape, LayerContext, PositionalEncoding, Span
+from posbench.encodings.base import AttentionShape, IndexedTable, LayerContext, PositionalEncoding, Span
 from posbench.encodings.positions import RandomPositions, random_positions_from
 from posbench.errors import OptionError
 from posbench.registry import check_options
@@ -78,6 +78,7 @@ __all__ = [
     "check_encoding_options",
     "REGISTRY",
     "AttentionShape",
+    "IndexedTable",
     "LayerContext",
     "PositionalEncoding",
     "Scores",

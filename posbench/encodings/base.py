@@ -50,6 +50,27 @@ class AttentionShape:
 
 
 @dataclass(frozen=True)
+class IndexedTable:
+    """A parameter whose rows are read by position or distance (T5's buckets, DeBERTa's
+    relative embeddings, a learned position table). Training that never reads a row leaves it
+    at its initialisation, so an evaluation that reads it measures an untrained parameter:
+    posbench counts which rows each length reads before anything is trained.
+
+    ``row_of(query_positions (Lq,), key_positions (Lk,))`` gives the row each (query, key) pair
+    reads, broadcastable to (Lq, Lk), or -1 for none; with ``per_token`` the rows are read once
+    per token (an absolute table added at the input) and ``row_of`` returns (Lq, 1)."""
+
+    parameter: str  # the parameter's name in the encoding's state dict, e.g. "tables.0.weight"
+    row_name: str  # what one row is, for messages: "bucket", "relative embedding", "position"
+    size: int
+    row_of: Callable[[Tensor, Tensor], Tensor]
+    per_token: bool = False
+    #: How to make training reach every row at a longest training distance (or position),
+    #: for the configuration-time warning; None when no option can (a learned table).
+    fix: Callable[[int], str | None] | None = None
+
+
+@dataclass(frozen=True)
 class LayerContext:
     """What an encoding may use of the attention layer it serves: its index and projections."""
 
@@ -147,6 +168,11 @@ class PositionalEncoding(PositionTables, nn.Module):
         """A bias (H, Lq, Lk) that depends on positions only (and on the layer, for per-layer
         tables), or None."""
         return None
+
+    # ---- reachability ----------------------------------------------------------------------
+    def indexed_tables(self) -> list[IndexedTable]:
+        """The parameters whose rows are read by position or distance (none by default)."""
+        return []
 
     # ---- diagnostics (never on the training path) ----------------------------------------
     def score_terms(self, q: Tensor, k: Tensor, q_span: Span, k_span: Span, layer: LayerContext) -> dict[str, Tensor]:

@@ -15,7 +15,7 @@ from torch import Tensor, nn
 
 from posbench.encodings.registry import register_encoding
 from posbench.errors import OptionError
-from posbench.encodings.base import AttentionShape, LayerContext, PositionalEncoding, Span
+from posbench.encodings.base import AttentionShape, IndexedTable, LayerContext, PositionalEncoding, Span
 from posbench.kernels.bias_types import BandBias, Scores
 from posbench.validation import Range
 
@@ -104,15 +104,28 @@ class DeBERTa(PositionalEncoding):
             self.pos_key_proj = nn.ModuleList(nn.Linear(self.d_model, self.d_model) for _ in range(shape.n_layers))
             self.pos_query_proj = nn.ModuleList(nn.Linear(self.d_model, self.d_model) for _ in range(shape.n_layers))
 
+    def delta_of(self, distance: Tensor) -> Tensor:
+        """δ = clamp(i - j + k, 0, 2k - 1) of each distance i - j (log-bucketed first with
+        position_buckets): the row of the relative embeddings a pair reads."""
+        if self.position_buckets > 0:
+            distance = log_bucket_position(distance, self.position_buckets, self.span)
+        return (distance + self.att_span).clamp(0, 2 * self.att_span - 1)
+
     def delta(self, q_span: Span, k_span: Span, device: torch.device) -> Tensor:
-        """δ(i, j) = clamp(i - j + k, 0, 2k - 1), (Lq, Lk), from a per-distance table."""
+        """δ(i, j) for every pair, (Lq, Lk), from a per-distance table."""
+        return self.distance_lookup("delta", q_span, k_span, device, self.delta_of)
 
-        def build(rel: Tensor) -> Tensor:
-            if self.position_buckets > 0:
-                rel = log_bucket_position(rel, self.position_buckets, self.span)
-            return (rel + self.att_span).clamp(0, 2 * self.att_span - 1)
+    def indexed_tables(self) -> list[IndexedTable]:
+        """The relative embeddings' rows are read by δ of each (query, key) pair."""
+        return [IndexedTable("rel_embeddings.weight", "relative embedding", 2 * self.att_span,
+                             lambda q, k: self.delta_of(q[:, None] - k[None, :]), fix=self.reaching_span)]
 
-        return self.distance_lookup("delta", q_span, k_span, device, build)
+    def reaching_span(self, longest: int) -> str | None:
+        """The span that lets training distances up to `longest` reach every row a causal
+        evaluation reads (k .. 2k - 1): k = longest + 1 (without log buckets)."""
+        if self.position_buckets > 0:
+            return None
+        return f"span = {longest + 1} would reach them all"
 
     def projected_positions(self, layer: LayerContext, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
         """Kr and Qr, each (H, 2k, d)."""

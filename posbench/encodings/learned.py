@@ -6,7 +6,7 @@ from typing import Annotated
 from torch import Tensor, nn
 
 from posbench.encodings.registry import register_encoding
-from posbench.encodings.base import AttentionShape, PositionalEncoding, Span
+from posbench.encodings.base import AttentionShape, IndexedTable, PositionalEncoding, Span
 from posbench.validation import Range
 
 
@@ -23,6 +23,11 @@ class Learned(PositionalEncoding):
         super().__init__(shape)
         self.max_positions = max_positions
         self.table = nn.Embedding(max_positions, self.d_model)
+
+    def indexed_tables(self) -> list[IndexedTable]:
+        """Each token reads the row of its position: rows past the training length stay
+        untrained, the expected limit of a learned table (no option fixes it)."""
+        return [IndexedTable("table.weight", "position", self.max_positions, lambda q, k: q[:, None], per_token=True)]
 
     def embed(self, x: Tensor, span: Span) -> Tensor:
         return x + self.table(span.arange(x.device))  # (B, L, d_model)

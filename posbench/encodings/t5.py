@@ -9,7 +9,7 @@ from torch import Tensor, nn
 
 from posbench.encodings.registry import register_encoding
 from posbench.errors import OptionError
-from posbench.encodings.base import AttentionShape, LayerContext, PositionalEncoding, Span
+from posbench.encodings.base import AttentionShape, IndexedTable, LayerContext, PositionalEncoding, Span
 from posbench.kernels.bias_types import BandBias, toeplitz
 from posbench.validation import Range
 
@@ -79,6 +79,26 @@ class T5Bias(PositionalEncoding):
     def bucket_of(self, distance: Tensor) -> Tensor:
         """T5's bucket of each distance i - j (relative_position = j - i in its code)."""
         return t5_bucket(-distance, self.bidirectional, self.num_buckets, self.max_distance)
+
+    def indexed_tables(self) -> list[IndexedTable]:
+        """Each bias table's rows are buckets, read by the distance of each (query, key) pair."""
+        return [IndexedTable(f"tables.{i}.weight", "bucket", self.num_buckets,
+                             lambda q, k: self.bucket_of(q[:, None] - k[None, :]), fix=self.reaching_max_distance)
+                for i in range(len(self.tables))]
+
+    def reaching_max_distance(self, longest: int) -> str:
+        """The options that let training distances up to `longest` reach every bucket: the
+        largest max_distance that does, else the most buckets that can with some max_distance."""
+        distances = torch.arange(-longest if self.bidirectional else 0, longest + 1)
+        per_side = 4 if self.bidirectional else 2
+        for num_buckets in range(self.num_buckets, per_side - 1, -1):
+            exact = num_buckets // per_side
+            for max_distance in range(self.max_distance - 1 if num_buckets == self.num_buckets else longest + 1, exact, -1):
+                if len(t5_bucket(-distances, self.bidirectional, num_buckets, max_distance).unique()) == num_buckets:
+                    if num_buckets == self.num_buckets:
+                        return f"max_distance = {max_distance} would reach them all"
+                    return f"no max_distance does with {self.num_buckets} buckets; num_buckets = {num_buckets} with max_distance = {max_distance} would"
+        return "no bucket layout reaches them: train on longer sequences"
 
     def buckets(self, q_span: Span, k_span: Span, device: torch.device) -> Tensor:
         """Bucket of each distance i - j from the spans' nearest to farthest reach, ascending,

@@ -7,7 +7,7 @@ import io
 import math
 import time
 import traceback
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Protocol
 
@@ -15,12 +15,12 @@ import numpy as np
 import pandas as pd
 import torch
 
-from posbench.experiment import diagnostics
+from posbench.experiment import diagnostics, reachability
 from posbench.encodings.base import Span
 from posbench.experiment.diagnostics import positional_bias
-from posbench.experiment.config import UNDERTRAINED_BELOW, EncodingSpec, ModelSize, RunConfig
+from posbench.experiment.config import UNDERTRAINED_BELOW, UNLEARNED_EXCESS, EncodingSpec, ModelSize, RunConfig
 from posbench.kernels.cpu import compute_settings
-from posbench.experiment.evaluation import iter_evaluate, validation_exact_match
+from posbench.experiment.evaluation import iter_evaluate, validation_exact_match, validation_excess
 from posbench.model import Decoder, ModelConfig, model_from_config
 from posbench.plugins import load_plugins
 from posbench.store import environment
@@ -186,6 +186,11 @@ def _compute(job: RunJob, progress: ProgressSink) -> RunOutput:
                                   torch.Generator().manual_seed(0)).tokens.to(run.device)
         note(f"run {run.run_id}: {run_label(run)}, {sum(p.numel() for p in model.parameters())} parameters, "
              f"{torch.get_num_threads()} threads")
+        reach, reach_rows, result["unreached"] = _reachability(model, task, run)
+        for message in result["unreached"]:
+            note(message)
+        if not reach.empty:
+            artifacts[reachability.REACHABILITY_FILE] = reach.to_csv(index=False).encode()
         if job.trained_state is not None:
             model.load_state_dict(torch.load(io.BytesIO(job.trained_state), map_location="cpu", weights_only=True))
             model.to(run.device)
@@ -204,16 +209,28 @@ def _compute(job: RunJob, progress: ProgressSink) -> RunOutput:
                           steps_to_threshold=trained.steps_to_threshold)
         stage = "evaluation"
         progress(run.run_id, "evaluating", None)
-        for m in iter_evaluate(model, task, run.eval, run.device):
+        by_position: list[dict[str, float]] = []
+        for m in iter_evaluate(model, task, run.eval, run.device, by_position):
             measurements.append(m.__dict__ | {"seq_len": None, "cache_len": None})
-        measurements += _training_rows(result, run)
+        if by_position:
+            artifacts[ANSWER_POSITIONS_FILE] = pd.DataFrame(by_position).to_csv(index=False).encode()
+        measurements += reach_rows + _training_rows(result, run)
         in_dist = [m["value"] for m in measurements if m["metric"] == "exact_match" and m["mem_len"] is None
                    and m["eval_len"] is not None and m["eval_len"] <= task.train_lengths[1] and not math.isnan(m["value"])]
         result["in_distribution_exact_match"] = sum(in_dist) / len(in_dist) if in_dist else None
         result["undertrained"] = bool(in_dist) and result["in_distribution_exact_match"] < UNDERTRAINED_BELOW
+        excess = [m["value"] for m in measurements if m["metric"] == "excess_loss" and m["mem_len"] is None
+                  and m["eval_len"] <= task.train_lengths[1] and not math.isnan(m["value"])]
+        if excess:
+            result["in_distribution_excess"] = sum(excess) / len(excess)
+            result["undertrained"] = result["in_distribution_excess"] > UNLEARNED_EXCESS
+            if result["undertrained"]:
+                note(f"did not learn the language: in-distribution loss {result['in_distribution_excess']:.3f} nats above "
+                     f"the floor (limit {UNLEARNED_EXCESS})")
         try:
-            artifacts = _bias_artifact(model, task, run.device)
-            result["bias_picture"] = next(iter(artifacts), "none")
+            bias = _bias_artifact(model, task, run.device)
+            artifacts |= bias
+            result["bias_picture"] = next(iter(bias), "none")
         except Exception as err:  # a picture is not worth a run: the report says it is missing
             note(f"bias picture failed ({type(err).__name__}: {err}); the report will try the model")
         try:
@@ -236,6 +253,23 @@ def _compute(job: RunJob, progress: ProgressSink) -> RunOutput:
     result["seconds"] = time.perf_counter() - start
     return RunOutput(run.run_id, run.to_dict(), environment(run.device), log, measurements, state, result, artifacts)
 
+
+def _reachability(model: Decoder, task: Task, run: RunConfig) -> tuple[pd.DataFrame, list[dict[str, Any]], list[str]]:
+    """Which indexed rows training reaches and each evaluation length reads (the stored
+    table), the share of pairs reading an untrained row per length (tidy rows, metric
+    ``untrained_share``), and one message per table with rows read but never trained."""
+    segment = run.train.train_segment_len or run.train.train_mem_len
+    frame = reachability.reachability(model.encoding, task, segment, run.train.train_mem_len)
+    if frame.empty:
+        return frame, [], []
+    rows = [{"eval_len": n, "mem_len": None, "seq_len": None, "cache_len": None, "metric": "untrained_share",
+             "value": share, "note": ""} for n, share in sorted(reachability.untrained_share(frame).items())]
+    missing = reachability.unreached(model.encoding, task, run.encoding.display(), frame, segment, run.train.train_mem_len)
+    return frame, rows, [m.message() for m in missing]
+
+
+#: Accuracy by answer position at each full-context length (teacher-forced and greedy).
+ANSWER_POSITIONS_FILE = "answer_positions.csv"
 
 #: The stored bias picture: one head's (L, L) bias over query and key positions (see bias.py).
 BIAS_FILE = "bias.npy"
@@ -277,16 +311,25 @@ def _diagnostic_artifacts(model: Decoder, task: Task, run: RunConfig, probes: li
 
 
 def _stop_check(model: Decoder, task: Task, run: RunConfig, note: Callable[[str], None]) -> Callable[[int], bool] | None:
-    """Early stopping on held-out in-distribution exact match, when the run asks for it (a
-    task without a meaningful exact match, such as lm, always trains its full steps)."""
+    """Early stopping, when the run asks for it: on held-out in-distribution exact match at the
+    lengths the evaluation reports (training stops once the score's 95% lower bound reaches
+    stop_at), or, for a task with a loss floor, on held-out loss within stop_within nats of it."""
+    if run.train.stop_within is not None and task.loss_floor(task.train_lengths[1]) is not None:
+        def near_floor(steps: int) -> bool:
+            excess = validation_excess(model, task, run.eval, run.device)
+            note(f"step {steps}: held-out in-distribution loss {excess:.3f} nats above the floor "
+                 f"(stop within {run.train.stop_within})")
+            return excess <= run.train.stop_within
+
+        return near_floor
     if run.train.stop_at is None or not task.exact_match_meaningful:
         return None
-    sample = replace(run.eval, n_samples=min(run.eval.n_samples, 128))
 
     def check(steps: int) -> bool:
-        score = validation_exact_match(model, task, sample, run.device)
-        note(f"step {steps}: held-out in-distribution exact match {score:.3f} (stop at {run.train.stop_at})")
-        return score >= run.train.stop_at
+        score, lower = validation_exact_match(model, task, run.eval, run.device)
+        note(f"step {steps}: held-out in-distribution exact match {score:.3f} (95% lower bound {lower:.3f}; "
+             f"stop at {run.train.stop_at})")
+        return lower >= run.train.stop_at
 
     return check
 
@@ -296,7 +339,7 @@ def _training_rows(result: dict[str, Any], run: RunConfig) -> list[dict[str, Any
     steps it took to reach the threshold (NaN with a note when the cap came first)."""
     empty = {"eval_len": None, "mem_len": None, "seq_len": None, "cache_len": None}
     rows = [empty | {"metric": "train_loss_final", "value": result["train_loss_final"], "note": ""}]
-    if run.train.stop_at is not None:
+    if run.train.stop_at is not None or run.train.stop_within is not None:
         reached = result.get("steps_to_threshold")
         rows.append(empty | {"metric": "steps_to_threshold", "value": float("nan") if reached is None else reached,
                              "note": "" if reached is not None else f"not reached within {run.train.steps} steps"})

@@ -6,6 +6,7 @@ import dataclasses
 import hashlib
 import json
 import math
+import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +24,10 @@ else:  # pragma: no cover
 DEFAULT_TASKS = ("copy",)
 #: A run whose mean in-distribution exact match is below this is flagged as undertrained.
 UNDERTRAINED_BELOW = 0.9
+#: A run on a task with a known loss floor (the synthetic language) whose mean in-distribution
+#: loss lies more than this many nats above the floor did not learn the task: its
+#: extrapolation penalty is shown but not ranked.
+UNLEARNED_EXCESS = 0.1
 #: Devices a run may name: cpu, cuda or cuda:N, mps.
 DEVICE_PATTERN = r"cpu|cuda(:[0-9]+)?|mps"
 
@@ -57,6 +62,10 @@ class TrainConfig:
     #: which is then the cap). The step it was reached is recorded as steps_to_threshold.
     stop_at: Annotated[float | None, Range(gt=0, le=1)] = None
     check_every: Annotated[int, Range(ge=1)] = 250
+    #: For a task with a known loss floor (the synthetic language): every `check_every` steps,
+    #: measure held-out in-distribution loss and stop once it lies within this many nats of the
+    #: floor (None: train all `steps`). The step it was reached is recorded as steps_to_threshold.
+    stop_within: Annotated[float | None, Range(gt=0)] = None
 
 
 @dataclass(frozen=True)
@@ -200,15 +209,42 @@ def to_jsonable(value: Any) -> Any:
     return value
 
 
+#: An encoding option written "train" or "train/N" is the run's longest training sequence (in
+#: tokens) divided by N, so one entry keeps a ratio across tasks of different lengths (Press et
+#: al. trained T5 with max_distance a quarter of the window: ``max_distance = "train/4"``).
+TIED_OPTION = re.compile(r"train(?:/([1-9][0-9]*))?")
+
+
+def longest_training_sequence(task: TaskSpec) -> int:
+    """Tokens in the longest training sequence of `task`."""
+    from posbench.tasks import create_task
+
+    built = create_task(task.name, **task.options)
+    return built.sequence_length(built.train_lengths[1])
+
+
+def resolve_tied_options(spec: EncodingSpec, longest: int) -> EncodingSpec:
+    """`spec` with its options tied to the training length resolved for sequences of `longest`
+    tokens; its label keeps the tied form, so every task shows the same name for it."""
+    tied = {k: TIED_OPTION.fullmatch(v) for k, v in spec.options.items() if isinstance(v, str)}
+    tied = {k: m for k, m in tied.items() if m}
+    if not tied:
+        return spec
+    options = dict(spec.options) | {k: max(1, longest // int(m.group(1) or 1)) for k, m in tied.items()}
+    return EncodingSpec(spec.name, options, spec.display())
+
+
 def expand_runs(sweep: SweepConfig) -> list[RunConfig]:
-    """The grid: every task x encoding x seed, in that nesting order."""
-    return [
-        RunConfig(task, enc, seed, sweep.model, dataclasses.replace(sweep.train, **task.train), sweep.eval,
-                  sweep.device, sweep.quick)
-        for task in sweep.tasks
-        for enc in sweep.encodings
-        for seed in sweep.seeds
-    ]
+    """The grid: every task x encoding x seed, in that nesting order, with options tied to the
+    training length resolved per task."""
+    runs = []
+    for task in sweep.tasks:
+        longest = longest_training_sequence(task)
+        for enc in sweep.encodings:
+            for seed in sweep.seeds:
+                runs.append(RunConfig(task, resolve_tied_options(enc, longest), seed, sweep.model,
+                                      dataclasses.replace(sweep.train, **task.train), sweep.eval, sweep.device, sweep.quick))
+    return runs
 
 
 # ---- loading TOML --------------------------------------------------------------------------

@@ -1,6 +1,8 @@
 """Accuracy at each evaluation length, on the whole sequence and through caches of several
 sizes (Transformer-XL style). Teacher-forced argmax: for whole-answer exact match it equals
-greedy decoding."""
+greedy decoding. Full-context evaluation also decodes greedily (free running), so token
+accuracy can be read both ways: teacher-forced token accuracy credits a token read after the
+model's first mistake; greedy token accuracy does not."""
 from __future__ import annotations
 
 import math
@@ -67,12 +69,59 @@ def _logits(model: Decoder, tokens: torch.Tensor, segment: int | None, mem_len: 
     return torch.cat([model(tokens[:, s : s + segment], cache=cache) for s in range(0, tokens.shape[1], segment)], dim=1)
 
 
+@torch.no_grad()
+def greedy_predictions(model: Decoder, tokens: torch.Tensor, answer: torch.Tensor) -> torch.Tensor:
+    """Free-running decoding: the model's argmax at every position (B, T), where each answer
+    token the model reads is its own earlier prediction rather than the true token (so after
+    its first mistake it continues from that mistake). Tokens off the answer are read as given.
+    Decodes one token at a time through an unbounded cache when the encoding is cache
+    consistent, else recomputes the prefix at every step."""
+    B, T = tokens.shape
+    columns = answer.any(dim=0).nonzero()
+    predictions = torch.zeros_like(tokens)
+    if len(columns) == 0:
+        return predictions
+    first = int(columns[0])  # logits here predict the first answer token
+    inputs = tokens.clone()
+    if model.encoding.cache_consistent:
+        cache = model.new_cache(mem_len=None, length=T)
+        logits = model(inputs[:, : first + 1], cache=cache)  # (B, first + 1, V)
+        predictions[:, : first + 1] = logits.argmax(-1)
+        for t in range(first, T - 1):
+            inputs[:, t + 1] = torch.where(answer[:, t], predictions[:, t], tokens[:, t + 1])
+            predictions[:, t + 1] = model(inputs[:, t + 1 : t + 2], cache=cache)[:, -1].argmax(-1)
+        return predictions
+    predictions[:, : first + 1] = model(inputs[:, : first + 1]).argmax(-1)
+    for t in range(first, T):
+        if t > first:
+            predictions[:, t] = model(inputs[:, : t + 1])[:, -1].argmax(-1)
+        if t + 1 < T:
+            inputs[:, t + 1] = torch.where(answer[:, t], predictions[:, t], tokens[:, t + 1])
+    return predictions
+
+
+def correct_prefix(hit: torch.Tensor, answer: torch.Tensor) -> torch.Tensor:
+    """Per sequence, how many answer tokens are right before the first wrong one, (B,)."""
+    wrong = answer & ~hit
+    before = (torch.cumsum(wrong.long(), dim=1) == 0) & answer
+    return before.sum(dim=1)
+
+
 def _accuracy(
     model: Decoder, task: Task, length: int, config: EvalConfig, device: torch.device | str,
     segment: int | None = None, mem_len: int | None = None, seed: int = HELD_OUT_SEED,
+    free_running: bool = False, by_position: list[dict[str, float]] | None = None,
 ) -> dict[str, float]:
-    exact = correct = answers = sequences = 0
+    """Exact match, teacher-forced token accuracy and loss on the held-out sample of `length`;
+    with `free_running`, also greedy token accuracy (the model reads its own answers), the mean
+    correct-prefix length in answer tokens, and the chance level (the accuracy of always
+    answering each answer position's most frequent token in the sample); `by_position`, when
+    given, receives one row per answer position (counted from the first answer token) with its
+    teacher-forced and greedy accuracy."""
+    exact = correct = answers = sequences = greedy = prefix = 0
     loss_sum = 0.0
+    counts: dict[int, torch.Tensor] = {}
+    position_hits: dict[int, list[int]] = {}  # answer column -> [answers, teacher-forced hits, greedy hits]
     with seeded_draws(seed + length):  # drawn positions, if any: a function of the sample alone
         for batch in held_out(task, length, config, seed):
             batch = batch.to(device)
@@ -84,7 +133,28 @@ def _accuracy(
             answers += int(mask.sum())
             sequences += batch.tokens.shape[0]
             loss_sum += float(F.cross_entropy(logits[mask], batch.targets[mask], reduction="sum"))
+            if free_running:
+                free_hit = (greedy_predictions(model, batch.tokens, mask) == batch.targets) & mask
+                greedy += int(free_hit.sum())
+                prefix += int(correct_prefix(free_hit, mask).sum())
+                for column in mask.any(dim=0).nonzero().flatten().tolist():
+                    rows = mask[:, column]
+                    counts[column] = torch.cat((counts.get(column, torch.zeros(0, dtype=torch.long)),
+                                                batch.targets[rows, column].cpu()))
+                    tally = position_hits.setdefault(column, [0, 0, 0])
+                    tally[0] += int(rows.sum())
+                    tally[1] += int(hit[rows, column].sum())
+                    tally[2] += int(free_hit[rows, column].sum())
     scores = {"exact_match": exact / sequences, "token_accuracy": correct / answers, "loss": loss_sum / answers}
+    if free_running:
+        scores["greedy_token_accuracy"] = greedy / answers
+        scores["correct_prefix"] = prefix / sequences
+        scores["chance_token_accuracy"] = sum(int(torch.bincount(c).max()) for c in counts.values()) / answers
+        if by_position is not None and position_hits:
+            first = min(position_hits)
+            by_position += [{"eval_len": length, "answer_position": column - first, "answers": n,
+                             "token_accuracy": forced / n, "greedy_token_accuracy": free / n}
+                            for column, (n, forced, free) in sorted(position_hits.items())]
     if not task.exact_match_meaningful:
         del scores["exact_match"]
     return scores
@@ -94,32 +164,70 @@ def _not_applicable(length: int, mem_len: float | None, reason: str, metrics: tu
     return [Measurement(length, mem_len, m, float("nan"), reason) for m in metrics]
 
 
-def _metrics(task: Task) -> tuple[str, ...]:
-    return ("exact_match", "token_accuracy", "loss") if task.exact_match_meaningful else ("token_accuracy", "loss")
+#: What free-running (greedy) decoding adds at each full-context length of a task with answers.
+FREE_RUNNING_METRICS = ("greedy_token_accuracy", "correct_prefix", "chance_token_accuracy")
 
 
-def validation_exact_match(model: Decoder, task: Task, config: EvalConfig, device: torch.device | str = "cpu") -> float:
-    """Mean exact match over the training range (its shortest, middle and longest length) on a
-    sample of its own, disjoint from the evaluation sample: the early-stopping signal."""
+def _metrics(task: Task, free_running: bool = False) -> tuple[str, ...]:
+    if not task.exact_match_meaningful:
+        return ("token_accuracy", "loss")
+    return ("exact_match", "token_accuracy", "loss") + (FREE_RUNNING_METRICS if free_running else ())
+
+
+def in_distribution_lengths(task: Task) -> list[int]:
+    """The evaluation lengths that reports call in distribution (at most the longest training
+    length); a task evaluated at none of them uses its shortest, middle and longest training length."""
     lo, hi = task.train_lengths
-    lengths = sorted({lo, (lo + hi) // 2, hi})
+    return [n for n in task.eval_lengths if n <= hi] or sorted({lo, (lo + hi) // 2, hi})
+
+
+#: One-sided normal quantile for the early-stopping margin (95%).
+STOP_CONFIDENCE_Z = 1.645
+
+
+def validation_exact_match(model: Decoder, task: Task, config: EvalConfig, device: torch.device | str = "cpu") -> tuple[float, float]:
+    """Exact match over the lengths the evaluation reports as in distribution, on a sample of
+    its own (disjoint from the evaluation sample, as large): the early-stopping signal. Returns
+    the mean and its one-sided 95% lower bound (normal approximation over the sequences), so a
+    run stops only when the threshold holds with margin and the evaluation sample, which is a
+    different draw, meets it too."""
+    lengths = in_distribution_lengths(task)
     model.eval()
     scores = [_accuracy(model, task, n, config, device, seed=VALIDATION_SEED)["exact_match"] for n in lengths]
-    return sum(scores) / len(scores)
+    mean = sum(scores) / len(scores)
+    sequences = config.n_samples * len(lengths)
+    return mean, mean - STOP_CONFIDENCE_Z * math.sqrt(mean * (1 - mean) / sequences)
 
 
-def iter_evaluate(model: Decoder, task: Task, config: EvalConfig, device: torch.device | str = "cpu") -> Iterator[Measurement]:
+def validation_excess(model: Decoder, task: Task, config: EvalConfig, device: torch.device | str = "cpu") -> float:
+    """Held-out loss above the task's floor, averaged over the lengths the evaluation reports as
+    in distribution, on the validation sample: the early-stopping signal of a language task."""
+    lengths = in_distribution_lengths(task)
+    model.eval()
+    excess = [_accuracy(model, task, n, config, device, seed=VALIDATION_SEED)["loss"] - task.loss_floor(n) for n in lengths]
+    return sum(excess) / len(excess)
+
+
+def iter_evaluate(model: Decoder, task: Task, config: EvalConfig, device: torch.device | str = "cpu",
+                  by_position: list[dict[str, float]] | None = None) -> Iterator[Measurement]:
     """Every measurement of a trained model, one length at a time (so a failure at a long
     length keeps the shorter ones): full context at each evaluation length, then through
-    caches of each memory size at the cache-evaluation lengths."""
+    caches of each memory size at the cache-evaluation lengths. `by_position` receives the
+    full-context accuracy by answer position (see _accuracy)."""
     model.eval()
     for length in task.eval_lengths:
         reason = model.encoding.supports(Span(0, task.sequence_length(length)))
         if reason:
-            yield from _not_applicable(length, None, reason, _metrics(task))
+            yield from _not_applicable(length, None, reason, _metrics(task, free_running=True))
             continue
-        for k, v in _accuracy(model, task, length, config, device).items():
+        scores = _accuracy(model, task, length, config, device, free_running=task.exact_match_meaningful,
+                           by_position=by_position)
+        for k, v in scores.items():
             yield Measurement(length, None, k, v)
+        floor = task.loss_floor(length)
+        if floor is not None:
+            yield Measurement(length, None, "loss_floor", floor)
+            yield Measurement(length, None, "excess_loss", scores["loss"] - floor)
     segment = default_segment_len(task, config)
     cache_lengths = config.cache_eval_lengths or task.eval_lengths
     for length in cache_lengths:

@@ -24,13 +24,17 @@ from posbench.experiment.compute import (
     rng_devices,
     run_label,
 )
-from posbench.experiment.config import DEVICE_PATTERN, EncodingSpec, EvalConfig, ModelSize, RunConfig, SweepConfig, TrainConfig, expand_runs, to_jsonable, variant_applies, variant_label
+from posbench.experiment.config import (
+    DEVICE_PATTERN, EncodingSpec, EvalConfig, ModelSize, RunConfig, SweepConfig, TrainConfig, expand_runs,
+    longest_training_sequence, resolve_tied_options, to_jsonable, variant_applies, variant_label,
+)
 from posbench.experiment.variants import evaluate_variant, variant_jobs
 from posbench.kernels.cpu import compute_settings
 from posbench.encodings import BUILTINS, REGISTRY as ENCODINGS, check_encoding_options
 from posbench.encodings.base import Span
 from posbench.errors import ConfigError, PosbenchError, ResultsError
 from posbench.experiment.evaluation import evaluation_memory_bytes
+from posbench.experiment.reachability import unreached
 from posbench.plugins import loaded_plugin_dirs
 from posbench.store import (
     RunFolder,
@@ -93,21 +97,23 @@ def resolve_sweep(sweep: SweepConfig) -> SweepConfig:
     if sweep.model.d_model % sweep.model.n_heads:
         raise ConfigError(f"d_model={sweep.model.d_model} must be divisible by n_heads={sweep.model.n_heads}.")
     _check_device(sweep.device)
-    for spec in sweep.encodings:
-        check_encoding_options(spec.name, spec.options, f"encoding {spec.name!r}")
     names = {spec.name for spec in sweep.encodings} | {spec.label for spec in sweep.encodings if spec.label}
     for variant in sweep.eval_variants:
         if variant.name not in names:
             raise ConfigError(f"evaluation variant {variant.name!r} names no encoding this sweep trains, by name or "
                               f"label ({', '.join(sorted(names))}); add it to the encodings or drop the variant.")
-        for spec in (s for s in sweep.encodings if variant_applies(variant, s)):
-            check_encoding_options(spec.name, {**spec.options, **variant.options},
-                                   f"evaluation variant {variant_label(spec, variant)!r}")
     available = _available_memory(sweep.device)
     for task_spec in sweep.tasks:
         task = create_task(task_spec.name, **task_spec.options)
         longest_eval = max(task.eval_lengths + tuple(sweep.eval.cache_eval_lengths or ()))
-        for spec in sweep.encodings:
+        specs = [resolve_tied_options(spec, longest_training_sequence(task_spec)) for spec in sweep.encodings]
+        for given, spec in zip(sweep.encodings, specs):
+            tied = f" (options tied to the training length of task {task_spec.display()!r})" if spec != given else ""
+            check_encoding_options(spec.name, spec.options, f"encoding {spec.name!r}{tied}")
+            for variant in (v for v in sweep.eval_variants if variant_applies(v, spec)):
+                check_encoding_options(spec.name, {**spec.options, **variant.options},
+                                       f"evaluation variant {variant_label(spec, variant)!r}")
+        for spec in specs:
             try:
                 probe = build_model(sweep.model, spec, task)
             except PosbenchError:
@@ -133,6 +139,21 @@ def resolve_sweep(sweep: SweepConfig) -> SweepConfig:
                     "available; lower eval_lengths or [eval] batch_size."
                 )
     return sweep
+
+
+def reachability_warnings(sweep: SweepConfig) -> list[str]:
+    """One sentence per (task, encoding) whose evaluation reads rows of a position- or
+    distance-indexed parameter that its training lengths never reach (before anything runs)."""
+    warnings = []
+    for task_spec in sweep.tasks:
+        task = create_task(task_spec.name, **task_spec.options)
+        train = replace(sweep.train, **task_spec.train)
+        segment = train.train_segment_len or train.train_mem_len
+        for spec in sweep.encodings:
+            encoding = build_model(sweep.model, resolve_tied_options(spec, longest_training_sequence(task_spec)), task).encoding
+            for missing in unreached(encoding, task, spec.display(), None, segment, train.train_mem_len):
+                warnings.append(f"task {task_spec.display()!r}: {missing.message()}")
+    return warnings
 
 
 def _check_device(device: str) -> None:
@@ -164,7 +185,8 @@ def profile_jobs(sweep: SweepConfig) -> list["ProfileRun"]:
     base = QUICK_PROFILE if sweep.quick else SMALL_PROFILE
     config = dataclasses.replace(base, device=sweep.device, threads=sweep.threads or torch.get_num_threads(),
                                  plugin_dirs=loaded_plugin_dirs())
-    return [ProfileRun(spec, config) for spec in sweep.encodings]
+    longest = longest_training_sequence(sweep.tasks[0])  # options tied to the training length: the first task's
+    return [ProfileRun(resolve_tied_options(spec, longest), config) for spec in sweep.encodings]
 
 
 def run_sweep(
@@ -191,6 +213,8 @@ def _run_sweep(sweep: SweepConfig, out_dir: Path, force: bool, reporter: Reporte
     profiles = profile_jobs(sweep)
     variants = variant_jobs(sweep, runs)
     prepare_sweep_dir(out_dir)
+    for warning in reachability_warnings(sweep):
+        reporter.note(f"warning: {warning}")
     with sweep_lock(out_dir), compute_settings(None):
         members = {run.run_id: run_label(run) for run in runs}
         members |= {job.run_id: job.label() for job in variants}

@@ -17,7 +17,7 @@ from jinja2 import Environment, PackageLoader, select_autoescape
 from posbench.report import plots
 from posbench.errors import ResultsError
 from posbench.experiment.profiling import MEMORY_METHOD
-from posbench.experiment.config import UNDERTRAINED_BELOW
+from posbench.experiment.config import UNDERTRAINED_BELOW, UNLEARNED_EXCESS
 from posbench.experiment.diagnostics import DISTANCE_FILE, TERMS_FILE
 from posbench.report.literature import check_findings
 from posbench.store import (
@@ -131,7 +131,8 @@ def _headline_rows(frame: pd.DataFrame) -> tuple[list[dict[str, Any]], dict[str,
             else:
                 text = "n/a" if missing else f"{value:.2f}x"
             flagged = column == "latency_ratio" and bool(record.get("latency_noisy")) and not missing
-            cells[column] = {"text": text + (" (noisy)" if flagged else ""),
+            untrained = _reads_untrained(record, column) and not missing
+            cells[column] = {"text": text + (" (noisy)" if flagged else "") + (" †" if untrained else ""),
                              "best": not missing and not flagged and best.get((record["task"], column)) == value}
         rows.append({
             "task": record["task"], "encoding": record["encoding_label"], "seeds": int(record["seeds"]),
@@ -145,7 +146,7 @@ def _headline_rows(frame: pd.DataFrame) -> tuple[list[dict[str, Any]], dict[str,
         })
     notes = {"interval": "mean over seeds ± the half-width of its 95% Student-t interval"
                          if (table["seeds"] > 1).any() else "one seed per encoding: no interval can be given (run --seeds 0,1,2)",
-             "generalises": f"{GENERALISES_AT:.0%}"}
+             "generalises": f"{GENERALISES_AT:.0%}", "unlearned_excess": f"{UNLEARNED_EXCESS}"}
     if costs["latency_at"].notna().any():
         notes["latency"] = f"fwd+bwd latency / nope at L={int(costs['latency_at'].max())}"
     if costs["memory_at"].notna().any():
@@ -153,13 +154,24 @@ def _headline_rows(frame: pd.DataFrame) -> tuple[list[dict[str, Any]], dict[str,
     return rows, notes
 
 
+def _reads_untrained(record: dict[str, Any], column: str) -> bool:
+    """Whether a headline cell's length reads parameter rows that training never reached."""
+    for multiple in ("2x", "4x"):
+        if column.endswith(f"at_{multiple}"):
+            share = record.get(f"untrained_at_{multiple}")
+            return isinstance(share, float) and share > 0
+    return False
+
+
 def _lm_rows(frame: pd.DataFrame) -> list[dict[str, Any]]:
     """The loss-by-position headline as table cells (mean ± 95% interval)."""
     table = lm_headline(frame)
     rows = []
     for record in table.to_dict("records"):
-        cells = {c: Interval(record[c], record[f"{c}_low"], record[f"{c}_high"], 0).text(3) for c, _, _ in LM_COLUMNS}
-        rows.append({"task": record["task"], "encoding": record["encoding_label"], "seeds": int(record["seeds"]), "cells": cells})
+        cells = {c: Interval(record[c], record[f"{c}_low"], record[f"{c}_high"], 0).text(3)
+                 for c in [c for c, _, _ in LM_COLUMNS] + ["excess_in_distribution"]}
+        rows.append({"task": record["task"], "encoding": record["encoding_label"], "seeds": int(record["seeds"]), "cells": cells,
+                     "unlearned": record["learned"] is False})
     return rows
 
 

@@ -1,33 +1,49 @@
 """Published findings the suite can check, each compared with what a sweep measured.
 
-Every check reads only the tidy results and says plainly whether the tiny models agree with
-the paper, disagree (with the numbers), or could not be compared (what is missing). Nothing
+Every check reads only the tidy results of the task it names and says plainly whether the tiny
+models agree with the paper, disagree (with the numbers), or could not be compared (what is
+missing). Each verdict carries its uncertainty over seeds: the check is repeated on seed
+bootstrap replicates (each encoding's seeds drawn with replacement, per task) and says "agrees"
+or "disagrees" only when at least AGREEMENT_NEEDED of the replicates do; otherwise
+"inconclusive". One seed gives no replicates that differ, so it is inconclusive too. Nothing
 here adjusts a protocol: a disagreement is a result."""
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Iterator
 
+import numpy as np
 import pandas as pd
 from scipy import stats
 
+from posbench.experiment.config import UNLEARNED_EXCESS
+
 AGREES, PARTLY, DISAGREES, NOT_MEASURED = "agrees", "partly agrees", "disagrees", "not measured"
-#: Rank agreement (Spearman's rho) at or above which an ordering counts as reproduced.
-RANK_AGREEMENT = 0.6
+INCONCLUSIVE = "inconclusive"
+#: Rank agreement (Spearman's rho) at or above which an ordering counts as reproduced: over five
+#: encodings, the published order or one adjacent swap (a random order gets there 4% of the time).
+RANK_AGREEMENT = 0.9
+#: Seed bootstrap replicates per verdict, and the share of them that must agree (or disagree).
+BOOTSTRAP_REPLICATES = 200
+AGREEMENT_NEEDED = 0.9
+#: The metrics the checks read (the rest of a results frame is dropped before resampling).
+CHECKED_METRICS = ("exact_match", "token_accuracy", "loss", "lm_penalty", "excess_loss")
 #: A penalty within this many nats of zero counts as flat.
 FLAT_PENALTY = 0.05
 
 
 @dataclass(frozen=True)
 class Verdict:
-    """One published finding against this sweep."""
+    """One published finding against this sweep: the verdict over seed bootstrap replicates
+    and the share of replicates whose own verdict was "agrees" (NaN when not measured)."""
 
     finding: str
     source: str
     published: str
     measured: str
     verdict: str
+    agreement: float = math.nan
 
 
 @dataclass(frozen=True)
@@ -36,10 +52,72 @@ class Finding:
     source: str
     published: str
     check: Callable[[pd.DataFrame], tuple[str, str]]  # frame -> (measured, verdict)
+    #: The tasks the check reads (None: every task, paired within each).
+    tasks: tuple[str, ...] | None = None
 
-    def against(self, frame: pd.DataFrame) -> Verdict:
-        measured, verdict = self.check(frame)
-        return Verdict(self.finding, self.source, self.published, measured, verdict)
+    def against(self, frame: pd.DataFrame, replicates: int = BOOTSTRAP_REPLICATES, seed: int = 0) -> Verdict:
+        """The check on the observed results, then on seed bootstrap replicates of them."""
+        frame = _checked_rows(frame, self.tasks)
+        measured, observed = self.check(frame)
+        if observed == NOT_MEASURED:
+            return Verdict(self.finding, self.source, self.published, measured, observed)
+        seeds = frame.groupby(["task", "encoding_label"])["seed"].nunique()
+        if seeds.min() < 2:
+            return Verdict(self.finding, self.source, self.published,
+                           f"{measured}; one seed for some encoding, so seed variance is unknown ({observed} on that seed)",
+                           INCONCLUSIVE, 1.0 if observed == AGREES else 0.0)
+        outcomes = [self.check(sample)[1] for sample in seed_bootstrap(frame, replicates, seed)]
+        shares = {v: outcomes.count(v) / len(outcomes) for v in (AGREES, PARTLY, DISAGREES)}
+        if shares[AGREES] >= AGREEMENT_NEEDED:
+            verdict = AGREES
+        elif shares[DISAGREES] >= AGREEMENT_NEEDED:
+            verdict = DISAGREES
+        elif shares[AGREES] + shares[PARTLY] >= AGREEMENT_NEEDED:
+            verdict = PARTLY
+        else:
+            verdict = INCONCLUSIVE
+        text = (f"{measured}; over {replicates} seed-bootstrap replicates {shares[AGREES]:.0%} agree, "
+                f"{shares[PARTLY]:.0%} partly, {shares[DISAGREES]:.0%} disagree")
+        return Verdict(self.finding, self.source, self.published, text, verdict, shares[AGREES])
+
+
+def _checked_rows(frame: pd.DataFrame, tasks: tuple[str, ...] | None) -> pd.DataFrame:
+    """The rows a check may read: trained runs of its tasks, the metrics checks use."""
+    rows = frame[frame["task"].notna() & frame["metric"].isin(CHECKED_METRICS)]
+    if tasks is not None:
+        rows = rows[rows["task"].isin(tasks)]
+    return rows.reset_index(drop=True)
+
+
+def seed_bootstrap(frame: pd.DataFrame, replicates: int, seed: int = 0) -> Iterator[pd.DataFrame]:
+    """Replicates of `frame` in which each (task, encoding label) has as many seeds as before,
+    drawn with replacement from its own; a seed drawn twice appears twice under new seed
+    numbers, so per-seed means weigh it twice."""
+    rng = np.random.default_rng(seed)
+    frame = frame.reset_index(drop=True)
+    plans = []  # per group: the frame's row positions of each of its seeds
+    for _, group in frame.groupby(["task", "encoding_label"], sort=True):
+        rows = group.index.to_numpy()
+        plans.append([rows[positions] for _, positions in sorted(group.groupby("seed").indices.items())])
+    for _ in range(replicates):
+        rows, seeds = [], []
+        for by_seed in plans:
+            for new_seed, pick in enumerate(rng.integers(0, len(by_seed), len(by_seed))):
+                rows.append(by_seed[pick])
+                seeds.append(np.full(len(by_seed[pick]), new_seed))
+        sample = frame.iloc[np.concatenate(rows)].reset_index(drop=True)
+        sample["seed"] = np.concatenate(seeds)
+        yield sample
+
+
+def learned_language(frame: pd.DataFrame, task: str) -> pd.Series:
+    """Per encoding label on `task`: whether its mean in-distribution loss lies within
+    UNLEARNED_EXCESS of the task's floor (True where the task stores no floor)."""
+    rows = frame[(frame["task"] == task) & (frame["metric"] == "excess_loss") & frame["mem_len"].isna()]
+    rows = rows[rows["eval_len"].astype(float) <= rows["train_len_max"].astype(float)]
+    labels = frame.loc[frame["task"] == task, "encoding_label"].unique()
+    excess = rows.groupby("encoding_label")["value"].mean()
+    return pd.Series({label: bool(excess.get(label, 0.0) <= UNLEARNED_EXCESS) for label in labels}, dtype=bool)
 
 
 # ---- Kazemnejad et al. 2023: copy past the training length -----------------------------------
@@ -97,9 +175,18 @@ BROKEN_PENALTY = 0.1
 
 
 def _lm_penalties(frame: pd.DataFrame) -> pd.DataFrame:
-    """Per built-in encoding on lm: mean penalty by position (rows) over seeds."""
+    """Per built-in encoding on lm that learned the language: mean penalty by position (rows)
+    over seeds. A model that never learned the language has no penalty worth comparing."""
+    learned = learned_language(frame, "lm")
     rows = frame[(frame["task"] == "lm") & (frame["metric"] == "lm_penalty") & (frame["encoding_label"] == frame["encoding"])]
+    rows = rows[rows["encoding_label"].map(learned).fillna(False).astype(bool)]
     return rows.pivot_table(index="eval_len", columns="encoding", values="value", aggfunc="mean")
+
+
+def _unlearned(frame: pd.DataFrame, names: tuple[str, ...]) -> list[str]:
+    """Which of the built-in `names` ran lm but did not learn the language."""
+    learned = learned_language(frame, "lm")
+    return [n for n in names if n in learned.index and not learned[n]]
 
 
 def _longest_penalty(frame: pd.DataFrame) -> pd.Series:
@@ -111,8 +198,10 @@ def _alibi_order(frame: pd.DataFrame) -> tuple[str, str]:
     """Rank by how soon the loss breaks past the training length (the first position whose
     penalty exceeds BROKEN_PENALTY; never is best), ties by the penalty at the longest position."""
     table = _lm_penalties(frame)
+    unlearned = _unlearned(frame, tuple(ALIBI_FIGURE_1))
     if table.empty:
-        return _rank_verdict(ALIBI_FIGURE_1, pd.Series(dtype=float), "")
+        measured, verdict = _rank_verdict(ALIBI_FIGURE_1, pd.Series(dtype=float), "")
+        return measured + (f" that learned the language ({', '.join(unlearned)} did not)" if unlearned else ""), verdict
     train_max = frame.loc[frame["task"] == "lm", "train_len_max"].max()
     past = table[table.index > train_max]
     breaks, scores = {}, {}
@@ -129,8 +218,25 @@ def _alibi_order(frame: pd.DataFrame) -> tuple[str, str]:
             if "Spearman" in measured else measured), verdict
 
 
+def _t5_slow(frame: pd.DataFrame) -> tuple[str, str]:
+    """T5's penalty at the longest position against rotary's and sinusoidal's."""
+    penalty = _longest_penalty(frame)
+    unlearned = _unlearned(frame, ("t5", "rope", "sinusoidal"))
+    if unlearned:
+        return f"{', '.join(unlearned)} did not learn the language", NOT_MEASURED
+    others = [n for n in ("rope", "sinusoidal") if n in penalty.index]
+    if "t5" not in penalty.index or not others:
+        return "needs t5 and rope or sinusoidal on the lm task", NOT_MEASURED
+    t5 = float(penalty["t5"])
+    text = f"penalty at the longest position: t5 {t5:+.3f}, " + ", ".join(f"{n} {float(penalty[n]):+.3f}" for n in others) + " nats"
+    below = [t5 < float(penalty[n]) for n in others]
+    return text, AGREES if all(below) else PARTLY if any(below) else DISAGREES
+
+
 def _alibi_flat(frame: pd.DataFrame) -> tuple[str, str]:
     penalty = _longest_penalty(frame)
+    if _unlearned(frame, ("alibi",)):
+        return f"alibi did not learn the language (in-distribution loss more than {UNLEARNED_EXCESS} nats above the floor)", NOT_MEASURED
     if "alibi" not in penalty.index:
         return "needs alibi on the lm task", NOT_MEASURED
     value = float(penalty["alibi"])
@@ -146,11 +252,10 @@ MEMORY_TASK = "lm-memory"
 def _txl_memory(frame: pd.DataFrame) -> tuple[str, str]:
     rows = frame[(frame["encoding"] == "txl") & (frame["metric"] == "loss") & frame["mem_len"].notna()
                  & (frame["mem_len"] != math.inf) & (frame["encoding_label"] == frame["encoding"])]
-    if rows.empty or rows["mem_len"].nunique() < 2:
-        return "needs txl evaluated through at least two memory lengths", NOT_MEASURED
-    present = set(rows["task"])
-    task = MEMORY_TASK if MEMORY_TASK in present else "lm" if "lm" in present else sorted(present)[0]
+    task = MEMORY_TASK
     rows = rows[rows["task"] == task]
+    if rows.empty or rows["mem_len"].nunique() < 2:
+        return f"needs txl on {MEMORY_TASK} (trained through a cache) evaluated through at least two memory lengths", NOT_MEASURED
     rows = rows[rows["eval_len"] == rows["eval_len"].max()]
     by_memory = rows.groupby("mem_len")["value"].mean()
     none, longest = by_memory.iloc[0], by_memory.iloc[-1]
@@ -191,6 +296,8 @@ def _restart_confusion(frame: pd.DataFrame) -> tuple[str, str]:
 RANDOM_SUFFIX = "+random"
 #: A gain (token accuracy, 0..1) within this of zero counts as no difference.
 GAIN_MARGIN = 0.02
+#: Ruoss et al.'s mean gain over the 15 tasks; a gain within a factor of two of it agrees in size.
+RUOSS_GAIN = 0.120
 
 
 def _randomized_gain(frame: pd.DataFrame) -> tuple[str, str]:
@@ -210,41 +317,48 @@ def _randomized_gain(frame: pd.DataFrame) -> tuple[str, str]:
     mean_gain = sum(gains) / len(gains)
     text = ("token accuracy past the training length, plain -> randomized: "
             + ", ".join(f"{name} on {task} {plain:.2f} -> {randomized:.2f}" for task, name, plain, randomized in pairs)
-            + f"; mean gain {100 * mean_gain:+.1f} points over {len(pairs)} pair(s)")
+            + f"; mean gain {100 * mean_gain:+.1f} points over {len(pairs)} pair(s) against the published "
+            f"{100 * RUOSS_GAIN:+.1f} (theirs: an encoder, best of 10 seeds, 15 tasks; here the mean over seeds)")
     if mean_gain < GAIN_MARGIN:
         return text, DISAGREES
-    return text, AGREES if min(gains) > -GAIN_MARGIN else PARTLY
+    if min(gains) <= -GAIN_MARGIN:
+        return text, PARTLY
+    return text, AGREES if RUOSS_GAIN / 2 <= mean_gain <= 2 * RUOSS_GAIN else PARTLY
 
 
 FINDINGS: tuple[Finding, ...] = (
     Finding("NoPE, T5 and ALiBi copy past the training length better than RoPE and sinusoidal",
             "Kazemnejad et al. 2023, decoder-only, train <= 20, test 21..40, 3 seeds",
             "exact match on unseen lengths: T5 0.420, ALiBi 0.331, NoPE 0.305, sinusoidal 0.028, RoPE 0.011",
-            _nope_beats_rotary),
+            _nope_beats_rotary, ("copy",)),
     Finding("The order of encodings on copy past the training length",
             "Kazemnejad et al. 2023 (random-token copy)",
-            "T5 > ALiBi > NoPE > sinusoidal > RoPE", _kazemnejad_order),
+            f"T5 > ALiBi > NoPE > sinusoidal > RoPE (agrees at Spearman rho >= {RANK_AGREEMENT})", _kazemnejad_order,
+            ("copy",)),
     Finding("Loss past the training length degrades most for sinusoidal, then rotary, then T5; ALiBi least",
             "Press et al. 2022 (ALiBi), Figure 1, WikiText-103",
             "sinusoidal breaks within tens of tokens, rotary within a few hundred, T5 slowly, ALiBi flat",
-            _alibi_order),
+            _alibi_order, ("lm",)),
+    Finding("T5's loss degrades more slowly than rotary's and sinusoidal's past the training length",
+            "Press et al. 2022 (ALiBi), Figure 1 (T5 trained on windows four times its max_distance)",
+            "T5's perplexity rises slowly where rotary's and sinusoidal's explode", _t5_slow, ("lm",)),
     Finding("ALiBi's loss stays flat far past the training length",
-            "Press et al. 2022 (ALiBi), Figure 1", "flat or improving to several times L", _alibi_flat),
+            "Press et al. 2022 (ALiBi), Figure 1", "flat or improving to several times L", _alibi_flat, ("lm",)),
     Finding("A longer memory lowers Transformer-XL's loss (its context exceeds the segment)",
             "Dai et al. 2019 (Transformer-XL)", "relative effective context 450% longer than a vanilla Transformer",
-            _txl_memory),
+            _txl_memory, (MEMORY_TASK,)),
     Finding("Absolute positions restarted in every segment confuse cached tokens with current ones; relative positions do not",
             "Dai et al. 2019 (Transformer-XL), section 3.3",
             "reusing cached states whose absolute positions restart per segment leaves the model unable to tell "
             "the memory's positions from the current segment's; relative encodings keep retrieval through the memory",
-            _restart_confusion),
+            _restart_confusion, ("lookback",)),
     Finding("Randomized positions improve accuracy past the training length",
             "Ruoss et al. 2023, 15 algorithmic tasks, encoder, train <= 40, test 41..500, M = 2048",
-            "+12.0 points mean accuracy over the 15 tasks (best of 10 seeds per setting)",
+            "+12.0 points mean accuracy over the 15 tasks (best of 10 seeds per setting); agrees in size within a factor of 2",
             _randomized_gain),
 )
 
 
-def check_findings(frame: pd.DataFrame) -> list[Verdict]:
-    """Every published finding against the sweep's stored results."""
-    return [finding.against(frame) for finding in FINDINGS]
+def check_findings(frame: pd.DataFrame, replicates: int = BOOTSTRAP_REPLICATES) -> list[Verdict]:
+    """Every published finding against the sweep's stored results, each with its seed bootstrap."""
+    return [finding.against(frame, replicates) for finding in FINDINGS]

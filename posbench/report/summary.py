@@ -9,6 +9,7 @@ from typing import Iterable
 import pandas as pd
 
 from posbench.encodings import BUILTINS
+from posbench.experiment.config import UNLEARNED_EXCESS
 from posbench.report.stats import GENERALISES_AT, mean_interval
 
 
@@ -87,8 +88,11 @@ def headline(frame: pd.DataFrame) -> pd.DataFrame:
         record = records.setdefault((task, label), {"task": task, "encoding_label": label})
         record["steps_to_threshold"] = float(group["value"].mean())  # over the seeds that reached it
         record["reached_threshold"] = f"{int(group['value'].notna().sum())}/{group['seed'].nunique()}"
+    for (task, label), shares in untrained_shares(frame).items():
+        records.setdefault((task, label), {"task": task, "encoding_label": label}).update(shares)
     columns = keys + [f"{c}{suffix}" for c, _, _ in HEADLINE_COLUMNS for suffix in ("", "_low", "_high")]
-    columns += ["seeds", "best_at_2x", "generalising", "steps_to_threshold", "reached_threshold"]
+    columns += ["seeds", "best_at_2x", "generalising", "steps_to_threshold", "reached_threshold", "untrained_at_2x",
+                "untrained_at_4x"]
     table = pd.DataFrame(list(records.values())).reindex(columns=columns)
     if table.empty:
         return table
@@ -96,6 +100,22 @@ def headline(frame: pd.DataFrame) -> pd.DataFrame:
     order = encoding_order(table["encoding_label"])
     table = table.sort_values(["task", "encoding_label"], key=lambda c: c.map(order.index) if c.name == "encoding_label" else c)
     return table.reset_index(drop=True)
+
+
+def untrained_shares(frame: pd.DataFrame) -> dict[tuple[str, str], dict[str, float]]:
+    """Per (task, encoding label): the mean over seeds of the share of pairs that read a
+    parameter row training never reached, at 2x and 4x the longest training length
+    (untrained_at_2x, untrained_at_4x); absent for encodings without indexed parameters."""
+    rows = _accuracy_rows(frame, "untrained_share")
+    rows = rows[rows["mem_len"].isna()] if "mem_len" in rows else rows
+    out: dict[tuple[str, str], dict[str, float]] = {}
+    if rows.empty:
+        return out
+    for multiple in (2, 4):
+        picked = rows[rows["eval_len"] == length_at(rows, float(multiple))]
+        for (task, label), value in picked.groupby(["task", "encoding_label"])["value"].mean().items():
+            out.setdefault((task, label), {})[f"untrained_at_{multiple}x"] = float(value)
+    return out
 
 
 #: The loss-by-position headline: (column, metric, which positions).
@@ -109,8 +129,10 @@ LM_COLUMNS = (
 
 def lm_headline(frame: pd.DataFrame) -> pd.DataFrame:
     """One row per (task, encoding_label) with loss-by-position results: mean loss within the
-    training length and at the last position bin, and the extrapolation penalty at 2x the
-    training length and at the last bin, each the mean over seeds with its 95% t interval."""
+    training length and at the last position bin, the extrapolation penalty at 2x the
+    training length and at the last bin, and the in-distribution loss above the task's floor,
+    each the mean over seeds with its 95% t interval; `learned` says whether that excess is
+    within UNLEARNED_EXCESS (None where the task has no floor)."""
     rows = frame[frame["metric"].isin(["lm_loss", "lm_penalty"]) & frame["eval_len"].notna()]
     records: dict[tuple[str, str], dict[str, object]] = {}
     for column, metric, which in LM_COLUMNS:
@@ -126,10 +148,20 @@ def lm_headline(frame: pd.DataFrame) -> pd.DataFrame:
             interval = mean_interval(seeds.values)
             record = records.setdefault((task, label), {"task": task, "encoding_label": label, "seeds": interval.n})
             record |= {column: interval.mean, f"{column}_low": interval.low, f"{column}_high": interval.high}
-    columns = ["task", "encoding_label"] + [f"{c}{x}" for c, _, _ in LM_COLUMNS for x in ("", "_low", "_high")] + ["seeds"]
+    excess = frame[(frame["metric"] == "excess_loss") & frame["mem_len"].isna() & frame["eval_len"].notna()]
+    excess = excess[excess["eval_len"].astype(float) <= excess["train_len_max"].astype(float)]
+    for (task, label), seeds in excess.groupby(["task", "encoding_label", "seed"])["value"].mean().groupby(level=[0, 1]):
+        interval = mean_interval(seeds.values)
+        record = records.setdefault((task, label), {"task": task, "encoding_label": label, "seeds": interval.n})
+        record |= {"excess_in_distribution": interval.mean, "excess_in_distribution_low": interval.low,
+                   "excess_in_distribution_high": interval.high}
+    columns = ["task", "encoding_label"] + [f"{c}{x}" for c, _, _ in LM_COLUMNS for x in ("", "_low", "_high")]
+    columns += ["excess_in_distribution", "excess_in_distribution_low", "excess_in_distribution_high", "seeds", "learned"]
     table = pd.DataFrame(list(records.values())).reindex(columns=columns)
     if table.empty:
         return table
+    # a penalty means something only for a model that learned the language in distribution
+    table["learned"] = table["excess_in_distribution"].map(lambda e: None if pd.isna(e) else bool(e <= UNLEARNED_EXCESS))
     order = encoding_order(table["encoding_label"])
     table = table.sort_values(["task", "encoding_label"], key=lambda c: c.map(order.index) if c.name == "encoding_label" else c)
     return table.reset_index(drop=True)

@@ -178,6 +178,10 @@ def print_headline(console: Console, summary: pd.DataFrame) -> None:
     for row in summary.to_dict("records"):
         cells = {c: Interval(row[c], row[f"{c}_low"], row[f"{c}_high"], 0).text()
                  for c in ("in_distribution", "at_2x", "at_4x", "token_at_2x", "token_at_4x")}
+        for c in ("at_2x", "at_4x", "token_at_2x", "token_at_4x"):
+            share = row.get(f"untrained_at_{c[-2:]}")
+            if isinstance(share, float) and share > 0 and cells[c] != "n/a":
+                cells[c] += " †"
         undertrained = not math.isnan(row["in_distribution"]) and row["in_distribution"] < UNDERTRAINED_BELOW
         in_dist = Text(cells["in_distribution"]) + (Text(" *", style="yellow") if undertrained else Text(""))
         table.add_row(Text(row["task"]), Text(row["encoding_label"]), in_dist, cells["at_2x"], cells["at_4x"],
@@ -185,6 +189,8 @@ def print_headline(console: Console, summary: pd.DataFrame) -> None:
     console.print(table)
     if not summary.empty and (summary["in_distribution"] < UNDERTRAINED_BELOW).any():
         console.print(Text(f"* undertrained: in-distribution exact match below {UNDERTRAINED_BELOW}", style="yellow"))
+    if not summary.empty and (summary[["untrained_at_2x", "untrained_at_4x"]].fillna(0) > 0).any().any():
+        console.print(Text("† reads parameter rows training never reached (posbench inspect RUN_DIR says which)", style="yellow"))
 
 
 def print_bench(console: Console, out_dir: Path) -> None:
@@ -277,3 +283,39 @@ def print_inspection(console: Console, folder: Path) -> None:
         spread.add_row(Text(str(kind)), str(int(rows["tokens"].iloc[0])), f"{mass[distance == 0].sum():.3f}",
                        f"{mass[distance <= 3].sum():.3f}", f"{mass[distance <= 15].sum():.3f}", f"{(mass * distance).sum():.1f}")
     console.print(spread)
+    _print_reachability(console, folder, config, result)
+
+
+def _print_reachability(console: Console, folder: Path, config: dict, result: dict) -> None:
+    """Which indexed rows training reached and how much of each evaluation length reads
+    untrained ones (counted from the run's configuration when it stored no table)."""
+    from posbench.experiment import reachability
+    from posbench.experiment.compute import build_model
+    from posbench.experiment.config import RunConfig
+    from posbench.tasks import create_task
+
+    path = folder / reachability.REACHABILITY_FILE
+    messages = result.get("unreached")
+    if path.exists():
+        frame = pd.read_csv(path, dtype={"phase": str})
+    else:
+        run = RunConfig.from_dict(config)
+        task = create_task(run.task.name, **run.task.options)
+        encoding = build_model(run.model, run.encoding, task).encoding
+        segment = run.train.train_segment_len or run.train.train_mem_len
+        frame = reachability.reachability(encoding, task, segment, run.train.train_mem_len)
+        messages = [m.message() for m in reachability.unreached(encoding, task, run.encoding.display(), frame, segment,
+                                                               run.train.train_mem_len)]
+    if frame.empty:
+        console.print(Text("reachability: the encoding has no position- or distance-indexed parameters"))
+        return
+    table = Table(title="reachability: share of pairs (or tokens) reading rows training never reached", title_justify="left")
+    shares = reachability.untrained_share(frame)
+    for length in shares:
+        table.add_column(f"len {length}", justify="right", no_wrap=True)
+    table.add_row(*(f"{share:.3f}" for share in shares.values()))
+    console.print(table)
+    for message in messages or []:
+        console.print(Text(f"unreached: {message}", style="yellow"), soft_wrap=True)
+    if not messages:
+        console.print(Text("reachability: every row evaluation reads was reached in training"))

@@ -89,6 +89,11 @@ class Task(ABC):
         targets = seq[:, 1:].masked_fill(~answer[:, 1:], IGNORE)
         return Batch(seq[:, :-1].contiguous(), targets.contiguous())
 
+    def loss_floor(self, length: int) -> float | None:
+        """The best mean next-token loss (nats) achievable on sequences of `length`, when the
+        task can say (a synthetic language whose generator is known); None otherwise."""
+        return None
+
     def for_evaluation(self) -> "Task":
         """The task as evaluation samples it; a task with a train/held-out split (a text
         corpus) returns a view of its held-out part. Synthetic tasks are their own."""
