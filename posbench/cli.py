@@ -242,7 +242,7 @@ def report_command(
     from posbench.report.html import build_report, default_report_dir
 
     written = build_report(results_dir, out or default_report_dir(results_dir))
-    print_headline(console, written.headline)
+    print_headline(console, written.headline, written.lm_headline)
     for problem in written.problems:
         err_console.print(Text(f"skipped: {problem}", style="yellow"), soft_wrap=True)
     if written.missing:

@@ -33,7 +33,10 @@ from posbench.store import (
     sweep_members,
 )
 from posbench.report.stats import GENERALISES_AT, Interval, mean_interval
-from posbench.report.summary import HEADLINE_COLUMNS, LM_COLUMNS, cross_task_ranking, headline, lm_headline
+from posbench.report.summary import (
+    EFFECTIVE_AT, EFFECTIVE_PENALTY, HEADLINE_COLUMNS, LM_COLUMNS, comparison_kind, cross_task_ranking, headline,
+    lm_headline,
+)
 from posbench.experiment.timing import describe_method
 
 ACCURACY_COLUMNS = tuple(column for column, _, _ in HEADLINE_COLUMNS)
@@ -52,6 +55,7 @@ class Report:
     problems: list[str] = field(default_factory=list)
     missing: list[str] = field(default_factory=list)
     other_runs: list[dict[str, str]] = field(default_factory=list)
+    lm_headline: pd.DataFrame = field(default_factory=pd.DataFrame)
 
 
 def default_report_dir(sweep_dir: Path) -> Path:
@@ -106,6 +110,7 @@ def cost_columns(frame: pd.DataFrame) -> pd.DataFrame:
 
 def _headline_rows(frame: pd.DataFrame) -> tuple[list[dict[str, Any]], dict[str, str]]:
     table = headline(frame)
+    comparisons = comparison_kind(frame)
     costs = cost_columns(frame)
     if not costs.empty:
         table = table.merge(costs, on="encoding_label", how="left")
@@ -134,8 +139,14 @@ def _headline_rows(frame: pd.DataFrame) -> tuple[list[dict[str, Any]], dict[str,
             untrained = _reads_untrained(record, column) and not missing
             cells[column] = {"text": text + (" (noisy)" if flagged else "") + (" †" if untrained else ""),
                              "best": not missing and not flagged and best.get((record["task"], column)) == value}
+        effective = record.get("effective_length")
+        cells["effective_length"] = {"text": "n/a" if effective is None or math.isnan(effective) else Interval(
+            effective, record["effective_length_low"], record["effective_length_high"], 0).text(1), "best": False}
+        chance = record.get("chance_at_2x")
+        cells["chance_at_2x"] = {"text": "n/a" if chance is None or math.isnan(chance) else f"{chance:.2f}", "best": False}
         rows.append({
-            "task": record["task"], "encoding": record["encoding_label"], "seeds": int(record["seeds"]),
+            "task": record["task"], "comparison": comparisons.get(record["task"], ""),
+            "encoding": record["encoding_label"], "seeds": int(record["seeds"]),
             "best_at_2x": "n/a" if math.isnan(record["best_at_2x"]) else f"{record['best_at_2x']:.2f}",
             "generalising": "n/a" if math.isnan(record["generalising"]) else f"{record['generalising']:.0%}",
             "steps": "" if not isinstance(record.get("reached_threshold"), str) else (
@@ -146,7 +157,8 @@ def _headline_rows(frame: pd.DataFrame) -> tuple[list[dict[str, Any]], dict[str,
         })
     notes = {"interval": "mean over seeds ± the half-width of its 95% Student-t interval"
                          if (table["seeds"] > 1).any() else "one seed per encoding: no interval can be given (run --seeds 0,1,2)",
-             "generalises": f"{GENERALISES_AT:.0%}", "unlearned_excess": f"{UNLEARNED_EXCESS}"}
+             "generalises": f"{GENERALISES_AT:.0%}", "unlearned_excess": f"{UNLEARNED_EXCESS}",
+             "effective_at": f"{EFFECTIVE_AT}", "effective_penalty": f"{EFFECTIVE_PENALTY}"}
     if costs["latency_at"].notna().any():
         notes["latency"] = f"fwd+bwd latency / nope at L={int(costs['latency_at'].max())}"
     if costs["memory_at"].notna().any():
@@ -170,6 +182,8 @@ def _lm_rows(frame: pd.DataFrame) -> list[dict[str, Any]]:
     for record in table.to_dict("records"):
         cells = {c: Interval(record[c], record[f"{c}_low"], record[f"{c}_high"], 0).text(3)
                  for c in [c for c, _, _ in LM_COLUMNS] + ["excess_in_distribution"]}
+        cells["effective_length"] = Interval(record["effective_length"], record["effective_length_low"],
+                                             record["effective_length_high"], 0).text(0)
         rows.append({"task": record["task"], "encoding": record["encoding_label"], "seeds": int(record["seeds"]), "cells": cells,
                      "unlearned": record["learned"] is False})
     return rows
@@ -357,4 +371,4 @@ def build_report(sweep_dir: Path, out_dir: Path) -> Report:
     html = env.get_template("report.html.j2").render(**context)
     html_path = out_dir / "report.html"
     atomic_write_text(html_path, html)
-    return Report(out_dir, html_path, results_csv, summary_csv, headline(frame), problems, missing, others)
+    return Report(out_dir, html_path, results_csv, summary_csv, headline(frame), problems, missing, others, lm_headline(frame))

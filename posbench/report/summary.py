@@ -9,7 +9,7 @@ from typing import Iterable
 import pandas as pd
 
 from posbench.encodings import BUILTINS
-from posbench.experiment.config import UNLEARNED_EXCESS
+from posbench.experiment.config import UNDERTRAINED_BELOW, UNLEARNED_EXCESS
 from posbench.report.stats import GENERALISES_AT, mean_interval
 
 
@@ -35,15 +35,55 @@ def length_at(frame: pd.DataFrame, multiple: float) -> pd.Series:
     return frame.apply(pick, axis=1) if len(frame) else pd.Series(dtype=float)
 
 
-#: The headline's accuracy columns: (column, metric, which lengths).
+#: The headline's accuracy columns: (column, metric, which lengths). token_* is teacher-forced
+#: (the model reads the true answer so far); greedy_* is free running (it reads its own).
 HEADLINE_COLUMNS = (
     ("in_distribution", "exact_match", "in"),
     ("at_2x", "exact_match", 2),
     ("at_4x", "exact_match", 4),
     ("token_at_2x", "token_accuracy", 2),
     ("token_at_4x", "token_accuracy", 4),
+    ("greedy_at_2x", "greedy_token_accuracy", 2),
+    ("greedy_at_4x", "greedy_token_accuracy", 4),
     ("longest_cache", "exact_match", "cache"),
 )
+#: Effective length: the longest evaluated length up to which (every shorter evaluated length
+#: included) greedy token accuracy stays at or above this, in the spirit of RULER's effective length.
+EFFECTIVE_AT = 0.9
+#: For loss by position: the longest position up to which the extrapolation penalty stays at or
+#: below this many nats.
+EFFECTIVE_PENALTY = 0.1
+
+
+def _longest_holding(lengths: list[float], values: list[float], holds) -> float:
+    """The longest of the sorted `lengths` up to which `holds(value)` is true at every one (0
+    when it fails at the first; NaN values fail)."""
+    longest = 0.0
+    for length, value in sorted(zip(lengths, values)):
+        if math.isnan(value) or not holds(value):
+            break
+        longest = length
+    return longest
+
+
+def effective_lengths(frame: pd.DataFrame) -> pd.DataFrame:
+    """Per (task, encoding_label): the effective length (full context) as the mean over seeds
+    with its 95% t interval: for tasks with answers, the longest length at which greedy token
+    accuracy stays >= EFFECTIVE_AT; for loss by position, the longest position at which the
+    penalty stays <= EFFECTIVE_PENALTY nats. In the task's length unit."""
+    records = []
+    for metric, holds in (("greedy_token_accuracy", lambda v: v >= EFFECTIVE_AT),
+                          ("lm_penalty", lambda v: v <= EFFECTIVE_PENALTY)):
+        rows = frame[(frame["metric"] == metric) & frame["mem_len"].isna() & frame["eval_len"].notna() & frame["task"].notna()]
+        for (task, label), group in rows.groupby(["task", "encoding_label"]):
+            per_seed = [_longest_holding(g["eval_len"].astype(float).tolist(), g["value"].astype(float).tolist(), holds)
+                        for _, g in group.groupby("seed")]
+            interval = mean_interval(per_seed)
+            records.append({"task": task, "encoding_label": label, "effective_length": interval.mean,
+                            "effective_length_low": interval.low, "effective_length_high": interval.high,
+                            "effective_metric": metric})
+    return pd.DataFrame(records, columns=["task", "encoding_label", "effective_length", "effective_length_low",
+                                          "effective_length_high", "effective_metric"])
 
 
 def _per_seed(rows: pd.DataFrame, which: object) -> pd.Series:
@@ -90,9 +130,17 @@ def headline(frame: pd.DataFrame) -> pd.DataFrame:
         record["reached_threshold"] = f"{int(group['value'].notna().sum())}/{group['seed'].nunique()}"
     for (task, label), shares in untrained_shares(frame).items():
         records.setdefault((task, label), {"task": task, "encoding_label": label}).update(shares)
+    chance = _per_seed(_accuracy_rows(frame, "chance_token_accuracy"), 2)
+    for (task, label), seeds in chance.groupby(level=[0, 1]):
+        records.setdefault((task, label), {"task": task, "encoding_label": label})["chance_at_2x"] = float(seeds.mean())
+    effective = effective_lengths(frame)
+    for record in effective[effective["effective_metric"] == "greedy_token_accuracy"].to_dict("records"):
+        key = (record["task"], record["encoding_label"])
+        records.setdefault(key, {"task": key[0], "encoding_label": key[1]}).update(
+            {k: record[k] for k in ("effective_length", "effective_length_low", "effective_length_high")})
     columns = keys + [f"{c}{suffix}" for c, _, _ in HEADLINE_COLUMNS for suffix in ("", "_low", "_high")]
     columns += ["seeds", "best_at_2x", "generalising", "steps_to_threshold", "reached_threshold", "untrained_at_2x",
-                "untrained_at_4x"]
+                "untrained_at_4x", "chance_at_2x", "effective_length", "effective_length_low", "effective_length_high"]
     table = pd.DataFrame(list(records.values())).reindex(columns=columns)
     if table.empty:
         return table
@@ -155,8 +203,14 @@ def lm_headline(frame: pd.DataFrame) -> pd.DataFrame:
         record = records.setdefault((task, label), {"task": task, "encoding_label": label, "seeds": interval.n})
         record |= {"excess_in_distribution": interval.mean, "excess_in_distribution_low": interval.low,
                    "excess_in_distribution_high": interval.high}
+    effective = effective_lengths(frame)
+    for record in effective[effective["effective_metric"] == "lm_penalty"].to_dict("records"):
+        key = (record["task"], record["encoding_label"])
+        if key in records:
+            records[key].update({k: record[k] for k in ("effective_length", "effective_length_low", "effective_length_high")})
     columns = ["task", "encoding_label"] + [f"{c}{x}" for c, _, _ in LM_COLUMNS for x in ("", "_low", "_high")]
-    columns += ["excess_in_distribution", "excess_in_distribution_low", "excess_in_distribution_high", "seeds", "learned"]
+    columns += ["excess_in_distribution", "excess_in_distribution_low", "excess_in_distribution_high", "effective_length",
+                "effective_length_low", "effective_length_high", "seeds", "learned"]
     table = pd.DataFrame(list(records.values())).reindex(columns=columns)
     if table.empty:
         return table
@@ -167,15 +221,42 @@ def lm_headline(frame: pd.DataFrame) -> pd.DataFrame:
     return table.reset_index(drop=True)
 
 
+def learned_in_distribution(frame: pd.DataFrame) -> pd.Series:
+    """Per (task, encoding_label): whether the model learned the task in distribution (mean
+    over seeds): exact match within the training range at least UNDERTRAINED_BELOW, or, for a
+    task with a loss floor, in-distribution loss within UNLEARNED_EXCESS of it. Only such
+    numbers are ranked."""
+    trained = frame[frame["task"].notna() & frame["mem_len"].isna() & frame["eval_len"].notna()]
+    trained = trained[trained["eval_len"].astype(float) <= trained["train_len_max"].astype(float)]
+    out: dict[tuple[str, str], bool] = {}
+    exact = trained[trained["metric"] == "exact_match"].groupby(["task", "encoding_label"])["value"].mean()
+    out |= {key: bool(value >= UNDERTRAINED_BELOW) for key, value in exact.items()}
+    excess = trained[trained["metric"] == "excess_loss"].groupby(["task", "encoding_label"])["value"].mean()
+    out |= {key: bool(value <= UNLEARNED_EXCESS) for key, value in excess.items()}
+    return pd.Series(out, dtype=bool)
+
+
+def comparison_kind(frame: pd.DataFrame) -> dict[str, str]:
+    """Per task: "equal accuracy" when its runs stopped at a threshold (they record steps to
+    it), else "equal compute" (every encoding trained the same steps)."""
+    tasks = frame.loc[frame["task"].notna(), "task"].unique()
+    stopped = set(frame.loc[frame["metric"] == "steps_to_threshold", "task"])
+    return {task: "equal accuracy" if task in stopped else "equal compute" for task in tasks}
+
+
 def cross_task_ranking(frame: pd.DataFrame) -> pd.DataFrame:
     """Mean reciprocal rank of each encoding across tasks (Kazemnejad et al.'s summary): per
     task, encodings are ranked by their mean over seeds and over the lengths past the longest
     training length (full context) of exact match and, separately, of token accuracy (ties
     share the average rank); the reciprocal ranks are averaged over the tasks an encoding ran.
-    Empty with fewer than two tasks."""
+    Runs of an encoding that did not learn a task in distribution are left out of that task's
+    ranking. Empty with fewer than two tasks."""
     rows = frame[frame["task"].notna() & frame["metric"].isin(["exact_match", "token_accuracy"])
                  & frame["mem_len"].isna() & frame["eval_len"].notna()]
     rows = rows[rows["eval_len"].astype(float) > rows["train_len_max"].astype(float)]
+    learned = learned_in_distribution(frame)
+    keys = list(zip(rows["task"], rows["encoding_label"]))
+    rows = rows[[bool(learned.get(key, True)) for key in keys]]  # a model that did not learn the task is not ranked
     if rows["task"].nunique() < 2:
         return pd.DataFrame(columns=["encoding_label", "mrr_exact_match", "mrr_token_accuracy", "tasks"])
     scores = rows.groupby(["metric", "task", "encoding_label", "seed"])["value"].mean().groupby(level=[0, 1, 2]).mean()

@@ -16,12 +16,12 @@ from rich.table import Table
 from rich.text import Text
 
 from posbench.experiment.compute import run_label
-from posbench.experiment.config import UNDERTRAINED_BELOW, RunConfig
+from posbench.experiment.config import UNDERTRAINED_BELOW, UNLEARNED_EXCESS, RunConfig
 from posbench.errors import ResultsError
 from posbench.store import collect, run_label as run_label_of
 from posbench.experiment.runner import SweepOutcome
 from posbench.report.stats import Interval
-from posbench.report.summary import headline
+from posbench.report.summary import EFFECTIVE_AT, headline, lm_headline
 
 #: Above this fwd+bwd ratio to NoPE, `posbench bench` says why the encoding costs what it does.
 COST_NOTE_ABOVE = 2.5
@@ -156,7 +156,8 @@ def print_outcome(console: Console, outcome: SweepOutcome) -> None:
     """The headline table (encoding x task), what was written, and one line per failure,
     damaged run set aside and problem."""
     if outcome.finished_any:
-        print_headline(console, headline(collect(outcome.out_dir, [])))
+        frame = collect(outcome.out_dir, [])
+        print_headline(console, headline(frame), lm_headline(frame))
     console.print(Text(f"ran {len(outcome.ran)} run(s), skipped {len(outcome.skipped)} finished run(s)"))
     console.print(Text(f"results: {outcome.results_csv}"), soft_wrap=True)
     for label, damage in outcome.set_aside.items():
@@ -167,30 +168,53 @@ def print_outcome(console: Console, outcome: SweepOutcome) -> None:
         console.print(Text(f"FAILED {label}: {error}", style="bold red"), soft_wrap=True)
 
 
-def print_headline(console: Console, summary: pd.DataFrame) -> None:
-    """encoding x task: exact match in distribution, at 2x and 4x, token accuracy at 2x and
-    4x, each the mean over seeds ± the half-width of its 95% t interval."""
+def print_headline(console: Console, summary: pd.DataFrame, lm_summary: pd.DataFrame | None = None) -> None:
+    """Tasks with answers, encoding x task: effective length, exact match in distribution,
+    greedy (free-running) token accuracy at 2x and 4x and the chance level; then tasks with
+    loss by position: in-distribution loss above the floor, penalty at the end, effective
+    length. Means over seeds ± the half-width of their 95% t interval."""
+    answers = summary[summary["in_distribution"].notna() | summary["greedy_at_2x"].notna()] if not summary.empty else summary
     one_seed = summary.empty or (summary["seeds"] <= 1).all()
-    title = "accuracy, mean over seeds" + (" (one seed: no interval)" if one_seed else " ± 95% t interval")
-    table = Table(title=title, title_justify="left")
-    for column in ("task", "encoding", "in-dist", "2x len", "4x len", "token 2x", "token 4x", "seeds"):
+    interval = " (one seed: no interval)" if one_seed else " ± 95% t interval"
+    table = Table(title="accuracy, mean over seeds" + interval, title_justify="left")
+    for column in ("task", "encoding", "eff. len", "in-dist", "greedy 2x", "greedy 4x", "chance"):
         table.add_column(column, justify="left" if column in ("task", "encoding") else "right", no_wrap=True)
-    for row in summary.to_dict("records"):
+    for row in answers.to_dict("records"):
         cells = {c: Interval(row[c], row[f"{c}_low"], row[f"{c}_high"], 0).text()
-                 for c in ("in_distribution", "at_2x", "at_4x", "token_at_2x", "token_at_4x")}
-        for c in ("at_2x", "at_4x", "token_at_2x", "token_at_4x"):
+                 for c in ("in_distribution", "greedy_at_2x", "greedy_at_4x")}
+        for c in ("greedy_at_2x", "greedy_at_4x"):
             share = row.get(f"untrained_at_{c[-2:]}")
             if isinstance(share, float) and share > 0 and cells[c] != "n/a":
                 cells[c] += " †"
+        effective = Interval(row["effective_length"], row["effective_length_low"], row["effective_length_high"], 0).text(1)
         undertrained = not math.isnan(row["in_distribution"]) and row["in_distribution"] < UNDERTRAINED_BELOW
         in_dist = Text(cells["in_distribution"]) + (Text(" *", style="yellow") if undertrained else Text(""))
-        table.add_row(Text(row["task"]), Text(row["encoding_label"]), in_dist, cells["at_2x"], cells["at_4x"],
-                      cells["token_at_2x"], cells["token_at_4x"], str(row["seeds"]))
-    console.print(table)
-    if not summary.empty and (summary["in_distribution"] < UNDERTRAINED_BELOW).any():
+        table.add_row(Text(row["task"]), Text(row["encoding_label"]), effective, in_dist, cells["greedy_at_2x"],
+                      cells["greedy_at_4x"], _cell(row["chance_at_2x"]))
+    if len(answers):
+        console.print(table)
+        console.print(Text(f"eff. len: longest length up to which greedy token accuracy stays >= {EFFECTIVE_AT}; "
+                           "greedy: the model reads its own answers; chance: at 2x", style="dim"), soft_wrap=True)
+    if not answers.empty and (answers["in_distribution"] < UNDERTRAINED_BELOW).any():
         console.print(Text(f"* undertrained: in-distribution exact match below {UNDERTRAINED_BELOW}", style="yellow"))
-    if not summary.empty and (summary[["untrained_at_2x", "untrained_at_4x"]].fillna(0) > 0).any().any():
-        console.print(Text("† reads parameter rows training never reached (posbench inspect RUN_DIR says which)", style="yellow"))
+    if not answers.empty and (answers[["untrained_at_2x", "untrained_at_4x"]].fillna(0) > 0).any().any():
+        console.print(Text("† reads parameter rows training never reached (posbench inspect RUN_DIR says which)",
+                           style="yellow"), soft_wrap=True)
+    if lm_summary is not None and not lm_summary.empty:
+        lm = Table(title="loss by position (nats)" + interval, title_justify="left")
+        for column in ("task", "encoding", "above floor", "penalty end", "eff. len"):
+            lm.add_column(column, justify="left" if column in ("task", "encoding") else "right", no_wrap=True)
+        for row in lm_summary.to_dict("records"):
+            flag = Text(" *", style="yellow") if row["learned"] is False else Text("")
+            lm.add_row(Text(row["task"]), Text(row["encoding_label"]) + flag,
+                       Interval(row["excess_in_distribution"], row["excess_in_distribution_low"],
+                                row["excess_in_distribution_high"], 0).text(3),
+                       Interval(row["penalty_longest"], row["penalty_longest_low"], row["penalty_longest_high"], 0).text(3),
+                       Interval(row["effective_length"], row["effective_length_low"], row["effective_length_high"], 0).text(0))
+        console.print(lm)
+        if (lm_summary["learned"] == False).any():  # noqa: E712 (None where the task has no floor)
+            console.print(Text(f"* did not learn the language (more than {UNLEARNED_EXCESS} nats above the floor): "
+                               "its penalty is not ranked", style="yellow"), soft_wrap=True)
 
 
 def print_bench(console: Console, out_dir: Path) -> None:
