@@ -98,3 +98,18 @@ def test_models_that_did_not_learn_a_task_are_left_out_of_its_ranking() -> None:
     assert ranking.loc["alibi", "mrr_token_accuracy"] == pytest.approx((1 + 0.5) / 2)
     assert ranking.loc["nope", "mrr_token_accuracy"] == 1.0 and ranking.loc["nope", "tasks"] == 1  # ranked on reverse only
     assert comparison_kind(frame) == {"copy": "equal accuracy", "reverse": "equal compute"}
+
+
+def test_report_never_marks_a_model_that_did_not_learn_its_task_as_best(tmp_path) -> None:
+    from posbench.report.html import _headline_rows
+
+    def rows(label: str, in_dist: float, beyond: float) -> list[dict]:
+        base = {"task": "copy", "encoding": label, "encoding_label": label, "seed": 0, "train_len_max": 8,
+                "mem_len": math.nan, "seq_len": math.nan, "note": ""}
+        return [base | {"metric": m, "eval_len": 8, "value": in_dist} for m in ("exact_match", "token_accuracy")] + [
+            base | {"metric": m, "eval_len": 16, "value": beyond} for m in ("exact_match", "token_accuracy")]
+
+    table, _ = _headline_rows(pd.DataFrame(rows("nope", 0.5, 0.9) + rows("alibi", 1.0, 0.6) + rows("rope", 1.0, 0.1)))
+    by_label = {row["encoding"]: row for row in table}
+    assert by_label["nope"]["undertrained"] and not by_label["nope"]["cells"]["token_at_2x"]["best"]
+    assert by_label["alibi"]["cells"]["token_at_2x"]["best"]

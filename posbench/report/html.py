@@ -17,7 +17,7 @@ from jinja2 import Environment, PackageLoader, select_autoescape
 from posbench.report import plots
 from posbench.errors import ResultsError
 from posbench.experiment.profiling import MEMORY_METHOD
-from posbench.experiment.config import UNDERTRAINED_BELOW, UNLEARNED_EXCESS
+from posbench.experiment.config import UNLEARNED_EXCESS
 from posbench.experiment.diagnostics import DISTANCE_FILE, TERMS_FILE
 from posbench.report.literature import check_findings
 from posbench.store import (
@@ -35,7 +35,7 @@ from posbench.store import (
 from posbench.report.stats import GENERALISES_AT, Interval, mean_interval
 from posbench.report.summary import (
     EFFECTIVE_AT, EFFECTIVE_PENALTY, HEADLINE_COLUMNS, LM_COLUMNS, comparison_kind, cross_task_ranking, headline,
-    lm_headline,
+    learned_in_distribution, lm_headline,
 )
 from posbench.experiment.timing import describe_method
 
@@ -118,10 +118,13 @@ def _headline_rows(frame: pd.DataFrame) -> tuple[list[dict[str, Any]], dict[str,
         if column not in table:
             table[column] = math.nan
     noisy = table["latency_noisy"].fillna(False).astype(bool) if "latency_noisy" in table else pd.Series(False, index=table.index)
+    learned = learned_in_distribution(frame)
+    ranked = pd.Series([bool(learned.get((t, e), True)) for t, e in zip(table["task"], table["encoding_label"])],
+                       index=table.index, dtype=bool)  # a model that did not learn its task is never "best"
     best: dict[tuple[str, str], float] = {}
     for task, group in table.groupby("task"):
         for column in ACCURACY_COLUMNS + COST_COLUMNS:
-            values = group[column][~noisy[group.index]] if column == "latency_ratio" else group[column]
+            values = group[column][~noisy[group.index]] if column == "latency_ratio" else group[column][ranked[group.index]]
             values = values.dropna()
             if values.nunique() > 1:  # a tie everywhere marks nothing
                 best[(task, column)] = values.max() if column in ACCURACY_COLUMNS else values.min()
@@ -152,7 +155,7 @@ def _headline_rows(frame: pd.DataFrame) -> tuple[list[dict[str, Any]], dict[str,
             "steps": "" if not isinstance(record.get("reached_threshold"), str) else (
                 f"{record['steps_to_threshold']:.0f} ({record['reached_threshold']})"
                 if not math.isnan(record["steps_to_threshold"]) else f"not reached (0/{record['reached_threshold'].split('/')[1]})"),
-            "undertrained": not math.isnan(record["in_distribution"]) and record["in_distribution"] < UNDERTRAINED_BELOW,
+            "undertrained": not learned.get((record["task"], record["encoding_label"]), True),
             "cells": cells,
         })
     notes = {"interval": "mean over seeds ± the half-width of its 95% Student-t interval"
