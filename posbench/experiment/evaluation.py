@@ -100,6 +100,22 @@ def greedy_predictions(model: Decoder, tokens: torch.Tensor, answer: torch.Tenso
     return predictions
 
 
+def majority_hits(counts: torch.Tensor) -> float:
+    """Expected hits of answering each answer with the most frequent token among the *other*
+    answers at its position (leave one out, ties split evenly): the chance level of a constant
+    answer, without the optimism of scoring the sample's own majority on itself."""
+    hits = 0.0
+    for token, count in enumerate(counts.tolist()):
+        if count == 0:
+            continue
+        others = counts.clone()
+        others[token] -= 1
+        winners = others == others.max()
+        if winners[token]:
+            hits += count / int(winners.sum())
+    return hits
+
+
 def correct_prefix(hit: torch.Tensor, answer: torch.Tensor) -> torch.Tensor:
     """Per sequence, how many answer tokens are right before the first wrong one, (B,)."""
     wrong = answer & ~hit
@@ -114,8 +130,8 @@ def _accuracy(
 ) -> dict[str, float]:
     """Exact match, teacher-forced token accuracy and loss on the held-out sample of `length`;
     with `free_running`, also greedy token accuracy (the model reads its own answers), the mean
-    correct-prefix length in answer tokens, and the chance level (the accuracy of always
-    answering each answer position's most frequent token in the sample); `by_position`, when
+    correct-prefix length in answer tokens, and the chance level (always answering each answer
+    position's most frequent token, counted leave-one-out: see majority_hits); `by_position`, when
     given, receives one row per answer position (counted from the first answer token) with its
     teacher-forced and greedy accuracy."""
     exact = correct = answers = sequences = greedy = prefix = 0
@@ -149,7 +165,7 @@ def _accuracy(
     if free_running:
         scores["greedy_token_accuracy"] = greedy / answers
         scores["correct_prefix"] = prefix / sequences
-        scores["chance_token_accuracy"] = sum(int(torch.bincount(c).max()) for c in counts.values()) / answers
+        scores["chance_token_accuracy"] = sum(majority_hits(torch.bincount(c)) for c in counts.values()) / answers
         if by_position is not None and position_hits:
             first = min(position_hits)
             by_position += [{"eval_len": length, "answer_position": column - first, "answers": n,
