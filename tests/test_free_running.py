@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from posbench.experiment.config import EvalConfig, TrainConfig
-from posbench.experiment.evaluation import correct_prefix, evaluate, greedy_predictions, held_out, majority_hits
+from posbench.experiment.evaluation import chance_hits, correct_prefix, evaluate, greedy_predictions, held_out
 from posbench.experiment.training import train
 from posbench.model import build_model
 from posbench.tasks import create_task
@@ -80,13 +80,19 @@ def test_accuracy_by_answer_position_is_stored_per_run(tmp_path) -> None:
     assert at_6["greedy_token_accuracy"].iloc[0] == at_6["token_accuracy"].iloc[0]  # the first answer token reads no answer
 
 
-def test_chance_is_the_leave_one_out_majority() -> None:
-    assert majority_hits(torch.tensor([5, 0, 0])) == 5  # one token only: always right
-    assert majority_hits(torch.tensor([3, 1])) == 3  # the lone 1 is outvoted by the 3
-    assert majority_hits(torch.tensor([2, 2])) == 0  # each left out, the other token wins
-    assert majority_hits(torch.tensor([2, 1, 1])) == pytest.approx(2 / 3)  # a three-way tie for the 2s
-    generator = torch.Generator().manual_seed(0)
-    samples = [torch.bincount(torch.randint(0, 10, (64,), generator=generator), minlength=10) for _ in range(300)]
-    loo = sum(majority_hits(c) for c in samples) / (64 * 300)
-    naive = sum(int(c.max()) for c in samples) / (64 * 300)
-    assert loo == pytest.approx(0.1, abs=0.015) and naive > 0.15  # uniform chance, not the sample's own best
+def test_chance_is_an_independent_samples_majority_scored_on_the_evaluation_sample() -> None:
+    """Copy's answers are uniform over 10 symbols: a constant answer is right 10% of the time;
+    scoring a sample's own majority on itself would say about 0.15 at 128 samples."""
+    config = EvalConfig(n_samples=128, batch_size=128)
+    task = create_task("copy", train_lengths=[1, 4], eval_lengths=[16])
+    rates = []
+    for length in (8, 16, 24, 32):
+        batch = next(held_out(task, length, config))
+        answer = batch.targets != IGNORE
+        columns = answer.any(dim=0).nonzero().flatten().tolist()
+        answers = {c: batch.targets[answer[:, c], c] for c in columns}
+        rates.append(chance_hits(task, length, config, answers) / int(answer.sum()))
+        own = sum(int(torch.bincount(t).max()) for t in answers.values()) / int(answer.sum())
+        assert own > 0.13
+    assert sum(rates) / len(rates) == pytest.approx(0.1, abs=0.015)
+    assert chance_hits(task, 8, config, {}) == 0

@@ -100,19 +100,24 @@ def greedy_predictions(model: Decoder, tokens: torch.Tensor, answer: torch.Tenso
     return predictions
 
 
-def majority_hits(counts: torch.Tensor) -> float:
-    """Expected hits of answering each answer with the most frequent token among the *other*
-    answers at its position (leave one out, ties split evenly): the chance level of a constant
-    answer, without the optimism of scoring the sample's own majority on itself."""
+def chance_hits(task: Task, length: int, config: EvalConfig, answers: dict[int, torch.Tensor]) -> float:
+    """Hits of answering, at each answer position, the token most frequent there in an
+    independent sample of the same size (the validation sample; ties split evenly), scored on
+    `answers` (answer position -> the evaluation sample's answer tokens there): the chance level
+    of a constant answer, without the optimism of scoring a sample's majority on itself."""
+    reference: dict[int, torch.Tensor] = {}
+    for batch in held_out(task, length, config, VALIDATION_SEED):
+        answer = batch.targets != IGNORE
+        for column in answer.any(dim=0).nonzero().flatten().tolist():
+            reference[column] = torch.cat((reference.get(column, torch.zeros(0, dtype=torch.long)),
+                                           batch.targets[answer[:, column], column]))
     hits = 0.0
-    for token, count in enumerate(counts.tolist()):
-        if count == 0:
+    for column, tokens in answers.items():
+        if column not in reference:
             continue
-        others = counts.clone()
-        others[token] -= 1
-        winners = others == others.max()
-        if winners[token]:
-            hits += count / int(winners.sum())
+        counts = torch.bincount(reference[column])
+        winners = (counts == counts.max()).nonzero().flatten()
+        hits += sum(int((tokens == w).sum()) for w in winners.tolist()) / len(winners)
     return hits
 
 
@@ -131,7 +136,7 @@ def _accuracy(
     """Exact match, teacher-forced token accuracy and loss on the held-out sample of `length`;
     with `free_running`, also greedy token accuracy (the model reads its own answers), the mean
     correct-prefix length in answer tokens, and the chance level (always answering each answer
-    position's most frequent token, counted leave-one-out: see majority_hits); `by_position`, when
+    position's most frequent token of an independent sample: see chance_hits); `by_position`, when
     given, receives one row per answer position (counted from the first answer token) with its
     teacher-forced and greedy accuracy."""
     exact = correct = answers = sequences = greedy = prefix = 0
@@ -165,7 +170,7 @@ def _accuracy(
     if free_running:
         scores["greedy_token_accuracy"] = greedy / answers
         scores["correct_prefix"] = prefix / sequences
-        scores["chance_token_accuracy"] = sum(majority_hits(torch.bincount(c)) for c in counts.values()) / answers
+        scores["chance_token_accuracy"] = chance_hits(task, length, config, counts) / answers
         if by_position is not None and position_hits:
             first = min(position_hits)
             by_position += [{"eval_len": length, "answer_position": column - first, "answers": n,
