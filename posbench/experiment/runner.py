@@ -30,7 +30,7 @@ from posbench.experiment.config import (
 )
 from posbench.experiment.variants import evaluate_variant, variant_jobs
 from posbench.kernels.cpu import compute_settings
-from posbench.encodings import BUILTINS, REGISTRY as ENCODINGS, check_encoding_options
+from posbench.encodings import BUILTINS, check_encoding_options
 from posbench.encodings.base import Span
 from posbench.errors import ConfigError, PosbenchError, ResultsError
 from posbench.experiment.evaluation import evaluation_memory_bytes
