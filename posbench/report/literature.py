@@ -18,6 +18,7 @@ import pandas as pd
 from scipy import stats
 
 from posbench.experiment.config import UNLEARNED_EXCESS
+from posbench.report.summary import learned_in_distribution
 
 AGREES, PARTLY, DISAGREES, NOT_MEASURED = "agrees", "partly agrees", "disagrees", "not measured"
 INCONCLUSIVE = "inconclusive"
@@ -111,13 +112,11 @@ def seed_bootstrap(frame: pd.DataFrame, replicates: int, seed: int = 0) -> Itera
 
 
 def learned_language(frame: pd.DataFrame, task: str) -> pd.Series:
-    """Per encoding label on `task`: whether its mean in-distribution loss lies within
-    UNLEARNED_EXCESS of the task's floor (True where the task stores no floor)."""
-    rows = frame[(frame["task"] == task) & (frame["metric"] == "excess_loss") & frame["mem_len"].isna()]
-    rows = rows[rows["eval_len"].astype(float) <= rows["train_len_max"].astype(float)]
+    """Per encoding label on `task`: whether it learned the task in distribution (the report's
+    one rule, summary.learned_in_distribution; True where the task stores no floor)."""
+    learned = learned_in_distribution(frame)
     labels = frame.loc[frame["task"] == task, "encoding_label"].unique()
-    excess = rows.groupby("encoding_label")["value"].mean()
-    return pd.Series({label: bool(excess.get(label, 0.0) <= UNLEARNED_EXCESS) for label in labels}, dtype=bool)
+    return pd.Series({label: bool(learned.get((task, label), True)) for label in labels}, dtype=bool)
 
 
 # ---- Kazemnejad et al. 2023: copy past the training length -----------------------------------
