@@ -14,23 +14,29 @@ T = TypeVar("T")
 
 
 class Registry(Generic[T]):
-    """Maps names to classes (or factories) of one kind, e.g. encodings or tasks."""
+    """Maps names to the subclasses of one base class, e.g. encodings or tasks."""
 
-    def __init__(self, kind: str) -> None:
+    def __init__(self, kind: str, base: type) -> None:
         self.kind = kind
+        self.base = base  # every entry is a subclass of it
         self._entries: dict[str, T] = {}
 
     def register(self, name: str) -> Callable[[T], T]:
-        """Decorator that registers a class under `name`; a name may be registered once."""
+        """Decorator that registers a class under `name`; a name may be registered once, and
+        only by a subclass of the registry's base class."""
 
         def decorator(obj: T) -> T:
+            if not (isinstance(obj, type) and issubclass(obj, self.base)):
+                raise TypeError(
+                    f"{self.kind} {name!r}: {getattr(obj, '__qualname__', obj)!r} is not a subclass of "
+                    f"{self.base.__name__}; derive it from posbench.{self.base.__name__}."
+                )
             existing = self._entries.get(name)
             if existing is not None and existing is not obj:
                 qualname = getattr(existing, "__qualname__", existing)
                 raise ValueError(f"{self.kind} {name!r} is already registered (by {qualname}).")
             self._entries[name] = obj
-            if isinstance(obj, type):
-                obj.name = name  # type: ignore[attr-defined]
+            obj.name = name  # type: ignore[attr-defined]
             return obj
 
         return decorator

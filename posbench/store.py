@@ -158,7 +158,7 @@ class RunFolder:
             if sha256_of(file) != record["sha256"]:
                 return f"{file} was changed or cut short after the run wrote it (its SHA-256 differs)"
         if result["status"] == "ok" and "files" not in result:
-            return f"{self.path / 'result.json'} records no file checksums (written by an older posbench)"
+            return f"{self.path / 'result.json'} records no file checksums, so its files cannot be checked"
         return None
 
     def is_finished(self) -> bool:

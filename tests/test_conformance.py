@@ -26,9 +26,14 @@ VARIANTS = [
 ]
 
 
-def test_builtins_registered() -> None:
-    builtins = {"sinusoidal", "learned", "nope", "txl", "t5", "deberta", "alibi", "rope"}
-    assert builtins <= set(ENCODINGS)
+def test_builtins_are_exactly_the_encodings_posbench_registers() -> None:
+    """BUILTINS (the order `posbench list` and reports use) names every encoding a posbench
+    module registers, once, and nothing else."""
+    from posbench.encodings import BUILTINS, REGISTRY
+
+    own = {n for n in REGISTRY.names() if REGISTRY.get(n).__module__.startswith("posbench.encodings.")}
+    assert len(BUILTINS) == len(set(BUILTINS))
+    assert set(BUILTINS) == own
 
 
 @pytest.mark.parametrize("check", CHECKS)

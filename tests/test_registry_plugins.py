@@ -35,6 +35,16 @@ def test_unknown_option_is_named_with_accepted_ones() -> None:
     assert "num_buckets" in str(info.value) and "max_distance" in str(info.value)
 
 
+def test_register_refuses_a_class_of_the_wrong_kind() -> None:
+    """A task registered as an encoding (or a function) is refused when it registers, naming
+    the base class to derive from, instead of failing later inside attention."""
+    with pytest.raises(TypeError, match="not a subclass of PositionalEncoding; derive it from posbench.PositionalEncoding"):
+        posbench.register_encoding("not_an_encoding")(posbench.Task)
+    with pytest.raises(TypeError, match="not a subclass of Task"):
+        posbench.register_task("not_a_task")(lambda: None)
+    assert "not_an_encoding" not in REGISTRY.names()
+
+
 def test_unknown_task_and_task_option() -> None:
     with pytest.raises(UnknownNameError, match="Did you mean copy"):
         posbench.create_task("cpy")

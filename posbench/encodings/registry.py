@@ -9,7 +9,7 @@ from posbench.registry import Registry
 
 E = TypeVar("E", bound=type)
 
-REGISTRY: Registry[type[PositionalEncoding]] = Registry("encoding")
+REGISTRY: Registry[type[PositionalEncoding]] = Registry("encoding", PositionalEncoding)
 
 
 def register_encoding(name: str) -> Callable[[E], E]:

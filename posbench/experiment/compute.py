@@ -271,7 +271,7 @@ def _reachability(model: Decoder, task: Task, run: RunConfig) -> tuple[pd.DataFr
 #: Accuracy by answer position at each full-context length (teacher-forced and greedy).
 ANSWER_POSITIONS_FILE = "answer_positions.csv"
 
-#: The stored bias picture: one head's (L, L) bias over query and key positions (see bias.py).
+#: The stored bias picture: one head's (L, L) bias over query and key positions (see diagnostics.positional_bias).
 BIAS_FILE = "bias.npy"
 
 

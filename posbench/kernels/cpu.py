@@ -3,7 +3,7 @@ CPU thread torch computes on.
 
 Softmax over long rows produces probabilities such as exp(-100) that are denormal in float32;
 x86 cores process those tens of times slower, and ALiBi's linear penalty makes them common
-(fwd+bwd was 2x slower than attention without positions). ``torch.set_flush_denormal`` sets
+(they make its forward and backward pass about twice as slow as attention without positions). ``torch.set_flush_denormal`` sets
 FTZ/DAZ for the calling thread only, while torch's kernels run on OpenMP worker threads, so
 this runs it once inside an OpenMP parallel region of the runtime torch itself loaded.
 TensorFlow flushes denormals on its compute threads by default for the same reason; the effect

@@ -99,10 +99,6 @@ class Task(ABC):
         corpus) returns a view of its held-out part. Synthetic tasks are their own."""
         return self
 
-    def describe(self) -> dict[str, object]:
-        """The resolved settings of this task, for stored configs."""
-        return {"train_lengths": list(self.train_lengths), "eval_lengths": list(self.eval_lengths)}
-
 
 def random_symbols(batch_size: int, length: int, n_symbols: int, generator: torch.Generator) -> Tensor:
     """Uniform symbols 0..n_symbols-1, (B, length)."""

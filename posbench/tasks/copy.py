@@ -49,6 +49,3 @@ class Copy(Task):
         answer = torch.zeros_like(seq, dtype=torch.bool)
         answer[:, length + 1 :] = True
         return seq, answer
-
-    def describe(self) -> dict[str, object]:
-        return {**super().describe(), "n_symbols": self.n_symbols}

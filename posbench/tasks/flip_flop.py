@@ -55,6 +55,3 @@ class FlipFlop(Task):
         answer = torch.zeros_like(seq, dtype=torch.bool)
         answer[:, 1::2] = ops == READ
         return seq, answer
-
-    def describe(self) -> dict[str, object]:
-        return {**super().describe(), "p_ignore": self.p_ignore}

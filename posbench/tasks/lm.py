@@ -158,12 +158,6 @@ class LanguageModel(Task):
         starts = torch.randint(0, len(text) - n + 1, (batch_size,), generator=generator)
         return torch.stack([text[s : s + n] for s in starts.tolist()])
 
-    def describe(self) -> dict[str, object]:
-        extra = {"corpus": self.corpus} if self.corpus else {
-            "n_symbols": self.n_symbols, "p_copy": self.p_copy, "copy_distance": self.copy_distance,
-            "language_seed": self.language_seed}
-        return {**super().describe(), **extra}
-
 
 def _read_utf8(path: Path) -> str:
     try:

@@ -54,6 +54,3 @@ class Lookback(Task):
         targets = torch.full_like(tokens, IGNORE)
         targets[:, self.lag :] = tokens[:, : length]  # position t answers the token at t - lag
         return Batch(tokens, targets)
-
-    def describe(self) -> dict[str, object]:
-        return {**super().describe(), "lag": self.lag, "n_symbols": self.n_symbols}

@@ -59,6 +59,3 @@ class ModularArithmeticBrackets(Transduction):
     def sample(self, length: int, batch_size: int, rng: random.Random) -> tuple[list[list[int]], list[list[int]]]:
         expressions = [bracketed_expression(rng, length, mult=self.mult) for _ in range(batch_size)]
         return [encode(e) for e in expressions], [[evaluate_mod(e, MODULUS)] for e in expressions]
-
-    def describe(self) -> dict[str, object]:
-        return {**super().describe(), "mult": self.mult}

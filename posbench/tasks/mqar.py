@@ -56,6 +56,3 @@ class MQAR(Task):
         answer = torch.zeros_like(seq, dtype=torch.bool)
         answer[:, 2 * n + 1 :: 2] = True
         return seq, answer
-
-    def describe(self) -> dict[str, object]:
-        return {**super().describe(), "n_keys": self.n_keys, "n_values": self.n_values}

@@ -54,6 +54,3 @@ class Passkey(Task):
         answer = torch.zeros_like(seq, dtype=torch.bool)
         answer[:, ask + 1 :] = True
         return seq, answer
-
-    def describe(self) -> dict[str, object]:
-        return {**super().describe(), "digits": self.digits, "n_filler": self.n_filler}

@@ -9,7 +9,7 @@ from posbench.tasks.base import Task
 
 T = TypeVar("T", bound=type)
 
-REGISTRY: Registry[type[Task]] = Registry("task")
+REGISTRY: Registry[type[Task]] = Registry("task", Task)
 
 
 def register_task(name: str) -> Callable[[T], T]:

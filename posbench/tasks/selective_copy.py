@@ -46,6 +46,3 @@ class SelectiveCopy(Transduction):
             questions.append(question)
             answers.append(data)
         return questions, answers
-
-    def describe(self) -> dict[str, object]:
-        return {**super().describe(), "spread": self.spread}
