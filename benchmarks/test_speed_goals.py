@@ -9,7 +9,8 @@ import torch
 
 from posbench.experiment.config import EncodingSpec
 from posbench.encodings import BUILTINS
-from posbench.experiment.profiling import BenchConfig, _layer, _once, memory_rows, reset_peak_rss
+from posbench.experiment.memory import reset_peak_rss
+from posbench.experiment.profiling import BenchConfig, _layer, _once, memory_rows
 from posbench.experiment.timing import time_ms
 
 CONFIG = BenchConfig(batch_size=8, n_heads=4, d_head=32, threads=torch.get_num_threads(), min_run_time=0.5)

@@ -197,12 +197,11 @@ def bench_command(
 
     import torch
 
-    from posbench.experiment.config import EncodingSpec
     from posbench.encodings import BUILTINS, REGISTRY
     from posbench.plugins import loaded_plugin_dirs
-    from posbench.experiment.profiling import BenchConfig, ProfileRun, run_profile
+    from posbench.experiment.profiling import BenchConfig
+    from posbench.experiment.runner import run_bench
     from posbench.report.terminal import print_bench
-    from posbench.store import prepare_sweep_dir, sweep_lock, write_results_csv, write_sweep_marker
 
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise ConfigError(f"--device {device} was asked for but CUDA is not available here; use --device cpu.")
@@ -218,16 +217,8 @@ def bench_command(
             if not lengths or min(lengths) < (0 if name == "cache_lens" else 1):
                 raise ConfigError(f"{flag} needs lengths of at least {0 if name == 'cache_lens' else 1}, got {value!r}.")
             config = dataclasses.replace(config, **{name: lengths})
-    jobs = [ProfileRun(EncodingSpec(name), config) for name in names]
-    prepare_sweep_dir(out)
-    with sweep_lock(out):
-        write_sweep_marker(out, {"bench": jobs[0].to_dict()["bench"] if jobs else {}},
-                           {job.run_id: f"profile / {job.encoding.display()}" for job in jobs})
-        with console.status("") as status:
-            for job in jobs:
-                status.update(Text(f"profiling {job.encoding.display()} ..."))
-                run_profile(job, out, force)
-                write_results_csv(out)
+    with console.status("") as status:
+        run_bench(config, names, out, force, lambda label: status.update(Text(f"profiling {label} ...")))
     print_bench(console, out)
 
 

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable, Iterable
 
 from torch import Tensor, nn
 
@@ -26,7 +26,7 @@ class ModelConfig:
     n_layers: int = N_LAYERS
     n_heads: int = N_HEADS
     d_ff: int | None = None  # defaults to 4 * d_model
-    encoding: str = "nope"
+    encoding_name: str = "nope"  # a registered encoding
     encoding_options: dict[str, Any] = field(default_factory=dict)
     #: False builds an encoder-style model whose queries see every key (T5's bidirectional
     #: buckets, ALiBi's symmetric bias); posbench's tasks are next-token tasks and train causal
@@ -71,23 +71,35 @@ class Decoder(nn.Module):
         spread over their whole range, so the stream's are drawn up front)."""
         return Cache.for_stream(self.config.n_layers, mem_len, self.encoding, length)
 
-    def stream_span(self, length: int) -> Span:
-        """The span of a whole stream of `length` tokens read at once (drawn positions, if any)."""
-        return Span(0, length, self.encoding.place(length))
-
     def forward(self, tokens: Tensor, cache: Cache | None = None) -> Tensor:
         """Logits (B, L, V) for tokens (B, L), continuing what `cache` holds if given."""
-        L = tokens.shape[1]
         if cache is not None and not self.config.causal:
             raise ValueError("a cache continues causal attention; a model built with causal=False reads whole sequences")
-        span = cache.span_for(L) if cache is not None else self.stream_span(L)
-        self.encoding.check(span)
-        x = self.encoding.embed(self.tok_emb(tokens), span)  # (B, L, d_model)
-        for block in self.blocks:
-            x = block(x, span, self.encoding, cache)
-        if cache is not None:
-            cache.advance(L)
+        x = run_layers(self.encoding, self.blocks, self.tok_emb(tokens), cache)  # (B, L, d_model)
         return self.head(self.ln_f(x))
+
+
+def stream_span(encoding: PositionalEncoding, length: int) -> Span:
+    """The span of a whole stream of `length` tokens read at once (drawn positions, if any)."""
+    return Span(0, length, encoding.place(length))
+
+
+Layer = Callable[[Tensor, Span, PositionalEncoding, "Cache | None"], Tensor]
+
+
+def run_layers(encoding: PositionalEncoding, layers: Iterable[Layer], x: Tensor, cache: Cache | None = None) -> Tensor:
+    """The one forward pass over positions: embeddings x (B, L, d) placed (a later span when
+    `cache` holds earlier tokens, else the stream's own), checked, through the encoding's embed
+    hook and each layer, and the cache advanced. The decoder and the profiler both run it."""
+    L = x.shape[1]
+    span = cache.span_for(L) if cache is not None else stream_span(encoding, L)
+    encoding.check(span)
+    x = encoding.embed(x, span)
+    for layer in layers:
+        x = layer(x, span, encoding, cache)
+    if cache is not None:
+        cache.advance(L)
+    return x
 
 
 def _init_linear(module: nn.Module) -> None:
@@ -99,7 +111,7 @@ def _init_linear(module: nn.Module) -> None:
 
 
 def build_model(
-    encoding: str = "nope",
+    encoding_name: str = "nope",
     vocab_size: int = 16,
     d_model: int = D_MODEL,
     n_layers: int = N_LAYERS,
@@ -108,8 +120,8 @@ def build_model(
     encoding_options: dict[str, Any] | None = None,
     causal: bool = True,
 ) -> Decoder:
-    """Build a decoder with encoding `encoding` (a registered name) and its options."""
-    config = ModelConfig(vocab_size, d_model, n_layers, n_heads, d_ff, encoding, dict(encoding_options or {}), causal)
+    """Build a decoder with the encoding registered as `encoding_name` and its options."""
+    config = ModelConfig(vocab_size, d_model, n_layers, n_heads, d_ff, encoding_name, dict(encoding_options or {}), causal)
     return model_from_config(config)
 
 
@@ -118,7 +130,7 @@ def model_from_config(config: ModelConfig) -> Decoder:
     if config.d_model % config.n_heads:
         raise ValueError(f"d_model={config.d_model} is not divisible by n_heads={config.n_heads}")
     enc = create_encoding(
-        config.encoding,
+        config.encoding_name,
         n_heads=config.n_heads,
         d_head=config.d_model // config.n_heads,
         causal=config.causal,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import hashlib
+import io
 import json
 import os
 import platform
@@ -15,9 +16,11 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
+import numpy as np
 import pandas as pd
 import torch
 
+from posbench.experiment.config import run_label
 from posbench.kernels.cpu import denormals_flushed
 from posbench.errors import ResultsError
 from posbench.version import __version__
@@ -25,7 +28,17 @@ from posbench.version import __version__
 SWEEP_MARKER = "sweep.json"
 DAMAGED_DIR = "damaged"  # damaged runs are moved here, never deleted
 LOCK_FILE = ".lock"
-RUN_FILES = ("config.json", "measurements.csv", "env.json", "log.txt", "model.pt", "bias.npy", "result.json")
+RESULTS_FILE = "results.csv"
+# ---- the files of one run folder ----
+CONFIG_FILE, ENV_FILE, LOG_FILE, RESULT_FILE = "config.json", "env.json", "log.txt", "result.json"
+MEASUREMENTS_FILE, MODEL_FILE = "measurements.csv", "model.pt"
+#: Artefacts a run stores so that reports and `posbench inspect` need no model: the bias picture
+#: (one head's (L, L) bias, see diagnostics.positional_bias), the score-term probes, attention
+#: mass by key distance, which indexed rows training reached, accuracy by answer position.
+BIAS_FILE, TERMS_FILE, DISTANCE_FILE = "bias.npy", "terms.csv", "attention_distance.csv"
+REACHABILITY_FILE, ANSWER_POSITIONS_FILE = "reachability.csv", "answer_positions.csv"
+RUN_FILES = (CONFIG_FILE, MEASUREMENTS_FILE, ENV_FILE, LOG_FILE, MODEL_FILE, BIAS_FILE, TERMS_FILE, DISTANCE_FILE,
+             REACHABILITY_FILE, ANSWER_POSITIONS_FILE, RESULT_FILE)
 COLUMNS = [
     "run_id", "task", "encoding", "encoding_label", "seed", "train_len_max",
     "eval_len", "mem_len", "seq_len", "cache_len", "metric", "value", "note",
@@ -125,20 +138,86 @@ def git_commit() -> str | None:
 
 
 class RunFolder:
-    """The files of one run. result.json is written last and marks the run as finished; it
-    records a SHA-256 and a row count of every data file, so a damaged run is never used."""
+    """The files of one run, and the only way to read or write them. result.json is written
+    last and marks the run as finished; it records a SHA-256 and a row count of every data
+    file, so a damaged run is never used."""
 
     def __init__(self, path: Path) -> None:
-        self.path = path
+        self.path = Path(path)
 
     @property
     def run_id(self) -> str:
         return self.path.name
 
+    def exists(self) -> bool:
+        """Whether the folder holds a run (its config.json), finished or not."""
+        return (self.path / CONFIG_FILE).is_file()
+
     def result(self) -> dict[str, Any] | None:
         """The run's status record, or None when the run has not finished."""
-        file = self.path / "result.json"
+        file = self.path / RESULT_FILE
         return read_json(file) if file.exists() else None
+
+    def config(self) -> dict[str, Any]:
+        """The stored configuration the run was computed from."""
+        return read_json(self.path / CONFIG_FILE)
+
+    def env(self) -> dict[str, Any] | None:
+        """The versions and machine the run was computed on (None when not recorded)."""
+        file = self.path / ENV_FILE
+        return read_json(file) if file.exists() else None
+
+    def is_profile(self) -> bool:
+        """Whether the run is a latency/memory profile (no task, seed or training)."""
+        return self.config().get("kind") == "profile"
+
+    def label(self) -> str:
+        """How the stored run is named to people (see run_label)."""
+        config, result = self.config(), self.result() or {}
+        encoding = result.get("encoding_label") or config.get("encoding", {}).get("name", "?")
+        if config.get("kind") == "profile":
+            return run_label(None, encoding)
+        return run_label(task_label(config, result), encoding, config.get("seed"))
+
+    def model_bytes(self) -> bytes:
+        """The trained model's state dict as torch saved it."""
+        file = self.path / MODEL_FILE
+        try:
+            return file.read_bytes()
+        except FileNotFoundError:
+            raise ResultsError(f"{file} is missing; run the same `posbench run` command again: it redoes that run.") from None
+        except OSError as err:
+            raise ResultsError(describe_os_error(err, file, "read")) from None
+
+    def model_state(self) -> dict[str, torch.Tensor]:
+        """The trained model's parameters and buffers (on the CPU)."""
+        file = self.path / MODEL_FILE
+        data = self.model_bytes()
+        try:
+            return state_from_bytes(data)
+        except Exception as err:
+            raise ResultsError(f"{file} is corrupt ({err}); run the same `posbench run` command again: "
+                               "it redoes that run.") from None
+
+    def table(self, name: str) -> pd.DataFrame | None:
+        """A CSV artefact the run stored (None when it stored none of that name)."""
+        file = self.path / name
+        if not file.exists():
+            return None
+        try:
+            return pd.read_csv(file, keep_default_na=False, na_values=[""])
+        except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as err:
+            raise ResultsError(f"{file} is corrupt ({err}); run the same command with --force to redo the run.") from None
+
+    def array(self, name: str) -> np.ndarray | None:
+        """A .npy artefact the run stored (None when it stored none of that name)."""
+        file = self.path / name
+        if not file.exists():
+            return None
+        try:
+            return np.load(file, allow_pickle=False)
+        except (ValueError, OSError, EOFError) as err:
+            raise ResultsError(f"{file} is corrupt ({err}); run the same command with --force to redo the run.") from None
 
     def damage(self) -> str | None:
         """Why a run that has a result.json cannot be trusted (a file missing, cut short or
@@ -150,7 +229,7 @@ class RunFolder:
         if result is None:
             return None
         if not isinstance(result, dict) or "status" not in result:
-            return f"{self.path / 'result.json'} is not a posbench result"
+            return f"{self.path / RESULT_FILE} is not a posbench result"
         for name, record in (result.get("files") or {}).items():
             file = self.path / name
             if not file.is_file():
@@ -158,7 +237,7 @@ class RunFolder:
             if sha256_of(file) != record["sha256"]:
                 return f"{file} was changed or cut short after the run wrote it (its SHA-256 differs)"
         if result["status"] == "ok" and "files" not in result:
-            return f"{self.path / 'result.json'} records no file checksums, so its files cannot be checked"
+            return f"{self.path / RESULT_FILE} records no file checksums, so its files cannot be checked"
         return None
 
     def is_finished(self) -> bool:
@@ -172,7 +251,7 @@ class RunFolder:
     def clear(self) -> None:
         """Remove the completion marker first, then the other files of an earlier attempt."""
         try:
-            for name in ("result.json",) + RUN_FILES:
+            for name in (RESULT_FILE,) + RUN_FILES:
                 (self.path / name).unlink(missing_ok=True)
         except OSError as err:
             raise ResultsError(describe_os_error(err, self.path, "clear the run folder")) from None
@@ -196,30 +275,31 @@ class RunFolder:
         except OSError as err:
             raise ResultsError(describe_os_error(err, self.path, "create")) from None
         self.clear()
-        atomic_write_json(self.path / "config.json", config)
+        atomic_write_json(self.path / CONFIG_FILE, config)
         if env:
-            atomic_write_json(self.path / "env.json", env)
-        atomic_write_text(self.path / "log.txt", "\n".join(log) + "\n")
+            atomic_write_json(self.path / ENV_FILE, env)
+        atomic_write_text(self.path / LOG_FILE, "\n".join(log) + "\n")
         files: dict[str, dict[str, Any]] = {}
         if measurements is not None:
             frame = pd.DataFrame(list(measurements), columns=MEASUREMENT_COLUMNS)
             data = frame.to_csv(index=False).encode("utf-8")
-            atomic_write_bytes(self.path / "measurements.csv", data)
-            files["measurements.csv"] = {"sha256": hashlib.sha256(data).hexdigest(), "rows": len(frame)}
+            atomic_write_bytes(self.path / MEASUREMENTS_FILE, data)
+            files[MEASUREMENTS_FILE] = {"sha256": hashlib.sha256(data).hexdigest(), "rows": len(frame)}
         if model_state is not None:
-            atomic_write_bytes(self.path / "model.pt", model_state)
-            files["model.pt"] = {"sha256": hashlib.sha256(model_state).hexdigest()}
+            atomic_write_bytes(self.path / MODEL_FILE, model_state)
+            files[MODEL_FILE] = {"sha256": hashlib.sha256(model_state).hexdigest()}
         for name, data in (artifacts or {}).items():
             atomic_write_bytes(self.path / name, data)
             files[name] = {"sha256": hashlib.sha256(data).hexdigest()}
-        atomic_write_json(self.path / "result.json", dict(result, files=files))
+        atomic_write_json(self.path / RESULT_FILE, dict(result, files=files))
 
     def measurements(self) -> pd.DataFrame:
-        file = self.path / "measurements.csv"
+        file = self.path / MEASUREMENTS_FILE
         try:
             frame = pd.read_csv(file, keep_default_na=False, na_values=[""], dtype={"note": str})
         except FileNotFoundError:
-            raise ResultsError(f"{file} is missing although the run is marked finished; run the same command again to redo it.") from None
+            raise ResultsError(f"{file} is missing although the run is marked finished; run the same command again "
+                               "to redo it.") from None
         except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as err:
             raise ResultsError(f"{file} is corrupt ({err}); run the same command again to redo it.") from None
         missing = set(MEASUREMENT_COLUMNS) - set(frame.columns)
@@ -227,6 +307,18 @@ class RunFolder:
             raise ResultsError(f"{file} lacks the columns {sorted(missing)}; run the same command again to redo it.")
         frame["note"] = frame["note"].fillna("")
         return frame
+
+
+def state_to_bytes(model: torch.nn.Module) -> bytes:
+    """A model's parameters and buffers as model.pt stores them (torch's format, on the CPU)."""
+    buffer = io.BytesIO()
+    torch.save({k: v.detach().cpu() for k, v in model.state_dict().items()}, buffer)
+    return buffer.getvalue()
+
+
+def state_from_bytes(data: bytes) -> dict[str, torch.Tensor]:
+    """The parameters and buffers `state_to_bytes` wrote, on the CPU (tensors only: no pickled code)."""
+    return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
 
 
 def run_folders(sweep_dir: Path) -> list[RunFolder]:
@@ -312,7 +404,7 @@ def collect(sweep_dir: Path, problems: list[str] | None = None, run_ids: Iterabl
             damage = folder.damage()
             if damage:
                 raise ResultsError(f"{damage}; run the same command again: the damaged run is set aside and redone.")
-            config = read_json(folder.path / "config.json")
+            config = folder.config()
             frame = folder.measurements()
         except ResultsError as err:
             if problems is None:
@@ -332,6 +424,18 @@ def collect(sweep_dir: Path, problems: list[str] | None = None, run_ids: Iterabl
     return pd.concat(frames, ignore_index=True)[COLUMNS]
 
 
+def training_runs(sweep_dir: Path) -> dict[str, str]:
+    """Run id -> label of the finished training runs in a sweep folder (profiles left out)."""
+    runs = {}
+    for folder in run_folders(sweep_dir):
+        try:
+            if folder.is_finished() and not folder.is_profile():
+                runs[folder.run_id] = folder.label()
+        except ResultsError:
+            continue
+    return runs
+
+
 def other_runs(sweep_dir: Path) -> list[dict[str, str]]:
     """Finished runs in the folder that the sweep's current configuration does not ask for
     (an earlier --steps, say): kept, listed apart, never pooled into the results."""
@@ -343,12 +447,10 @@ def other_runs(sweep_dir: Path) -> list[dict[str, str]]:
         if folder.run_id in members:
             continue
         try:
-            result = folder.result() or {}
-            config = read_json(folder.path / "config.json")
+            if (folder.result() or {}).get("status") == "ok":
+                others.append({"run_id": folder.run_id, "label": folder.label()})
         except ResultsError:
             continue
-        if result.get("status") == "ok":
-            others.append({"run_id": folder.run_id, "label": run_label(config, result)})
     return others
 
 
@@ -358,17 +460,9 @@ def task_label(config: dict[str, Any], result: dict[str, Any]) -> str:
     return result.get("task_label") or task.get("label") or task.get("name", "?")
 
 
-def run_label(config: dict[str, Any], result: dict[str, Any]) -> str:
-    """How a stored run is named to people: task / encoding label / seed (or profile / label)."""
-    label = result.get("encoding_label") or config.get("encoding", {}).get("name", "?")
-    if config.get("kind") == "profile":
-        return f"profile / {label}"
-    return f"{task_label(config, result)} / {label} / seed {config.get('seed', '-')}"
-
-
 def write_results_csv(sweep_dir: Path, problems: list[str] | None = None) -> Path:
     """Rebuild sweep_dir/results.csv from the sweep's run folders (damaged runs are left out
     and described in `problems`); returns its path."""
-    path = sweep_dir / "results.csv"
+    path = sweep_dir / RESULTS_FILE
     atomic_write_text(path, collect(sweep_dir, problems if problems is not None else []).to_csv(index=False))
     return path

@@ -18,7 +18,7 @@ LAYERS: list[set[str]] = [
     {"encodings", "encodings.*", "tasks", "tasks.*", "cache"},
     {"attention", "model", "plugins"},
     {"experiment", "experiment.config", "experiment.training", "experiment.evaluation", "experiment.diagnostics",
-     "experiment.reachability",
+     "experiment.reachability", "experiment.memory", "experiment.outcome",
      "experiment.timing", "testing"},
     {"store"},
     {"experiment.compute", "experiment.profiling"},
@@ -99,3 +99,71 @@ def test_no_import_cycles() -> None:
         if node not in index:
             visit(node)
     assert not cycles, cycles
+
+
+#: Modules that read files which are not the results store, each with what it reads.
+READS_OTHER_FILES = {
+    "plugins": "pyproject.toml's plugin folders",
+    "experiment.config": "the sweep's TOML file",
+    "suites": "the built-in suites' TOML files",
+    "tasks.lm": "a text corpus",
+    "kernels.cpu": "/proc/self/maps (which OpenMP runtime torch loaded)",
+    "experiment.timing": "/proc/stat (CPU contention)",
+    "experiment.memory": "/proc/self/status (resident memory)",
+}
+READERS = {"read_json", "read_csv", "read_text", "read_bytes", "load", "loads", "open"}
+
+
+def test_only_the_store_reads_run_and_sweep_folders() -> None:
+    """store.py is the one way into a run or sweep folder: no other module names a file of one
+    or calls a file reader (json, pandas, numpy, torch.load, open), apart from the few that read
+    other inputs, named above with what they read."""
+    from posbench import store
+
+    names = set(store.RUN_FILES) | {store.SWEEP_MARKER, store.RESULTS_FILE}
+    found = []
+    for path in PACKAGE.rglob("*.py"):
+        module = _module_name(path)
+        if module == "store":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div) and isinstance(node.right, ast.Constant) \
+                    and node.right.value in names:
+                found.append(f"posbench.{module}:{node.lineno} opens {node.right.value}")
+            if isinstance(node, ast.Call) and module not in READS_OTHER_FILES:
+                called = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+                if called in READERS and not _is_string_method(node):
+                    found.append(f"posbench.{module}:{node.lineno} calls {called}()")
+    assert not found, "\n".join(found)
+
+
+def _is_string_method(node: ast.Call) -> bool:
+    """json.loads of a string a worker printed, or tomllib.loads of a flag value, reads no file."""
+    func = node.func
+    return isinstance(func, ast.Attribute) and func.attr == "loads"
+
+
+#: What in experiment/ builds or runs a model; the report shows stored data only.
+COMPUTES = {"model", "experiment.compute", "experiment.runner", "experiment.executors", "experiment.variants",
+            "experiment.profiling", "experiment.training", "experiment.evaluation", "experiment.diagnostics"}
+
+
+def test_the_report_imports_nothing_that_builds_models() -> None:
+    graph = _modules()
+    report = [m for m in graph if m == "report" or m.startswith("report.")]
+    reached = {m: graph[m] & COMPUTES for m in report}
+    assert not any(reached.values()), reached
+
+
+def test_the_architecture_document_names_every_module() -> None:
+    """docs/architecture.md's layer table names every module of the package, in its layer."""
+    text = (PACKAGE.parent / "docs" / "architecture.md").read_text()
+    table = text[text.index("```") + 3:text.index("```", text.index("```") + 3)]
+    missing = []
+    for name in _modules():
+        if not name or name.endswith("__init__"):
+            continue
+        leaf = name.split(".")[-1] + ".py" if "." in name or (PACKAGE / f"{name}.py").exists() else name + "/"
+        if leaf not in table and f"{name.split('.')[0]}/*" not in table:
+            missing.append(name)
+    assert not missing, f"docs/architecture.md does not name {missing}"

@@ -10,7 +10,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from posbench.experiment.compute import SilentReporter, run_label
+from posbench.experiment.compute import SilentReporter
 from posbench.errors import ConfigError
 from posbench.experiment.executors import ProcessExecutor, make_executor
 from posbench.plugins import load_plugin_dir
@@ -102,13 +102,13 @@ class RecordingReporter(SilentReporter):
         self.events: list[tuple[str, str]] = []
 
     def run_started(self, run, steps: int) -> None:
-        self.events.append(("started", run_label(run)))
+        self.events.append(("started", run.label))
 
     def step(self, run, step: int, loss: float) -> None:
-        self.events.append(("step", run_label(run)))
+        self.events.append(("step", run.label))
 
     def evaluating(self, run) -> None:
-        self.events.append(("evaluating", run_label(run)))
+        self.events.append(("evaluating", run.label))
 
 
 def test_ray_gives_the_same_results_and_forwards_worker_progress(ray_runtime, local_results: Path, tmp_path: Path) -> None:

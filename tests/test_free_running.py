@@ -65,7 +65,7 @@ def test_evaluation_stores_greedy_accuracy_prefix_and_chance() -> None:
 def test_accuracy_by_answer_position_is_stored_per_run(tmp_path) -> None:
     import pandas as pd
 
-    from posbench.experiment.compute import ANSWER_POSITIONS_FILE
+    from posbench.store import ANSWER_POSITIONS_FILE
     from posbench.experiment.runner import run_sweep
 
     from helpers import tiny_sweep

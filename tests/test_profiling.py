@@ -10,7 +10,8 @@ import torch
 
 import posbench
 from posbench.experiment.config import EncodingSpec
-from posbench.experiment.profiling import BenchConfig, ProfileRun, measure_peak_mb, memory_rows, profile_encoding, reset_peak_rss, run_profile
+from posbench.experiment.memory import measure_peak_mb, reset_peak_rss
+from posbench.experiment.profiling import BenchConfig, ProfileRun, memory_rows, profile_encoding, run_profile
 from posbench.store import collect
 
 TINY = BenchConfig(seq_lens=(16, 32), cache_lens=(0, 8), window_lens=(16,), window=4, batch_size=2,
@@ -113,15 +114,15 @@ def test_bench_says_why_an_encoding_costs_more_than_nope(tmp_path: Path, monkeyp
 
 
 def test_a_length_that_would_not_fit_in_memory_is_na_not_attempted(monkeypatch: pytest.MonkeyPatch) -> None:
-    import posbench.experiment.profiling as profiling
+    import posbench.experiment.memory as memory
 
-    assert profiling.too_big(None, 4096, "cpu") is None  # nothing measured yet: no guess
-    monkeypatch.setattr(profiling, "_available_mib", lambda device: 1000.0)
-    assert profiling.too_big((1024, 100.0), 2048, "cpu") is None  # 400 MiB fits in 800
-    reason = profiling.too_big((1024, 100.0), 4096, "cpu")  # 1600 MiB does not
+    assert memory.too_big(None, 4096, "cpu") is None  # nothing measured yet: no guess
+    monkeypatch.setattr(memory, "available_bytes", lambda device: 1000 * 2**20)
+    assert memory.too_big((1024, 100.0), 2048, "cpu") is None  # 400 MiB fits in 800
+    reason = memory.too_big((1024, 100.0), 4096, "cpu")  # 1600 MiB does not
     assert reason.startswith("would need about 1.6 GiB (grown quadratically from 100 MiB at L=1024), more than the 1.0 GiB")
-    monkeypatch.setattr(profiling, "measure_peak_mb", lambda fn, device="cpu": 10.0)  # 10 MiB at L=16
-    monkeypatch.setattr(profiling, "_available_mib", lambda device: 20.0)  # 40 MiB at L=32 does not fit in 16
+    monkeypatch.setattr(memory, "measure_peak_mb", lambda fn, device="cpu": 10.0)  # 10 MiB at L=16
+    monkeypatch.setattr(memory, "available_bytes", lambda device: 20 * 2**20)  # 40 MiB at L=32 does not fit in 16
     rows = pd.DataFrame(profile_encoding(EncodingSpec("nope"), TINY, parts=("latency",)))
     latency = rows[rows["metric"] == "latency_fwdbwd_ms"].set_index("seq_len")
     assert latency.loc[16, "value"] > 0 and math.isnan(latency.loc[32, "value"])

@@ -23,7 +23,10 @@ from posbench.kernels.cpu import compute_settings
 from posbench.experiment.evaluation import iter_evaluate, validation_exact_match, validation_excess
 from posbench.model import Decoder, ModelConfig, model_from_config
 from posbench.plugins import load_plugins
-from posbench.store import environment
+from posbench.store import (
+    ANSWER_POSITIONS_FILE, BIAS_FILE, DISTANCE_FILE, REACHABILITY_FILE, TERMS_FILE, environment, state_from_bytes,
+    state_to_bytes,
+)
 from posbench.tasks import create_task
 from posbench.tasks.base import Task
 from posbench.experiment.training import Diverged, train
@@ -119,11 +122,6 @@ class RunOutput:
         return self.result["status"]
 
 
-def run_label(run: RunConfig) -> str:
-    """How a run is named to people: task / encoding label / seed."""
-    return f"{run.task.display()} / {run.encoding.display()} / seed {run.seed}"
-
-
 def build_model(size: ModelSize, spec: EncodingSpec, task: Task) -> Decoder:
     """The decoder of a run: the sweep's size, the task's vocabulary, the encoding."""
     config = ModelConfig(task.vocab_size, size.d_model, size.n_layers, size.n_heads, size.d_ff, spec.name, dict(spec.options))
@@ -184,15 +182,15 @@ def _compute(job: RunJob, progress: ProgressSink) -> RunOutput:
         model = build_model(run.model, run.encoding, task)
         probe_tokens = task.batch(task.train_lengths[1], diagnostics.PROBE_SAMPLES,
                                   torch.Generator().manual_seed(0)).tokens.to(run.device)
-        note(f"run {run.run_id}: {run_label(run)}, {sum(p.numel() for p in model.parameters())} parameters, "
+        note(f"run {run.run_id}: {run.label}, {sum(p.numel() for p in model.parameters())} parameters, "
              f"{torch.get_num_threads()} threads")
         reach, reach_rows, result["unreached"] = _reachability(model, task, run)
         for message in result["unreached"]:
             note(message)
         if not reach.empty:
-            artifacts[reachability.REACHABILITY_FILE] = reach.to_csv(index=False).encode()
+            artifacts[REACHABILITY_FILE] = reach.to_csv(index=False).encode()
         if job.trained_state is not None:
-            model.load_state_dict(torch.load(io.BytesIO(job.trained_state), map_location="cpu", weights_only=True))
+            model.load_state_dict(state_from_bytes(job.trained_state))
             model.to(run.device)
             state = job.trained_state
             result.update({k: job.trained_result[k] for k in TRAINING_FIELDS if k in job.trained_result})
@@ -203,7 +201,7 @@ def _compute(job: RunJob, progress: ProgressSink) -> RunOutput:
             trained = train(model, task, run.train, run.seed, run.device, on_step=on_step,
                             should_stop=_stop_check(model, task, run, note))
             note(f"trained {trained.steps_done} steps in {trained.seconds:.1f}s, final loss {trained.final_loss:.4f}")
-            state = _state_bytes(model)
+            state = state_to_bytes(model)
             result.update(train_losses=trained.losses, train_seconds=trained.seconds,
                           train_loss_final=trained.final_loss, steps_done=trained.steps_done,
                           steps_to_threshold=trained.steps_to_threshold)
@@ -268,13 +266,6 @@ def _reachability(model: Decoder, task: Task, run: RunConfig) -> tuple[pd.DataFr
     return frame, rows, [m.message() for m in missing]
 
 
-#: Accuracy by answer position at each full-context length (teacher-forced and greedy).
-ANSWER_POSITIONS_FILE = "answer_positions.csv"
-
-#: The stored bias picture: one head's (L, L) bias over query and key positions (see diagnostics.positional_bias).
-BIAS_FILE = "bias.npy"
-
-
 def _bias_artifact(model: Decoder, task: Task, device: str) -> dict[str, bytes]:
     """What the encoding adds to the first layer's logits at the longest training length, on
     16 fixed inputs, as a .npy file ({} for encodings that add no bias)."""
@@ -295,7 +286,7 @@ def _diagnostic_artifacts(model: Decoder, task: Task, run: RunConfig, probes: li
     """The probes taken during training (none when only evaluating a stored model) and the
     attention mass by key distance at the longest training length and at the first evaluation
     length of at least twice it (or the longest the encoding can represent)."""
-    files = {diagnostics.TERMS_FILE: pd.DataFrame(probes).to_csv(index=False).encode()} if probes else {}
+    files = {TERMS_FILE: pd.DataFrame(probes).to_csv(index=False).encode()} if probes else {}
     lo, hi = task.train_lengths
     beyond = [n for n in task.eval_lengths if n >= 2 * hi and not model.encoding.supports(Span(0, task.sequence_length(n)))]
     rows = []
@@ -306,7 +297,7 @@ def _diagnostic_artifacts(model: Decoder, task: Task, run: RunConfig, probes: li
         mass = diagnostics.attention_by_distance(model, tokens)
         rows += [{"kind": kind, "length": length, "tokens": tokens.shape[1], "distance": d, "mass": float(m)}
                  for d, m in enumerate(mass.tolist())]
-    files[diagnostics.DISTANCE_FILE] = pd.DataFrame(rows).to_csv(index=False).encode()
+    files[DISTANCE_FILE] = pd.DataFrame(rows).to_csv(index=False).encode()
     return files
 
 
@@ -351,8 +342,3 @@ def failed_output(run: RunConfig, error: str) -> RunOutput:
     return RunOutput(run.run_id, run.to_dict(), {}, [error], [], None,
                      {"encoding_label": run.encoding.display(), "task_label": run.task.display(), "status": "error", "error": error})
 
-
-def _state_bytes(model: torch.nn.Module) -> bytes:
-    buffer = io.BytesIO()
-    torch.save({k: v.detach().cpu() for k, v in model.state_dict().items()}, buffer)
-    return buffer.getvalue()

@@ -153,6 +153,11 @@ class RunConfig:
         return to_jsonable(dataclasses.asdict(self))
 
     @property
+    def label(self) -> str:
+        """How the run is named to people (see run_label)."""
+        return run_label(self.task.display(), self.encoding.display(), self.seed)
+
+    @property
     def run_id(self) -> str:
         """A hash of everything that changes the numbers (the device included, the label not)."""
         return config_id(self.to_dict())
@@ -170,6 +175,15 @@ class RunConfig:
             device=data.get("device", "cpu"),
             quick=bool(data.get("quick", False)),
         )
+
+
+def run_label(task: str | None, encoding: str, seed: int | None = None) -> str:
+    """The one name of a run shown to people: ``task / encoding / seed N`` for a trained run
+    (task and encoding by their labels), ``profile / encoding`` for a latency/memory profile
+    (task None)."""
+    if task is None:
+        return f"profile / {encoding}"
+    return f"{task} / {encoding} / seed {seed if seed is not None else '-'}"
 
 
 def _eval_values(data: Mapping[str, Any]) -> dict[str, Any]:

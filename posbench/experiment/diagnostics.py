@@ -17,14 +17,12 @@ from torch import Tensor
 from posbench.encodings.base import LayerContext, Span
 from posbench.encodings.positions import seeded_draws
 from posbench.kernels.masks import causal_mask
-from posbench.model import Decoder
+from posbench.model import Decoder, stream_span
 
 #: A term whose spread (std) is this many times below the largest term's in its layer is flagged.
 TERM_RATIO_LIMIT = 100.0
 #: Sequences the probes read (a fixed sample: cheap, never the whole batch).
 PROBE_SAMPLES = 8
-#: What a run folder stores: the probes taken during training, attention mass by distance.
-TERMS_FILE, DISTANCE_FILE = "terms.csv", "attention_distance.csv"
 
 
 def layer_queries_and_keys(model: Decoder, tokens: Tensor) -> Iterator[tuple[int, Tensor, Tensor, Span, LayerContext]]:
@@ -33,7 +31,7 @@ def layer_queries_and_keys(model: Decoder, tokens: Tensor) -> Iterator[tuple[int
     Randomized positions are drawn as the model's mode draws them, from a fixed seed."""
     enc = model.encoding
     with seeded_draws(0):  # drawn positions, if any: one fixed draw, training's draws untouched
-        span = model.stream_span(tokens.shape[1])
+        span = stream_span(model.encoding, tokens.shape[1])
     x = enc.embed(model.tok_emb(tokens), span)  # (B, L, d_model)
     for index, block in enumerate(model.blocks):
         attn = block.attn

@@ -20,17 +20,18 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Hashable, Iterable
 
-import psutil
 import torch
 from torch import Tensor, nn
 
 from posbench.attention import SelfAttention, attention_tensor_bytes
 from posbench.cache import Cache
-from posbench.experiment.config import EncodingSpec, config_id, to_jsonable
+from posbench.experiment.config import EncodingSpec, config_id, run_label, to_jsonable
 from posbench.kernels.cpu import configure_cpu
+from posbench.model import run_layers
 from posbench.encodings import create_encoding
 from posbench.encodings.base import Span
 from posbench.store import RunFolder, environment
+from posbench.experiment.memory import MEMORY_METHOD, measure_peak_mb, peak_or_none, too_big
 from posbench.experiment.timing import Guarded, guarded, interleaved_times, noise_note, time_ms
 
 BASELINE = "nope"
@@ -73,13 +74,7 @@ class AttentionUnderTest(nn.Module):
         self.attn = SelfAttention(n_heads * d_head, n_heads, 0)
 
     def forward(self, x: Tensor, cache: Cache | None = None) -> Tensor:
-        L = x.shape[1]
-        span = cache.span_for(L) if cache is not None else Span(0, L, self.encoding.place(L))
-        self.encoding.check(span)
-        out = self.attn(self.encoding.embed(x, span), span, self.encoding, cache)
-        if cache is not None:
-            cache.advance(L)
-        return out
+        return run_layers(self.encoding, [self.attn], x, cache)
 
     def new_cache(self, mem_len: int | None, length: int | None = None) -> Cache:
         return Cache.for_stream(1, mem_len, self.encoding, length)
@@ -105,43 +100,8 @@ def _row(metric: str, value: float, seq_len: int | None = None, cache_len: int |
             "metric": metric, "value": value, "note": note}
 
 
-def _not_applicable(layer: AttentionUnderTest, stop: int) -> str | None:
+def _unsupported_reason(layer: AttentionUnderTest, stop: int) -> str | None:
     return layer.encoding.supports(Span(0, stop))
-
-
-#: Share of the memory available now that a measurement may be expected to take.
-MEMORY_HEADROOM = 0.8
-
-
-def _available_mib(device: str) -> float | None:
-    if device.startswith("cuda"):
-        return torch.cuda.mem_get_info(torch.device(device))[0] / 2**20
-    if device == "cpu":
-        return psutil.virtual_memory().available / 2**20
-    return None
-
-
-def too_big(measured: tuple[int, float] | None, length: int, device: str) -> str | None:
-    """Why forward+backward at `length` is skipped, when the peak measured at a shorter length
-    (length, MiB), grown quadratically, would not fit the memory available now; else None. A
-    length that would take the machine down is recorded as n/a, never attempted."""
-    available = _available_mib(device)
-    if measured is None or available is None:
-        return None
-    shorter, peak = measured
-    predicted = peak * (length / shorter) ** 2
-    if predicted <= MEMORY_HEADROOM * available:
-        return None
-    return (f"would need about {predicted / 1024:.1f} GiB (grown quadratically from {peak:.0f} MiB at L={shorter}), "
-            f"more than the {available / 1024:.1f} GiB available; measure shorter lengths")
-
-
-def _peak_or_none(fn: Callable[[], Any], device: str) -> float | None:
-    """The peak memory `fn` adds, or None where this system cannot measure it."""
-    try:
-        return measure_peak_mb(fn, device)
-    except OSError:
-        return None
 
 
 def latency_rows(spec: EncodingSpec, config: BenchConfig) -> list[dict[str, Any]]:
@@ -151,7 +111,7 @@ def latency_rows(spec: EncodingSpec, config: BenchConfig) -> list[dict[str, Any]
     d_model = config.n_heads * config.d_head
     measured: tuple[int, float] | None = None  # (length, peak MiB) of the encoding's last fwd+bwd
     for L in config.seq_lens:
-        reason = _not_applicable(layers["enc"], L) or too_big(measured, L, config.device)
+        reason = _unsupported_reason(layers["enc"], L) or too_big(measured, L, config.device)
         if reason:
             rows += [_row(m, math.nan, L, note=reason) for m in ("latency_fwd_ms", "latency_fwdbwd_ms")]
             continue
@@ -180,7 +140,7 @@ def latency_rows(spec: EncodingSpec, config: BenchConfig) -> list[dict[str, Any]
                 _row(f"latency_{kind}_ratio", median / times[("base", kind)][0], L, note=note),
             ]
         rows.append(_row("attention_tensor_mb", attention_tensor_bytes(layers["enc"].encoding, config.batch_size, L) / 2**20, L))
-        peak = _peak_or_none(runs[("enc", "fwdbwd")], config.device)
+        peak = peak_or_none(runs[("enc", "fwdbwd")], config.device)
         measured = (L, peak) if peak is not None else measured
     return rows
 
@@ -191,7 +151,7 @@ def decode_rows(spec: EncodingSpec, config: BenchConfig) -> list[dict[str, Any]]
     d_model = config.n_heads * config.d_head
     for name, layer in (("enc", _layer(spec, config)), ("base", _layer(EncodingSpec(BASELINE), config))):
         for M in config.cache_lens:
-            reason = _not_applicable(layer, M + 64)
+            reason = _unsupported_reason(layer, M + 64)
             if layer.encoding.draws_positions:
                 reason = "drawn positions need the stream's length up front; open-ended decoding is not timed"
             if reason:
@@ -231,7 +191,7 @@ def window_rows(spec: EncodingSpec, config: BenchConfig) -> list[dict[str, Any]]
     S = config.window
     d_model = config.n_heads * config.d_head
     for N in config.window_lens:
-        reason = _not_applicable(layer, N)
+        reason = _unsupported_reason(layer, N)
         if reason:
             rows.append(_row("speedup_segment_vs_window", math.nan, N, S, reason))
             continue
@@ -274,41 +234,6 @@ def _once(fn: Callable[[], None], repeats: int = 3) -> float:
     return sorted(times)[len(times) // 2]
 
 
-# ---- memory ---------------------------------------------------------------------------------
-def _proc_kb(field_name: str) -> int:
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith(field_name + ":"):
-                return int(line.split()[1])
-    raise OSError(f"{field_name} not in /proc/self/status")
-
-
-def reset_peak_rss() -> bool:
-    """Reset this process's resident high-water mark (Linux >= 4.0); False where unsupported."""
-    try:
-        with open("/proc/self/clear_refs", "w") as handle:
-            handle.write("5")
-        return True
-    except OSError:
-        return False
-
-
-def measure_peak_mb(fn: Callable[[], Any], device: str = "cpu") -> float:
-    """Peak memory (MiB) that `fn` adds above what is held when it starts."""
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        base = torch.cuda.memory_allocated()
-        fn()
-        torch.cuda.synchronize()
-        return (torch.cuda.max_memory_allocated() - base) / 2**20
-    if not reset_peak_rss():
-        raise OSError("this system cannot reset the resident high-water mark (/proc/self/clear_refs)")
-    base = _proc_kb("VmRSS")
-    fn()
-    return (_proc_kb("VmHWM") - base) / 1024
-
-
 def memory_rows_here(spec: EncodingSpec, config: BenchConfig) -> list[dict[str, Any]]:
     """Peak memory of forward+backward at each sequence length, measured in this process."""
     configure_cpu(config.threads)
@@ -317,7 +242,7 @@ def memory_rows_here(spec: EncodingSpec, config: BenchConfig) -> list[dict[str, 
     rows = []
     measured: tuple[int, float] | None = None
     for L in config.seq_lens:
-        reason = _not_applicable(layer, L) or too_big(measured, L, config.device)
+        reason = _unsupported_reason(layer, L) or too_big(measured, L, config.device)
         if reason:
             rows.append(_row("peak_mem_mb", math.nan, L, note=reason))
             continue
@@ -369,10 +294,6 @@ def _child_main(payload: str) -> None:
     print(json.dumps(memory_rows_here(spec, config)))
 
 
-if __name__ == "__main__":
-    _child_main(sys.argv[1])
-
-
 # ---- storing profiles in the results store --------------------------------------------------
 @dataclass(frozen=True)
 class ProfileRun:
@@ -389,6 +310,10 @@ class ProfileRun:
     @property
     def run_id(self) -> str:
         return "profile-" + config_id(self.to_dict())
+
+    @property
+    def label(self) -> str:
+        return run_label(None, self.encoding.display())
 
 
 def run_profile(job: ProfileRun, out_dir: Path, force: bool = False) -> tuple[str, bool]:
@@ -411,9 +336,5 @@ def run_profile(job: ProfileRun, out_dir: Path, force: bool = False) -> tuple[st
     return job.run_id, True
 
 
-MEMORY_METHOD = (
-    "CPU: peak resident set (VmHWM) of a fresh child process, reset through /proc/self/clear_refs "
-    "before each forward+backward, minus the resident set before it, with glibc's mmap threshold "
-    "fixed at 64 KiB so freed tensors leave the resident set. CUDA: torch.cuda.max_memory_allocated "
-    "minus the memory allocated before the measurement."
-)
+if __name__ == "__main__":  # the child process of memory_rows
+    _child_main(sys.argv[1])

@@ -27,8 +27,7 @@ TRAIN_DRAWS = 256
 EVAL_DRAWS = 16
 #: Query rows counted at once, so a long evaluation length never holds all its pairs.
 QUERY_BLOCK = 1024
-#: The reachability table of a run, stored beside its results.
-REACHABILITY_FILE = "reachability.csv"
+#: The phase column's value for what training reaches (the others name an evaluation length).
 TRAIN_PHASE = "train"
 
 

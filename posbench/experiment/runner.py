@@ -4,14 +4,12 @@ from the sweep's own runs after each run."""
 from __future__ import annotations
 
 import dataclasses
-import io
 import re
 from contextlib import closing
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
-import psutil
 import torch
 
 from posbench.experiment.compute import (
@@ -22,7 +20,6 @@ from posbench.experiment.compute import (
     SilentReporter,
     build_model,
     rng_devices,
-    run_label,
 )
 from posbench.experiment.config import (
     DEVICE_PATTERN, EncodingSpec, EvalConfig, ModelSize, RunConfig, SweepConfig, TrainConfig, expand_runs,
@@ -34,12 +31,14 @@ from posbench.encodings import BUILTINS, check_encoding_options
 from posbench.encodings.base import Span
 from posbench.errors import ConfigError, PosbenchError, ResultsError
 from posbench.experiment.evaluation import evaluation_memory_bytes
+from posbench.experiment.memory import available_bytes
+from posbench.experiment.outcome import SweepOutcome
 from posbench.experiment.reachability import unreached
 from posbench.plugins import loaded_plugin_dirs
 from posbench.store import (
+    RESULTS_FILE,
     RunFolder,
     prepare_sweep_dir,
-    read_json,
     sweep_lock,
     write_results_csv,
     write_sweep_marker,
@@ -49,26 +48,7 @@ from posbench.validation import check_dataclass
 
 if TYPE_CHECKING:
     from posbench.experiment.executors import Executor
-    from posbench.experiment.profiling import ProfileRun
-
-
-@dataclass
-class SweepOutcome:
-    """What a sweep did: runs trained now, runs skipped as finished, failures, damaged runs
-    set aside, and problems met while collecting results."""
-
-    out_dir: Path
-    results_csv: Path
-    ran: list[str] = field(default_factory=list)
-    skipped: list[str] = field(default_factory=list)
-    failures: dict[str, str] = field(default_factory=dict)  # label -> one-line error
-    set_aside: dict[str, str] = field(default_factory=dict)  # label -> what was damaged
-    problems: list[str] = field(default_factory=list)
-
-    @property
-    def finished_any(self) -> bool:
-        """Whether at least one run of the sweep finished (so there is something to report)."""
-        return len(self.ran) + len(self.skipped) > len(self.failures)
+    from posbench.experiment.profiling import BenchConfig, ProfileRun
 
 
 def resolve_sweep(sweep: SweepConfig) -> SweepConfig:
@@ -102,7 +82,7 @@ def resolve_sweep(sweep: SweepConfig) -> SweepConfig:
         if variant.name not in names:
             raise ConfigError(f"evaluation variant {variant.name!r} names no encoding this sweep trains, by name or "
                               f"label ({', '.join(sorted(names))}); add it to the encodings or drop the variant.")
-    available = _available_memory(sweep.device)
+    available = available_bytes(sweep.device)
     for task_spec in sweep.tasks:
         task = create_task(task_spec.name, **task_spec.options)
         longest_eval = max(task.eval_lengths + tuple(sweep.eval.cache_eval_lengths or ()))
@@ -167,15 +147,6 @@ def _check_device(device: str) -> None:
         raise ConfigError("--device mps was asked for but MPS is not available here; use --device cpu.")
 
 
-def _available_memory(device: str) -> int | None:
-    """Bytes free for a run on `device` now (None where it cannot be told)."""
-    if device.startswith("cuda"):
-        return torch.cuda.mem_get_info(torch.device(device))[0]
-    if device == "cpu":
-        return psutil.virtual_memory().available
-    return None
-
-
 def profile_jobs(sweep: SweepConfig) -> list["ProfileRun"]:
     """The small latency/memory profile of each encoding that a sweep includes."""
     from posbench.experiment.profiling import QUICK_PROFILE, SMALL_PROFILE, ProfileRun
@@ -216,11 +187,11 @@ def _run_sweep(sweep: SweepConfig, out_dir: Path, force: bool, reporter: Reporte
     for warning in reachability_warnings(sweep):
         reporter.note(f"warning: {warning}")
     with sweep_lock(out_dir), compute_settings(None):
-        members = {run.run_id: run_label(run) for run in runs}
-        members |= {job.run_id: job.label() for job in variants}
-        members |= {job.run_id: f"profile / {job.encoding.display()}" for job in profiles}
+        members = {run.run_id: run.label for run in runs}
+        members |= {job.run_id: job.label for job in variants}
+        members |= {job.run_id: job.label for job in profiles}
         write_sweep_marker(out_dir, to_jsonable(dataclasses.asdict(sweep)), members)
-        outcome = SweepOutcome(out_dir, out_dir / "results.csv")
+        outcome = SweepOutcome(out_dir, out_dir / RESULTS_FILE)
         for run_id, label in members.items():
             folder = RunFolder(out_dir / run_id)
             damage = folder.damage()
@@ -240,12 +211,13 @@ def _run_sweep(sweep: SweepConfig, out_dir: Path, force: bool, reporter: Reporte
                 reporter.run_finished(by_id[output.run_id], output.status, output.result.get("seconds", 0.0))
                 write_results_csv(out_dir, outcome.problems)
         for job in variants:
-            reporter.note(f"evaluating {job.label()} (the trained model, no retraining)")
+            reporter.note(f"evaluating {job.label} (the trained model, no retraining)")
             run_id, ran = evaluate_variant(job, out_dir, force, sweep.threads)
             (outcome.ran if ran else outcome.skipped).append(run_id)
+        profile_ids = {job.run_id for job in profiles}
         for run_id, label in members.items():
             result = RunFolder(out_dir / run_id).result() or {}
-            if result.get("status") in ("diverged", "error") and not label.startswith("profile / "):
+            if result.get("status") in ("diverged", "error") and run_id not in profile_ids:
                 outcome.failures[label] = result.get("error", "unknown error")
         _profile_encodings(profiles, out_dir, force, reporter, outcome)
         problems: list[str] = []
@@ -265,9 +237,12 @@ def _job(folder: RunFolder, run: RunConfig, force: bool) -> RunJob | None:
         result = folder.result() or {}
     except ResultsError:
         return RunJob(run)
-    model_file = folder.path / "model.pt"
-    if result.get("status") == "error" and result.get("stage") == "evaluation" and model_file.is_file():
-        return RunJob(run, model_file.read_bytes(), {k: result[k] for k in TRAINING_FIELDS if k in result})
+    if result.get("status") == "error" and result.get("stage") == "evaluation":
+        try:
+            state = folder.model_bytes()
+        except ResultsError:  # no model kept: train again
+            return RunJob(run)
+        return RunJob(run, state, {k: result[k] for k in TRAINING_FIELDS if k in result})
     return RunJob(run)
 
 
@@ -281,7 +256,26 @@ def _profile_encodings(jobs: list["ProfileRun"], out_dir: Path, force: bool, rep
         (outcome.ran if ran else outcome.skipped).append(run_id)
         result = RunFolder(out_dir / run_id).result() or {}
         if result.get("status") == "error":
-            outcome.failures[f"profile / {job.encoding.display()}"] = result.get("error", "unknown error")
+            outcome.failures[job.label] = result.get("error", "unknown error")
+
+
+def run_bench(config: "BenchConfig", names: list[str], out_dir: Path, force: bool = False,
+              on_profile: Callable[[str], None] = lambda label: None) -> list[str]:
+    """`posbench bench`: profile each encoding of `names` into its own folder of the sweep
+    folder `out_dir` (locked while written), skipping finished ones; results.csv is rebuilt
+    after each. Returns the run ids; `on_profile` hears each encoding's label as it starts."""
+    from posbench.experiment.profiling import ProfileRun, run_profile
+
+    jobs = [ProfileRun(EncodingSpec(name), config) for name in names]
+    prepare_sweep_dir(out_dir)
+    with sweep_lock(out_dir):
+        write_sweep_marker(out_dir, {"bench": jobs[0].to_dict()["bench"] if jobs else {}},
+                           {job.run_id: job.label for job in jobs})
+        for job in jobs:
+            on_profile(job.label)
+            run_profile(job, out_dir, force)
+            write_results_csv(out_dir)
+    return [job.run_id for job in jobs]
 
 
 def store_run(folder: RunFolder, output: RunOutput) -> str:
@@ -295,16 +289,10 @@ def store_run(folder: RunFolder, output: RunOutput) -> str:
 
 
 def load_run(folder: Path) -> tuple[RunConfig, Any]:
-    """The config and trained model of a finished run folder (for reports and reproduction)."""
-    run = RunConfig.from_dict(read_json(folder / "config.json"))
+    """The config and trained model of a finished run folder (for reproduction and analysis)."""
+    stored = RunFolder(folder)
+    run = RunConfig.from_dict(stored.config())
     task = create_task(run.task.name, **run.task.options)
     model = build_model(run.model, run.encoding, task)
-    hint = "run the same `posbench run` command again: it redoes that run"
-    try:
-        state = torch.load(io.BytesIO((folder / "model.pt").read_bytes()), map_location="cpu", weights_only=True)
-    except FileNotFoundError:
-        raise ResultsError(f"{folder / 'model.pt'} is missing; {hint}.") from None
-    except Exception as err:
-        raise ResultsError(f"{folder / 'model.pt'} is corrupt ({err}); {hint}.") from None
-    model.load_state_dict(state)
+    model.load_state_dict(stored.model_state())
     return run, model

@@ -12,7 +12,9 @@ from typing import Any
 
 from posbench.encodings import REGISTRY as ENCODINGS
 from posbench.experiment.compute import RunJob, compute_run
-from posbench.experiment.config import EncodingSpec, RunConfig, SweepConfig, config_id, to_jsonable, variant_applies, variant_label
+from posbench.experiment.config import (
+    EncodingSpec, RunConfig, SweepConfig, config_id, run_label, to_jsonable, variant_applies, variant_label,
+)
 from posbench.store import RunFolder
 from posbench.tasks import create_task
 
@@ -42,8 +44,9 @@ class VariantJob:
     def run_id(self) -> str:
         return config_id(self.config())
 
+    @property
     def label(self) -> str:
-        return f"{self.base.task.display()} / {self.encoding.display()} / seed {self.base.seed}"
+        return run_label(self.base.task.display(), self.encoding.display(), self.base.seed)
 
 
 def variant_jobs(sweep: SweepConfig, runs: list[RunConfig]) -> list[VariantJob]:
@@ -63,7 +66,7 @@ def evaluate_variant(job: VariantJob, out_dir: Path, force: bool = False, thread
     if TRAINED_LENGTH_OPTION in inspect.signature(ENCODINGS.get(job.encoding.name)).parameters:
         options.setdefault(TRAINED_LENGTH_OPTION, task.sequence_length(task.train_lengths[1]))  # the longest training sequence
     run = dataclasses.replace(job.base, encoding=dataclasses.replace(job.encoding, options=options))
-    reuse = RunJob(run, (base.path / "model.pt").read_bytes(), base.result() or {},
+    reuse = RunJob(run, base.model_bytes(), base.result() or {},
                    reused=f"run {job.base.run_id} trained, under evaluation-time variant options")
     output = compute_run(reuse, threads)
     output.result["variant_of"] = job.base.run_id

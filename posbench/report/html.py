@@ -10,25 +10,24 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pandas as pd
 from jinja2 import Environment, PackageLoader, select_autoescape
 
 from posbench.report import plots
 from posbench.errors import ResultsError
-from posbench.experiment.profiling import MEMORY_METHOD
+from posbench.experiment.memory import MEMORY_METHOD
 from posbench.experiment.config import UNLEARNED_EXCESS
-from posbench.experiment.diagnostics import DISTANCE_FILE, TERMS_FILE
 from posbench.report.literature import check_findings
 from posbench.store import (
+    DISTANCE_FILE,
+    RESULTS_FILE,
+    TERMS_FILE,
     RunFolder,
     atomic_write_bytes,
     atomic_write_text,
     collect,
     other_runs,
-    read_json,
     run_folders,
-    run_label,
     sweep_marker,
     sweep_members,
 )
@@ -202,21 +201,19 @@ def _representative_runs(frame: pd.DataFrame, colours: dict[str, str]) -> list[A
 
 def _bias_pictures(sweep_dir: Path, frame: pd.DataFrame, colours: dict[str, str], problems: list[str]) -> list[dict[str, Any]]:
     """One heatmap per encoding (first task, lowest seed) from the bias picture its run stored,
-    so no model, plugin or torch computation is needed. Runs stored before pictures were
-    stored fall back to loading their model."""
+    so no model, plugin or torch computation is needed."""
     pictures = []
     for record in _representative_runs(frame, colours):
         folder = RunFolder(sweep_dir / record.run_id)
         try:
             stored = (folder.result() or {}).get("bias_picture")
-            if stored == "none":
-                bias = None
-            elif stored:
-                bias = np.load(folder.path / stored, allow_pickle=False)
-            else:
-                bias = _bias_from_model(folder.path)
-        except Exception as err:  # a plugin that is gone, a corrupt file
+            bias = folder.array(stored) if stored and stored != "none" else None
+        except ResultsError as err:  # a corrupt file costs its picture, not the report
             problems.append(f"bias picture for {record.encoding_label}: {err}")
+            continue
+        if stored is None:
+            problems.append(f"bias picture for {record.encoding_label}: its run stored none; "
+                            f"redo it with `posbench run --force` to draw one")
             continue
         pictures.append({
             "label": record.encoding_label,
@@ -228,8 +225,8 @@ def _bias_pictures(sweep_dir: Path, frame: pd.DataFrame, colours: dict[str, str]
 
 def _diagnostics(sweep_dir: Path, frame: pd.DataFrame, colours: dict[str, str], problems: list[str]) -> dict[str, Any]:
     """The score-term curves with their health flags, and attention mass by distance, from the
-    files each encoding's first run (first task, lowest seed) stored; runs stored before
-    posbench probed them are skipped."""
+    files each encoding's first run (first task, lowest seed) stored; a run that stored none
+    (it only evaluated a model trained before) is skipped."""
     runs = _representative_runs(frame, colours)
     terms, distances = [], {}
     first_task = min((r.task for r in runs), default=None)
@@ -237,40 +234,28 @@ def _diagnostics(sweep_dir: Path, frame: pd.DataFrame, colours: dict[str, str], 
         folder = RunFolder(sweep_dir / record.run_id)
         try:
             result = folder.result() or {}
-            if (folder.path / TERMS_FILE).exists():
+            probes = folder.table(TERMS_FILE)
+            if probes is not None:
                 terms.append({"label": record.encoding_label, "task": record.task,
-                              "png": plots.term_curves(pd.read_csv(folder.path / TERMS_FILE), record.encoding_label),
+                              "png": plots.term_curves(probes, record.encoding_label),
                               "flags": result.get("health_flags", [])})
-            if record.task == first_task and (folder.path / DISTANCE_FILE).exists():
-                distances[record.encoding_label] = pd.read_csv(folder.path / DISTANCE_FILE)
-        except Exception as err:  # a corrupt file costs its picture, not the report
+            distance = folder.table(DISTANCE_FILE) if record.task == first_task else None
+            if distance is not None:
+                distances[record.encoding_label] = distance
+        except ResultsError as err:  # a corrupt file costs its picture, not the report
             problems.append(f"diagnostics for {record.encoding_label}: {err}")
     return {"terms": terms, "distance_plot": plots.attention_distance(distances, colours), "distance_task": first_task}
 
 
-def _bias_from_model(folder: Path) -> np.ndarray | None:
-    """The bias picture of a run stored without one, from its model (needs its encoding)."""
-    import torch
-
-    from posbench.experiment.diagnostics import positional_bias
-    from posbench.experiment.runner import load_run
-    from posbench.tasks import create_task
-
-    run, model = load_run(folder)
-    task = create_task(run.task.name, **run.task.options)
-    tokens = task.batch(task.train_lengths[1], 16, torch.Generator().manual_seed(0)).tokens
-    bias = positional_bias(model, tokens)
-    return None if bias is None else bias.numpy()
-
-
 def _environment(sweep_dir: Path) -> dict[str, Any]:
+    """The versions and machine of the sweep's first run that recorded them."""
     for folder in run_folders(sweep_dir):
-        env = folder.path / "env.json"
-        if env.exists():
-            try:
-                return read_json(env)
-            except ResultsError:
-                continue
+        try:
+            env = folder.env()
+        except ResultsError:
+            continue
+        if env:
+            return env
     return {}
 
 
@@ -283,13 +268,13 @@ def _failures_and_missing(sweep_dir: Path) -> tuple[list[dict[str, str]], list[s
             continue
         try:
             result = folder.result()
-            config = read_json(folder.path / "config.json")
+            label = folder.label()
         except ResultsError:
             continue
         if result is None:
             continue
         if result.get("status") in ("error", "diverged"):
-            failures.append({"run": run_label(config, result), "error": result.get("error", "")})
+            failures.append({"run": label, "error": result.get("error", "")})
         elif folder.is_finished():
             finished.add(folder.run_id)
     missing = [label for run_id, label in (members or {}).items()
@@ -322,7 +307,7 @@ def build_report(sweep_dir: Path, out_dir: Path) -> Report:
         raise ResultsError(
             f"{sweep_dir} holds no finished posbench runs{detail}; run `posbench run --out {sweep_dir}` first."
         )
-    results_csv, summary_csv = out_dir / "results.csv", out_dir / "summary.csv"
+    results_csv, summary_csv = out_dir / RESULTS_FILE, out_dir / "summary.csv"
     atomic_write_text(results_csv, frame.to_csv(index=False))
     atomic_write_text(summary_csv, summarise(frame).to_csv(index=False))
 

@@ -15,11 +15,13 @@ from rich.progress import TaskID, BarColumn, MofNCompleteColumn, Progress, TextC
 from rich.table import Table
 from rich.text import Text
 
-from posbench.experiment.compute import run_label
 from posbench.experiment.config import UNDERTRAINED_BELOW, UNLEARNED_EXCESS, RunConfig
 from posbench.errors import ResultsError
-from posbench.store import collect, run_label as run_label_of
-from posbench.experiment.runner import SweepOutcome
+from posbench.experiment.reachability import untrained_share
+from posbench.store import (
+    DISTANCE_FILE, REACHABILITY_FILE, RESULTS_FILE, TERMS_FILE, RunFolder, collect, sweep_marker, training_runs,
+)
+from posbench.experiment.outcome import SweepOutcome
 from posbench.report.stats import Interval
 from posbench.report.summary import EFFECTIVE_AT, headline, lm_headline
 
@@ -64,7 +66,7 @@ class RichReporter:
         self._sweep = self.progress.add_task("sweep", total=to_run, detail=detail)
 
     def run_started(self, run: RunConfig, steps: int) -> None:
-        bar = self.progress.add_task(run_label(run), total=steps, detail="")
+        bar = self.progress.add_task(run.label, total=steps, detail="")
         self._runs[run.run_id] = (bar, time.perf_counter())
 
     def step(self, run: RunConfig, step: int, loss: float) -> None:
@@ -82,7 +84,7 @@ class RichReporter:
         if run.run_id in self._runs:
             bar, _ = self._runs.pop(run.run_id)
             self.progress.remove_task(bar)
-        self.progress.console.print(Text(f"{run_label(run)}: {status} ({seconds:.1f} s)", style="dim"))
+        self.progress.console.print(Text(f"{run.label}: {status} ({seconds:.1f} s)", style="dim"))
         if self._sweep is not None:
             self.progress.advance(self._sweep)
 
@@ -118,7 +120,7 @@ class PlainReporter:
 
     def run_started(self, run: RunConfig, steps: int) -> None:
         self._runs[run.run_id] = (time.perf_counter(), 0)
-        self._line(f"{run_label(run)}: started, {steps} steps")
+        self._line(f"{run.label}: started, {steps} steps")
 
     def step(self, run: RunConfig, step: int, loss: float) -> None:
         if run.run_id not in self._runs:
@@ -129,15 +131,15 @@ class PlainReporter:
         every = max(1, run.train.steps // 10)
         self._runs[run.run_id] = (start, (step + 1) // every * every + every)
         rate = (step + 1) / max(time.perf_counter() - start, 1e-9)
-        self._line(f"{run_label(run)}: step {step + 1}/{run.train.steps}, loss {loss:.4f}, {rate:.1f} steps/s")
+        self._line(f"{run.label}: step {step + 1}/{run.train.steps}, loss {loss:.4f}, {rate:.1f} steps/s")
 
     def evaluating(self, run: RunConfig) -> None:
-        self._line(f"{run_label(run)}: evaluating")
+        self._line(f"{run.label}: evaluating")
 
     def run_finished(self, run: RunConfig, status: str, seconds: float) -> None:
         self._runs.pop(run.run_id, None)
         self._done += 1
-        self._line(f"{run_label(run)}: stored, {status} in {seconds:.1f} s [{self._done}/{self._to_run}]")
+        self._line(f"{run.label}: stored, {status} in {seconds:.1f} s [{self._done}/{self._to_run}]")
 
     def note(self, message: str) -> None:
         self._line(message)
@@ -250,96 +252,109 @@ def print_bench(console: Console, out_dir: Path) -> None:
     if rows["note"].fillna("").str.startswith("noisy").any():
         console.print(Text("? marks a noisy timing (other processes competed for the CPU, or a wide IQR): "
                            "see the note column of results.csv and measure again on a quiet machine.", style="yellow"))
-    console.print(Text(f"results: {out_dir / 'results.csv'}"), soft_wrap=True)
+    console.print(Text(f"results: {out_dir / RESULTS_FILE}"), soft_wrap=True)
 
 
 def print_inspection(console: Console, folder: Path) -> None:
-    """One stored run's diagnostics in the terminal: its score terms at the last probe with
-    the health flags, and where its attention mass lies by key distance. Runs stored without
-    diagnostics are probed now from their model (which needs the run's encoding importable)."""
-    import torch
-
-    from posbench.experiment import diagnostics
-    from posbench.experiment.runner import load_run
-    from posbench.store import RunFolder, read_json
-    from posbench.tasks import create_task
-
-    folder = Path(folder)
-    run_folder = RunFolder(folder)
-    result = run_folder.result()
-    if result is None or not (folder / "config.json").exists():
-        raise ResultsError(f"{folder} is not a finished posbench run; pass one run's folder (e.g. results/default/<run id>).")
-    config = read_json(folder / "config.json")
-    label = result.get("encoding_label") or config["encoding"]["name"]
-    terms_path, distance_path = folder / diagnostics.TERMS_FILE, folder / diagnostics.DISTANCE_FILE
-    flags = result.get("health_flags")
-    if terms_path.exists() and distance_path.exists():
-        terms, distances, source = pd.read_csv(terms_path), pd.read_csv(distance_path), "stored during the run"
+    """One stored run's diagnostics in the terminal, from the files it stored: its score terms
+    at the last probe with the health flags, where its attention mass lies by key distance,
+    and which indexed rows training reached. Any folder that is not a finished training run
+    is one sentence naming the run folders it could mean."""
+    run = RunFolder(Path(folder))
+    _check_training_run(run)
+    result = run.result() or {}
+    console.print(Text(f"{run.label()}: {result.get('status')}"), soft_wrap=True)
+    terms = run.table(TERMS_FILE)
+    if terms is None:
+        console.print(Text("score terms: this run stored no probes (it evaluated a model another run trained)"))
     else:
-        run, model = load_run(folder)
-        task = create_task(run.task.name, **run.task.options)
-        tokens = task.batch(task.train_lengths[1], diagnostics.PROBE_SAMPLES, torch.Generator().manual_seed(0)).tokens
-        terms = pd.DataFrame(diagnostics.term_rows(model, tokens, int(result.get("steps_done") or 0)))
-        mass = diagnostics.attention_by_distance(model, tokens)
-        distances = pd.DataFrame({"kind": "in distribution", "length": task.train_lengths[1], "tokens": tokens.shape[1],
-                                  "distance": range(len(mass)), "mass": mass.tolist()})
-        source = "probed now from the stored model (the run stored none)"
-        trainable = any(p.requires_grad for p in model.encoding.parameters())
-        flags = diagnostics.health_flags(terms, label, trainable)
-    console.print(Text(f"{run_label_of(config, result)}: {result.get('status')}; diagnostics {source}"), soft_wrap=True)
+        _print_terms(console, terms, result.get("health_flags") or [])
+    distances = run.table(DISTANCE_FILE)
+    if distances is not None:
+        _print_distances(console, distances)
+    _print_reachability(console, run.table(REACHABILITY_FILE), result)
+
+
+def _check_training_run(run: RunFolder) -> None:
+    """Raise ResultsError, in one sentence naming what to pass instead, unless `run` is a
+    finished training run."""
+    folder = run.path
+    example = "e.g. results/default/<run id>"
+    if not folder.is_dir():
+        raise ResultsError(f"{folder} is not a folder; pass one training run's folder inside a sweep folder, {example}.")
+    if sweep_marker(folder) or not run.exists():
+        is_sweep = bool(sweep_marker(folder))
+        sweep = folder if is_sweep else folder.parent  # a sweep's report/ or damaged/ folder names its runs
+        runs = training_runs(sweep) if is_sweep or sweep_marker(sweep) else {}
+        what = "a sweep folder, not one run" if is_sweep else "not a posbench run folder"
+        raise ResultsError(f"{folder} is {what}; pass one training run's folder, {_examples(sweep, runs, example)}.")
+    sweep = folder.parent
+    if run.is_profile():
+        runs = training_runs(sweep)
+        raise ResultsError(f"{folder} is a latency/memory profile ({run.label()}), not a training run: its numbers are "
+                           f"in {sweep / RESULTS_FILE}; to inspect a training run pass "
+                           f"{_examples(sweep, runs, 'one that `posbench run` wrote')}.")
+    result = run.result()
+    if result is None or result.get("status") != "ok":
+        state = "has not finished" if result is None else f"ended with status {result.get('status')!r}"
+        raise ResultsError(f"{folder} ({run.label()}) {state}, so it stored no diagnostics; run the sweep's command "
+                           "again to finish it, or pass another run's folder.")
+
+
+def _examples(sweep: Path, runs: dict[str, str], otherwise: str) -> str:
+    """Up to three run folders of `sweep` with their labels, for an error message."""
+    if not runs:
+        return otherwise
+    shown = ", ".join(f"{sweep / run_id} ({label})" for run_id, label in list(runs.items())[:3])
+    more = f", or any of its other {len(runs) - 3} training runs" if len(runs) > 3 else ""
+    return f"e.g. {shown}{more}"
+
+
+def _print_terms(console: Console, terms: pd.DataFrame, flags: list[str]) -> None:
     last = terms[terms["step"] == terms["step"].max()]
     table = Table(title=f"score terms at step {int(last['step'].iloc[0])}", title_justify="left")
     for column in ("layer", "term", "mean", "std", "attention moved", "gradient"):
         table.add_column(column, justify="left" if column in ("term",) else "right", no_wrap=True)
     for row in last.itertuples():
-        table.add_row(str(row.layer), Text(str(row.term)), f"{row.mean:+.4f}", f"{row.std:.4f}", f"{row.mass_moved:.3f}",
-                      "yes" if row.learns else "none")
+        table.add_row(str(row.layer), Text(str(row.term)), f"{row.mean:+.4f}", f"{row.std:.4f}",
+                      f"{row.mass_moved:.3f}", "yes" if row.learns else "none")
     console.print(table)
-    for flag in flags or []:
+    for flag in flags:
         console.print(Text(f"flag: {flag}", style="yellow"), soft_wrap=True)
     if not flags:
         console.print(Text("health: no flags (every term non-zero, reachable by a gradient, within 100x of the largest)"))
+
+
+def _print_distances(console: Console, distances: pd.DataFrame) -> None:
     spread = Table(title="attention mass by key distance", title_justify="left")
     for column in ("sequence", "tokens", "distance 0", "<= 3", "<= 15", "mean distance"):
         spread.add_column(column, justify="left" if column == "sequence" else "right", no_wrap=True)
     for kind, rows in distances.groupby("kind", sort=False):
         mass, distance = rows["mass"].to_numpy(), rows["distance"].to_numpy()
         spread.add_row(Text(str(kind)), str(int(rows["tokens"].iloc[0])), f"{mass[distance == 0].sum():.3f}",
-                       f"{mass[distance <= 3].sum():.3f}", f"{mass[distance <= 15].sum():.3f}", f"{(mass * distance).sum():.1f}")
+                       f"{mass[distance <= 3].sum():.3f}", f"{mass[distance <= 15].sum():.3f}",
+                       f"{(mass * distance).sum():.1f}")
     console.print(spread)
-    _print_reachability(console, folder, config, result)
 
 
-def _print_reachability(console: Console, folder: Path, config: dict, result: dict) -> None:
+def _print_reachability(console: Console, frame: pd.DataFrame | None, result: dict) -> None:
     """Which indexed rows training reached and how much of each evaluation length reads
-    untrained ones (counted from the run's configuration when it stored no table)."""
-    from posbench.experiment import reachability
-    from posbench.experiment.compute import build_model
-    from posbench.experiment.config import RunConfig
-    from posbench.tasks import create_task
-
-    path = folder / reachability.REACHABILITY_FILE
+    untrained ones, from the table the run stored."""
     messages = result.get("unreached")
-    if path.exists():
-        frame = pd.read_csv(path, dtype={"phase": str})
-    else:
-        run = RunConfig.from_dict(config)
-        task = create_task(run.task.name, **run.task.options)
-        encoding = build_model(run.model, run.encoding, task).encoding
-        segment = run.train.train_segment_len or run.train.train_mem_len
-        frame = reachability.reachability(encoding, task, segment, run.train.train_mem_len)
-        messages = [m.message() for m in reachability.unreached(encoding, task, run.encoding.display(), frame, segment,
-                                                               run.train.train_mem_len)]
-    if frame.empty:
+    if messages is None:
+        console.print(Text("reachability: this run stored no table; `posbench run --force` redoes it with one"))
+        return
+    if frame is None:
         console.print(Text("reachability: the encoding has no position- or distance-indexed parameters"))
         return
-    table = Table(title="reachability: share of pairs (or tokens) reading rows training never reached", title_justify="left")
-    shares = reachability.untrained_share(frame)
+    table = Table(title="reachability: share of pairs (or tokens) reading rows training never reached",
+                  title_justify="left")
+    shares = untrained_share(frame.astype({"phase": str}))
     for length in shares:
         table.add_column(f"len {length}", justify="right", no_wrap=True)
     table.add_row(*(f"{share:.3f}" for share in shares.values()))
     console.print(table)
-    for message in messages or []:
+    for message in messages:
         console.print(Text(f"unreached: {message}", style="yellow"), soft_wrap=True)
     if not messages:
         console.print(Text("reachability: every row evaluation reads was reached in training"))
