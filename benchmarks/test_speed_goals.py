@@ -18,16 +18,16 @@ LIMITS = {"alibi": 1.2, "rope": 1.2, "sinusoidal": 1.2, "learned": 1.2, "t5": 2.
 D_MODEL = CONFIG.n_heads * CONFIG.d_head
 
 
-def fwd_bwd(layer, x, cache_len: int = 0):
+def fwd_bwd(layer, x, mem_len: int = 0):
     def run() -> None:
         cache = None
-        if cache_len:
-            cache = layer.new_cache(mem_len=cache_len)
+        if mem_len:
+            cache = layer.new_cache(mem_len=mem_len)
             with torch.no_grad():
                 layer(memory, cache)
         layer(x, cache).sum().backward()
 
-    memory = torch.randn(x.shape[0], cache_len, x.shape[2]) if cache_len else None
+    memory = torch.randn(x.shape[0], mem_len, x.shape[2]) if mem_len else None
     return run
 
 
@@ -47,9 +47,9 @@ def test_fwd_bwd_ratio_to_nope(benchmark, record_goal, interleaved_ratio, encodi
 def test_txl_with_memory_ratio_to_nope(benchmark, record_goal, interleaved_ratio, L: int) -> None:
     layer, base = _layer(EncodingSpec("txl"), CONFIG), _layer(EncodingSpec("nope"), CONFIG)
     x = torch.randn(CONFIG.batch_size, L, D_MODEL)
-    ratio = interleaved_ratio(fwd_bwd(layer, x, cache_len=L), fwd_bwd(base, x, cache_len=L), CONFIG)
+    ratio = interleaved_ratio(fwd_bwd(layer, x, mem_len=L), fwd_bwd(base, x, mem_len=L), CONFIG)
     record_goal(f"txl fwd+bwd with memory M=L / nope with memory, L={L}", ratio, 2.5)
-    benchmark.pedantic(fwd_bwd(layer, x, cache_len=L), rounds=3, iterations=1)
+    benchmark.pedantic(fwd_bwd(layer, x, mem_len=L), rounds=3, iterations=1)
 
 
 @pytest.mark.parametrize("encoding", BUILTINS)

@@ -1,6 +1,8 @@
 """The memory of a decoder: detached keys and values of the positions seen so far."""
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
@@ -20,40 +22,43 @@ class _Buffer:
     def view(self) -> Tensor | None:
         return None if self.data is None else self.data[:, :, self.start : self.stop]
 
-    def append(self, new: Tensor, keep: int | None) -> None:
+    def append(self, new: Tensor, keep: float) -> None:
+        """Append `new` (B, H, n, d), then hold at most the newest `keep` positions (inf: all)."""
         n = new.shape[2]
         if self.data is None:
-            capacity = max(64, 2 * n if keep is None else 2 * max(keep, n))
+            capacity = max(64, 2 * n if math.isinf(keep) else 2 * max(int(keep), n))
             self.data = new.new_empty(*new.shape[:2], capacity, new.shape[3])
         elif self.stop + n > self.data.shape[2]:
             held = self.data[:, :, self.start : self.stop]
-            if keep is not None:
-                held = held[:, :, max(0, held.shape[2] + n - keep) :]
+            if not math.isinf(keep):
+                held = held[:, :, max(0, held.shape[2] + n - int(keep)) :]
             capacity = max(self.data.shape[2], 2 * (held.shape[2] + n))
             grown = new.new_empty(*new.shape[:2], capacity, new.shape[3])
             grown[:, :, : held.shape[2]] = held
             self.data, self.start, self.stop = grown, 0, held.shape[2]
         self.data[:, :, self.stop : self.stop + n] = new.detach()
         self.stop += n
-        if keep is not None and self.stop - self.start > keep:
-            self.start = self.stop - keep
+        if self.stop - self.start > keep:
+            self.start = self.stop - int(keep)
 
 
 class Cache:
     """Per-layer key/value memory, Transformer-XL style.
 
     ``seen`` counts every position ever fed, also those no longer held, so a continuation
-    always gets its true absolute positions. With ``mem_len`` set only the newest ``mem_len``
-    positions are kept (``mem_len=0`` keeps none yet positions keep counting); ``None`` keeps
-    all. Stored tensors are detached: gradients stop at the memory.
+    always gets its true absolute positions. ``mem_len``, the memory length, is how many of the
+    newest positions are kept: an integer (``0`` keeps none, yet positions keep counting) or
+    ``math.inf``, which keeps all. (Throughout posbench, ``math.inf`` is an unbounded memory and
+    None means no cache at all.) Stored tensors are detached: gradients stop at the memory.
 
     ``positions``, when given, are the whole stream's drawn positions (randomized positions,
     drawn once for the stream so cached keys keep theirs); spans then carry their slice.
     """
 
-    def __init__(self, n_layers: int, mem_len: int | None = None, positions: Tensor | None = None) -> None:
-        if mem_len is not None and mem_len < 0:
-            raise ValueError(f"mem_len must be >= 0 or None, got {mem_len}")
+    def __init__(self, n_layers: int, mem_len: float = math.inf, positions: Tensor | None = None) -> None:
+        if mem_len is None or mem_len < 0 or (not math.isinf(mem_len) and mem_len != int(mem_len)):
+            raise ValueError(f"mem_len must be a whole number >= 0, or math.inf for a memory that keeps every "
+                             f"position, got {mem_len}")
         self.mem_len = mem_len
         self.positions = positions  # (stream length,) or None: positions are token indices
         self.seen = 0
@@ -61,7 +66,7 @@ class Cache:
         self._values = [_Buffer() for _ in range(n_layers)]
 
     @classmethod
-    def for_stream(cls, n_layers: int, mem_len: int | None, encoding: PositionalEncoding, length: int | None) -> "Cache":
+    def for_stream(cls, n_layers: int, mem_len: float, encoding: PositionalEncoding, length: int | None) -> "Cache":
         """A memory for a stream of `length` tokens read through `encoding`. The length is
         needed only when the encoding draws positions: they spread over their whole range, so
         the stream's are drawn up front."""
@@ -104,11 +109,11 @@ class Cache:
             keys.append(k, self.mem_len)
             values.append(v, self.mem_len)
             return k_all, v_all, span
-        keys.append(k, None if self.mem_len is None else max(self.mem_len, 0) + k.shape[2])
-        values.append(v, None if self.mem_len is None else max(self.mem_len, 0) + k.shape[2])
+        keys.append(k, self.mem_len + k.shape[2])
+        values.append(v, self.mem_len + k.shape[2])
         k_all, v_all = keys.view(), values.view()
-        if self.mem_len is not None:  # keep only mem_len for the next call
-            keys.start = values.start = max(keys.start, keys.stop - self.mem_len)
+        if not math.isinf(self.mem_len):  # keep only mem_len for the next call
+            keys.start = values.start = max(keys.start, keys.stop - int(self.mem_len))
         return k_all, v_all, span
 
     def advance(self, new_tokens: int) -> None:

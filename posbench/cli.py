@@ -181,7 +181,8 @@ def run_command(
 def bench_command(
     encodings: Optional[str] = typer.Option(None, help="Encodings, commas and wildcards. Default: every built-in."),
     seq_lens: Optional[str] = typer.Option(None, help="Sequence lengths, e.g. 128,256,512 (default up to 4096)."),
-    cache_lens: Optional[str] = typer.Option(None, help="Cache lengths for decoding, e.g. 0,128,1024 (default up to 4096)."),
+    mem_lens: Optional[str] = typer.Option(None, help="Memory lengths (cached positions) for decoding, e.g. 0,128,1024 "
+                                                      "(default up to 4096)."),
     window_lens: Optional[str] = typer.Option(None, help="Sequence lengths for segment-with-cache vs sliding-window evaluation."),
     batch_size: int = typer.Option(8, help="Batch size B."),
     device: str = typer.Option("cpu", help="cpu or cuda."),
@@ -210,12 +211,13 @@ def bench_command(
     names = REGISTRY.select(encodings) if encodings else list(BUILTINS)
     config = BenchConfig(batch_size=batch_size, device=device, threads=threads, min_run_time=min_run_time,
                          memory=memory, plugin_dirs=loaded_plugin_dirs())
-    for flag, value, name in (("--seq-lens", seq_lens, "seq_lens"), ("--cache-lens", cache_lens, "cache_lens"),
+    for flag, value, name in (("--seq-lens", seq_lens, "seq_lens"), ("--mem-lens", mem_lens, "mem_lens"),
                               ("--window-lens", window_lens, "window_lens")):
         if value is not None:
             lengths = _int_list(value, flag)
-            if not lengths or min(lengths) < (0 if name == "cache_lens" else 1):
-                raise ConfigError(f"{flag} needs lengths of at least {0 if name == 'cache_lens' else 1}, got {value!r}.")
+            shortest = 0 if name == "mem_lens" else 1
+            if not lengths or min(lengths) < shortest:
+                raise ConfigError(f"{flag} needs lengths of at least {shortest}, got {value!r}.")
             config = dataclasses.replace(config, **{name: lengths})
     with console.status("") as status:
         run_bench(config, names, out, force, lambda label: status.update(Text(f"profiling {label} ...")))

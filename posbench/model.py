@@ -1,6 +1,7 @@
 """A tiny pre-LayerNorm decoder (nanoGPT-sized) that takes any registered encoding."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
@@ -65,8 +66,8 @@ class Decoder(nn.Module):
         self.head = nn.Linear(config.d_model, config.vocab_size, bias=False)
         self.apply(_init_linear)
 
-    def new_cache(self, mem_len: int | None = None, length: int | None = None) -> Cache:
-        """An empty memory keeping the newest `mem_len` positions (None: all), for a stream of
+    def new_cache(self, mem_len: float = math.inf, length: int | None = None) -> Cache:
+        """An empty memory keeping the newest `mem_len` positions (math.inf: all), for a stream of
         `length` tokens. The length is needed only when the encoding draws positions (they
         spread over their whole range, so the stream's are drawn up front)."""
         return Cache.for_stream(self.config.n_layers, mem_len, self.encoding, length)

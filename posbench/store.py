@@ -21,6 +21,7 @@ import pandas as pd
 import torch
 
 from posbench.experiment.config import run_label
+from posbench.experiment.evaluation import POSITION_METRICS
 from posbench.kernels.cpu import denormals_flushed
 from posbench.errors import ResultsError
 from posbench.version import __version__
@@ -39,11 +40,15 @@ BIAS_FILE, TERMS_FILE, DISTANCE_FILE = "bias.npy", "terms.csv", "attention_dista
 REACHABILITY_FILE, ANSWER_POSITIONS_FILE = "reachability.csv", "answer_positions.csv"
 RUN_FILES = (CONFIG_FILE, MEASUREMENTS_FILE, ENV_FILE, LOG_FILE, MODEL_FILE, BIAS_FILE, TERMS_FILE, DISTANCE_FILE,
              REACHABILITY_FILE, ANSWER_POSITIONS_FILE, RESULT_FILE)
+#: The tidy results. eval_len: the task length evaluated, in the task's unit (string symbols,
+#: or tokens for lm); position: a loss-by-position row's token position; mem_len: the memory
+#: length, positions kept in the cache (blank: no cache, the whole sequence at once; inf: an
+#: unbounded cache); seq_len: a profile's sequence length in tokens.
 COLUMNS = [
     "run_id", "task", "encoding", "encoding_label", "seed", "train_len_max",
-    "eval_len", "mem_len", "seq_len", "cache_len", "metric", "value", "note",
+    "eval_len", "position", "mem_len", "seq_len", "metric", "value", "note",
 ]  # fmt: skip
-MEASUREMENT_COLUMNS = ["eval_len", "mem_len", "seq_len", "cache_len", "metric", "value", "note"]
+MEASUREMENT_COLUMNS = ["eval_len", "position", "mem_len", "seq_len", "metric", "value", "note"]
 
 
 def describe_os_error(err: OSError, path: Path | str, action: str = "write") -> str:
@@ -302,11 +307,34 @@ class RunFolder:
                                "to redo it.") from None
         except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as err:
             raise ResultsError(f"{file} is corrupt ({err}); run the same command again to redo it.") from None
+        frame = current_columns(frame)
         missing = set(MEASUREMENT_COLUMNS) - set(frame.columns)
         if missing:
             raise ResultsError(f"{file} lacks the columns {sorted(missing)}; run the same command again to redo it.")
         frame["note"] = frame["note"].fillna("")
         return frame
+
+
+def current_columns(frame: pd.DataFrame) -> pd.DataFrame:
+    """Measurements (or results) in today's columns. Tables of posbench 0.1 name a
+    profile's memory length cache_len and keep a loss-by-position row's position in eval_len;
+    they are read into mem_len and position (eval_len becomes the length evaluated, the
+    run's longest), so an old store loads as it is: its files, and their checksums, are untouched.
+    Tables in today's columns pass unchanged."""
+    frame = frame.copy()
+    if "cache_len" in frame:
+        frame["mem_len"] = frame["mem_len"].astype(float).fillna(frame.pop("cache_len").astype(float))
+    if "position" not in frame:
+        by_position = frame["metric"].isin(POSITION_METRICS)
+        frame.insert(frame.columns.get_loc("eval_len") + 1, "position", frame["eval_len"].where(by_position))
+        if by_position.any():  # eval_len: the run's longest full-context length
+            lengths = frame[~by_position & frame["mem_len"].isna()]
+            if "run_id" in frame:
+                evaluated = frame.loc[by_position, "run_id"].map(lengths.groupby("run_id")["eval_len"].max())
+            else:
+                evaluated = lengths["eval_len"].max()
+            frame.loc[by_position, "eval_len"] = evaluated
+    return frame
 
 
 def state_to_bytes(model: torch.nn.Module) -> bytes:

@@ -8,6 +8,8 @@ decoder, and raises AssertionError with a precise message when the encoding misb
 """
 from __future__ import annotations
 
+import math
+
 import fnmatch
 
 from typing import Any, Callable
@@ -94,7 +96,7 @@ def check_chunked_equals_whole(encoding: str, chunk_sizes: tuple[int, ...] = (1,
             whole = model(tokens)
         for size in chunk_sizes:
             with seeded_draws(0):
-                cache = model.new_cache(mem_len=None, length=SEQ_LEN)
+                cache = model.new_cache(mem_len=math.inf, length=SEQ_LEN)
             parts = [model(tokens[:, s : s + size], cache=cache) for s in range(0, SEQ_LEN, size)]
             chunked = torch.cat(parts, dim=1)
             err = (chunked - whole).abs().max().item()

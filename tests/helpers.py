@@ -1,6 +1,8 @@
 """Tiny sweeps that train in a second, for tests."""
 from __future__ import annotations
 
+import pandas as pd
+
 from posbench.experiment.config import EncodingSpec, EvalConfig, ModelSize, SweepConfig, TaskSpec, TrainConfig
 
 
@@ -36,3 +38,11 @@ warmup_steps = 1
 n_samples = 8
 batch_size = 8
 """
+
+
+def tidy(rows: list[dict]) -> pd.DataFrame:
+    """Result rows as the report receives them: every column of results.csv, NaN where a row
+    gives none."""
+    from posbench.store import COLUMNS
+
+    return pd.DataFrame(rows).reindex(columns=COLUMNS)

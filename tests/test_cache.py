@@ -1,6 +1,8 @@
 """The Transformer-XL memory: what it holds, the positions it reports, and stop-gradient."""
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -9,9 +11,16 @@ from posbench.cache import Cache
 from posbench.encodings.base import Span
 
 
+def test_memory_length_is_a_whole_number_or_inf() -> None:
+    """None means "no cache" everywhere in posbench, so a cache refuses it (and fractions)."""
+    for bad in (None, -1, 2.5):
+        with pytest.raises(ValueError, match="math.inf for a memory that keeps every position"):
+            Cache(n_layers=1, mem_len=bad)
+
+
 @pytest.mark.parametrize("grad", [False, True])
-@pytest.mark.parametrize("mem_len", [None, 0, 3, 8])
-def test_memory_holds_the_newest_positions(grad: bool, mem_len: int | None) -> None:
+@pytest.mark.parametrize("mem_len", [math.inf, 0, 3, 8])
+def test_memory_holds_the_newest_positions(grad: bool, mem_len: float) -> None:
     cache = Cache(n_layers=1, mem_len=mem_len)
     seen = 0
     for n in (5, 1, 1, 4, 2):
@@ -23,7 +32,7 @@ def test_memory_holds_the_newest_positions(grad: bool, mem_len: int | None) -> N
         assert k_all[0, 0, :, 0].tolist() == list(range(span.start, span.stop))  # keys are their positions
         cache.advance(n)
         seen += n
-        expected_held = seen if mem_len is None else min(mem_len, seen)
+        expected_held = min(mem_len, seen)
         assert cache.held() == expected_held
         assert k_all.requires_grad == grad
 

@@ -5,12 +5,13 @@ from __future__ import annotations
 import itertools
 import math
 
-import pandas as pd
 import pytest
 
 from posbench.report.literature import (
     AGREES, DISAGREES, FINDINGS, INCONCLUSIVE, NOT_MEASURED, PARTLY, check_findings, seed_bootstrap,
 )
+
+from helpers import tidy
 
 SEEDS = (0, 1, 2)
 #: Seed-to-seed noise small enough that every replicate keeps the order of the values.
@@ -34,7 +35,8 @@ def _lm(penalties: dict[str, float], excess: dict[str, float] | None = None) -> 
     rows = []
     for (e, v), (seed, noise) in itertools.product(penalties.items(), zip(SEEDS, JITTER)):
         base = {"task": "lm", "encoding": e, "encoding_label": e, "seed": seed, "train_len_max": 64, "mem_len": math.nan}
-        rows += [base | {"metric": "lm_penalty", "eval_len": p, "value": (v + noise / 10) * max(p - 64, 0) / 448}
+        rows += [base | {"metric": "lm_penalty", "eval_len": 512, "position": p,
+                         "value": (v + noise / 10) * max(p - 64, 0) / 448}
                  for p in (32, 64, 128, 256, 384, 512)]
         rows.append(base | {"metric": "excess_loss", "eval_len": 64, "value": (excess or {}).get(e, 0.02)})
     return rows
@@ -71,7 +73,7 @@ def _randomized(accuracies: dict[str, float]) -> list[dict]:
 
 
 def _verdicts(rows: list[dict], replicates: int = 50) -> dict[str, tuple[str, str]]:
-    return {v.finding: (v.verdict, v.measured) for v in check_findings(pd.DataFrame(rows), replicates)}
+    return {v.finding: (v.verdict, v.measured) for v in check_findings(tidy(rows), replicates)}
 
 
 AGREEING = (_copy({"t5": 0.5, "alibi": 0.4, "nope": 0.35, "sinusoidal": 0.05, "rope": 0.02})
@@ -156,7 +158,7 @@ def test_randomized_positions_are_paired_by_label_and_compared_in_size() -> None
 
 
 def test_seed_bootstrap_draws_seeds_per_encoding_with_replacement() -> None:
-    frame = pd.DataFrame(_copy({"t5": 0.5, "rope": 0.1}))
+    frame = tidy(_copy({"t5": 0.5, "rope": 0.1}))
     for sample in seed_bootstrap(frame, 20):
         assert len(sample) == len(frame)
         for label, group in sample.groupby("encoding_label"):
@@ -175,11 +177,11 @@ def test_order_checks_are_calibrated_against_shuffled_labels(finding: str) -> No
     agreements = []
     for order in itertools.permutations(names):
         shuffled = dict(zip(order, values.values()))
-        agreements.append(check.against(pd.DataFrame(_copy(shuffled)), replicates=20).verdict == AGREES)
+        agreements.append(check.against(tidy(_copy(shuffled)), replicates=20).verdict == AGREES)
     assert sum(agreements) / len(agreements) <= 0.11
 
 
 def test_verdicts_carry_the_agreement_fraction() -> None:
-    verdicts = check_findings(pd.DataFrame(AGREEING), replicates=30)
+    verdicts = check_findings(tidy(AGREEING), replicates=30)
     assert all(v.agreement == 1.0 for v in verdicts), [(v.finding, v.agreement) for v in verdicts]
-    assert all(math.isnan(v.agreement) for v in check_findings(pd.DataFrame(_copy({"t5": 0.1})), replicates=5))
+    assert all(math.isnan(v.agreement) for v in check_findings(tidy(_copy({"t5": 0.1})), replicates=5))

@@ -46,10 +46,12 @@ def test_a_sliding_window_sees_the_same_loss_at_every_offset() -> None:
     model = build_model("alibi", task.vocab_size, 32, 1, 2)
     train(model, task, TrainConfig(steps=150, batch_size=16, warmup_steps=10), seed=0)
     rows = position_rows(model, task, EvalConfig(n_samples=256, batch_size=128))
-    window = {r.eval_len: r.value for r in rows if r.metric == "lm_loss_window" and r.eval_len > 32}
+    assert {r.eval_len for r in rows} == {256}  # the length evaluated; each row's bin is its position
+    window = {r.position: r.value for r in rows if r.metric == "lm_loss_window" and r.position > 32}
     values = list(window.values())
+    assert len(values) == (256 - 32) // 8
     assert max(values) - min(values) < 0.06, window  # stationary data: no trend, only noise
-    penalty = {r.eval_len: r.value for r in rows if r.metric == "lm_penalty"}
+    penalty = {r.position: r.value for r in rows if r.metric == "lm_penalty"}
     assert all(penalty[p] == 0.0 for p in penalty if p <= 32)  # within L the two contexts are the same
 
 

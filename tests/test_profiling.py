@@ -14,7 +14,7 @@ from posbench.experiment.memory import measure_peak_mb, reset_peak_rss
 from posbench.experiment.profiling import BenchConfig, ProfileRun, memory_rows, profile_encoding, run_profile
 from posbench.store import collect
 
-TINY = BenchConfig(seq_lens=(16, 32), cache_lens=(0, 8), window_lens=(16,), window=4, batch_size=2,
+TINY = BenchConfig(seq_lens=(16, 32), mem_lens=(0, 8), window_lens=(16,), window=4, batch_size=2,
                    n_heads=2, d_head=8, threads=1, min_run_time=0.001)
 
 needs_clear_refs = pytest.mark.skipif(not reset_peak_rss(), reason="no /proc/self/clear_refs here")
@@ -49,7 +49,7 @@ def test_profile_rows_have_the_expected_shape(encoding: str) -> None:
     latency = frame[frame["metric"] == "latency_fwdbwd_ms"]
     assert sorted(latency["seq_len"]) == [16, 32]
     decode = frame[frame["metric"] == "latency_decode_ms"]
-    assert sorted(decode["cache_len"]) == [0, 8]
+    assert sorted(decode["mem_len"]) == [0, 8]
     if encoding == "learned":  # 32 tokens do not fit 20 positions: n/a with the reason
         na = latency[latency["seq_len"] == 32].iloc[0]
         assert math.isnan(na["value"]) and "0..19" in na["note"]
@@ -75,7 +75,7 @@ def test_decoding_reuses_position_tables(encoding: str) -> None:
     """After a prefill, decoding token by token builds no bias or position table again."""
     torch.manual_seed(0)
     model = posbench.build_model(encoding, vocab_size=7, d_model=16, n_layers=2, n_heads=2).eval()
-    cache = model.new_cache(mem_len=None)
+    cache = model.new_cache(mem_len=math.inf)
     with torch.no_grad():
         model(torch.randint(0, 7, (1, 70)), cache=cache)
         builds = model.encoding.table_builds

@@ -79,7 +79,7 @@ def test_a_cache_draws_the_whole_stream_up_front_and_keeps_cached_keys_positions
         with seeded_draws(2):
             whole = model(tokens)
         with seeded_draws(2):
-            cache = model.new_cache(mem_len=None, length=20)
+            cache = model.new_cache(mem_len=math.inf, length=20)
         chunked = torch.cat([model(tokens[:, s : s + 6], cache=cache) for s in range(0, 20, 6)], dim=1)
         assert torch.allclose(whole, chunked, atol=1e-5)
         with pytest.raises(PositionOutOfRangeError, match="made for a stream of 20 tokens"):

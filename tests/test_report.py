@@ -46,7 +46,7 @@ def sweep_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     sweep = dataclasses.replace(tiny_sweep("nope", "t5", "alibi", EVIL, seeds=(0, 1)), profile=True)
     import posbench.experiment.profiling as profiling
 
-    small = BenchConfig(seq_lens=(16, 32), cache_lens=(0, 8), window_lens=(16,), window=4, batch_size=2,
+    small = BenchConfig(seq_lens=(16, 32), mem_lens=(0, 8), window_lens=(16,), window=4, batch_size=2,
                         n_heads=2, d_head=8, threads=1, min_run_time=0.001)
     original, profiling.SMALL_PROFILE = profiling.SMALL_PROFILE, small
     try:
@@ -199,9 +199,9 @@ def test_noisy_latency_is_marked_and_never_best(sweep_dir: Path) -> None:
     frame.loc[ratio_rows & (frame["encoding"] == "alibi"), "note"] = "noisy: other processes used 1.0 cores"
     frame.loc[ratio_rows & (frame["encoding"] == "alibi"), "value"] = 0.01  # would be the best if trusted
     rows, _ = _headline_rows(frame)
-    cell = next(r for r in rows if r["encoding"] == "alibi")["cells"]["latency_ratio"]
+    cell = next(r for r in rows if r["label"] == "alibi")["cells"]["latency_ratio"]
     assert cell["text"].endswith("(noisy)") and not cell["best"]
-    assert any(r["cells"]["latency_ratio"]["best"] for r in rows if r["encoding"] != "alibi")
+    assert any(r["cells"]["latency_ratio"]["best"] for r in rows if r["label"] != "alibi")
 
 
 def test_building_a_report_leaves_matplotlib_as_it_found_it(report, sweep_dir: Path, tmp_path: Path) -> None:

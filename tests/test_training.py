@@ -63,7 +63,7 @@ def test_evaluation_rows_and_not_applicable_lengths() -> None:
     assert full[(4, "token_accuracy")].value >= full[(4, "exact_match")].value
     na = full[(8, "exact_match")]  # 16 tokens > 8 positions
     assert math.isnan(na.value) and "0..7" in na.note
-    assert mem_lens(task, config) == [0, 2, 4, 8, None]
+    assert mem_lens(task, config) == [0, 2, 4, 8, math.inf]
     cached = {(r.eval_len, r.mem_len) for r in rows if r.mem_len is not None and r.metric == "exact_match"}
     assert cached == {(e, m) for e in (2, 4, 8) for m in (0, 2, 4, 8, math.inf)}
 

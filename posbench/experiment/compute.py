@@ -209,7 +209,7 @@ def _compute(job: RunJob, progress: ProgressSink) -> RunOutput:
         progress(run.run_id, "evaluating", None)
         by_position: list[dict[str, float]] = []
         for m in iter_evaluate(model, task, run.eval, run.device, by_position):
-            measurements.append(m.__dict__ | {"seq_len": None, "cache_len": None})
+            measurements.append(m.__dict__ | {"seq_len": None})
         if by_position:
             artifacts[ANSWER_POSITIONS_FILE] = pd.DataFrame(by_position).to_csv(index=False).encode()
         measurements += reach_rows + _training_rows(result, run)
@@ -260,7 +260,7 @@ def _reachability(model: Decoder, task: Task, run: RunConfig) -> tuple[pd.DataFr
     frame = reachability.reachability(model.encoding, task, segment, run.train.train_mem_len)
     if frame.empty:
         return frame, [], []
-    rows = [{"eval_len": n, "mem_len": None, "seq_len": None, "cache_len": None, "metric": "untrained_share",
+    rows = [{"eval_len": n, "position": None, "mem_len": None, "seq_len": None, "metric": "untrained_share",
              "value": share, "note": ""} for n, share in sorted(reachability.untrained_share(frame).items())]
     missing = reachability.unreached(model.encoding, task, run.encoding.display(), frame, segment, run.train.train_mem_len)
     return frame, rows, [m.message() for m in missing]
@@ -328,7 +328,7 @@ def _stop_check(model: Decoder, task: Task, run: RunConfig, note: Callable[[str]
 def _training_rows(result: dict[str, Any], run: RunConfig) -> list[dict[str, Any]]:
     """What training measured, as tidy rows: the final loss and, with early stopping, the
     steps it took to reach the threshold (NaN with a note when the cap came first)."""
-    empty = {"eval_len": None, "mem_len": None, "seq_len": None, "cache_len": None}
+    empty = {"eval_len": None, "position": None, "mem_len": None, "seq_len": None}
     rows = [empty | {"metric": "train_loss_final", "value": result["train_loss_final"], "note": ""}]
     if run.train.stop_at is not None or run.train.stop_within is not None:
         reached = result.get("steps_to_threshold")

@@ -27,11 +27,12 @@ VALIDATION_SEED = 2_000_003  # the early-stopping sample: never the evaluation s
 class Measurement:
     """One tidy measurement; value is NaN with a note when it is not applicable."""
 
-    eval_len: int
-    mem_len: float | None  # None: full context; math.inf: an unbounded cache
+    eval_len: int  # the task length evaluated, in the task's own unit
+    mem_len: float | None  # None: no cache (the whole sequence at once); math.inf: an unbounded cache
     metric: str
     value: float
     note: str = ""
+    position: int | None = None  # loss-by-position rows: the last token position of the bin
 
 
 def held_out(task: Task, length: int, config: EvalConfig, seed: int = HELD_OUT_SEED) -> Iterator[Batch]:
@@ -50,19 +51,19 @@ def default_segment_len(task: Task, config: EvalConfig) -> int:
     return config.segment_len or max(1, task.sequence_length(task.train_lengths[1]) // 2)
 
 
-def mem_lens(task: Task, config: EvalConfig) -> list[int | None]:
-    """The memory sizes M of the cache sweep, from multiples of S (inf: unbounded)."""
+def mem_lens(task: Task, config: EvalConfig) -> list[float]:
+    """The memory lengths M of the cache sweep, from multiples of S (math.inf: unbounded)."""
     segment = default_segment_len(task, config)
-    out: list[int | None] = []
+    out: list[float] = []
     for factor in config.mem_len_factors:
-        m = None if math.isinf(factor) else int(round(factor * segment))
+        m = math.inf if math.isinf(factor) else int(round(factor * segment))
         if m not in out:
             out.append(m)
     return out
 
 
 @torch.no_grad()
-def _logits(model: Decoder, tokens: torch.Tensor, segment: int | None, mem_len: int | None) -> torch.Tensor:
+def _logits(model: Decoder, tokens: torch.Tensor, segment: int | None, mem_len: float) -> torch.Tensor:
     if segment is None:
         return model(tokens)
     cache = model.new_cache(mem_len=mem_len, length=tokens.shape[1])
@@ -84,7 +85,7 @@ def greedy_predictions(model: Decoder, tokens: torch.Tensor, answer: torch.Tenso
     first = int(columns[0])  # logits here predict the first answer token
     inputs = tokens.clone()
     if model.encoding.cache_consistent:
-        cache = model.new_cache(mem_len=None, length=T)
+        cache = model.new_cache(mem_len=math.inf, length=T)
         logits = model(inputs[:, : first + 1], cache=cache)  # (B, first + 1, V)
         predictions[:, : first + 1] = logits.argmax(-1)
         for t in range(first, T - 1):
@@ -130,7 +131,7 @@ def correct_prefix(hit: torch.Tensor, answer: torch.Tensor) -> torch.Tensor:
 
 def _accuracy(
     model: Decoder, task: Task, length: int, config: EvalConfig, device: torch.device | str,
-    segment: int | None = None, mem_len: int | None = None, seed: int = HELD_OUT_SEED,
+    segment: int | None = None, mem_len: float = math.inf, seed: int = HELD_OUT_SEED,
     free_running: bool = False, by_position: list[dict[str, float]] | None = None,
 ) -> dict[str, float]:
     """Exact match, teacher-forced token accuracy and loss on the held-out sample of `length`;
@@ -181,8 +182,10 @@ def _accuracy(
     return scores
 
 
-def _not_applicable(length: int, mem_len: float | None, reason: str, metrics: tuple[str, ...] = ("exact_match", "token_accuracy", "loss")) -> list[Measurement]:
-    return [Measurement(length, mem_len, m, float("nan"), reason) for m in metrics]
+def _not_applicable_rows(length: int, mem_len: float | None, reason: str, metrics: tuple[str, ...],
+                         position: int | None = None) -> list[Measurement]:
+    """NaN rows with the reason a length cannot be evaluated, one per metric."""
+    return [Measurement(length, mem_len, m, float("nan"), reason, position) for m in metrics]
 
 
 #: What free-running (greedy) decoding adds at each full-context length of a task with answers.
@@ -239,7 +242,7 @@ def iter_evaluate(model: Decoder, task: Task, config: EvalConfig, device: torch.
     for length in task.eval_lengths:
         reason = model.encoding.supports(Span(0, task.sequence_length(length)))
         if reason:
-            yield from _not_applicable(length, None, reason, _metrics(task, free_running=True))
+            yield from _not_applicable_rows(length, None, reason, _metrics(task, free_running=True))
             continue
         scores = _accuracy(model, task, length, config, device, free_running=task.exact_match_meaningful,
                            by_position=by_position)
@@ -254,13 +257,12 @@ def iter_evaluate(model: Decoder, task: Task, config: EvalConfig, device: torch.
     for length in cache_lengths:
         reason = model.encoding.supports(Span(0, task.sequence_length(length)))
         for mem_len in mem_lens(task, config):
-            stored_mem = math.inf if mem_len is None else mem_len
             if reason:
-                yield from _not_applicable(length, stored_mem, reason, _metrics(task))
+                yield from _not_applicable_rows(length, mem_len, reason, _metrics(task))
                 continue
             acc = _accuracy(model, task, length, config, device, segment, mem_len)
             for k, v in acc.items():
-                yield Measurement(length, stored_mem, k, v)
+                yield Measurement(length, mem_len, k, v)
     if task.per_position:
         yield from position_rows(model, task, config, device)
 
@@ -272,8 +274,8 @@ POSITION_METRICS = ("lm_loss", "lm_loss_window", "lm_penalty")
 @torch.no_grad()
 def position_rows(model: Decoder, task: Task, config: EvalConfig, device: torch.device | str = "cpu") -> list[Measurement]:
     """Next-token loss by position at the longest evaluation length E, in bins of L/4 positions
-    (L the longest training length; eval_len is a bin's last position, counted in tokens of
-    context). Full context sees every earlier token. The sliding window re-reads the sequence
+    (L the longest training length; each row's eval_len is E and its position the bin's last
+    position, counted in tokens of context). Full context sees every earlier token. The sliding window re-reads the sequence
     in windows of L tokens every L/2, each scoring its last L/2 tokens (the first window all
     of them), with positions restarting in every window, so no token is ever seen at a
     position the model was not trained on. lm_penalty = full - window at the same tokens: the
@@ -282,7 +284,8 @@ def position_rows(model: Decoder, task: Task, config: EvalConfig, device: torch.
     reason = model.encoding.supports(Span(0, E))
     bins = list(range(0, E, max(1, L // 4)))
     if reason:
-        return [m for start in bins for m in _not_applicable(min(start + max(1, L // 4), E), None, reason, POSITION_METRICS)]
+        return [m for start in bins
+                for m in _not_applicable_rows(E, None, reason, POSITION_METRICS, min(start + max(1, L // 4), E))]
     stride = max(1, L // 2)
     starts = list(range(0, max(E - L, 0) + 1, stride))
     if starts[-1] + L < E:
@@ -309,8 +312,8 @@ def position_rows(model: Decoder, task: Task, config: EvalConfig, device: torch.
     for start in bins:
         stop = min(start + width, E)
         f, w = float(full[start:stop].mean()), float(window[start:stop].mean())
-        rows += [Measurement(stop, None, "lm_loss", f), Measurement(stop, None, "lm_loss_window", w),
-                 Measurement(stop, None, "lm_penalty", f - w)]
+        rows += [Measurement(E, None, "lm_loss", f, position=stop), Measurement(E, None, "lm_loss_window", w, position=stop),
+                 Measurement(E, None, "lm_penalty", f - w, position=stop)]
     return rows
 
 

@@ -1,5 +1,5 @@
 """Latency and peak memory of one attention layer per encoding (the same attention code that
-training uses), across sequence lengths and cache lengths, each encoding timed side by side
+training uses), across sequence lengths and memory lengths, each encoding timed side by side
 with the `nope` baseline so ratios come from one run.
 
 Timing uses torch.utils.benchmark (warm-up, blocked autorange; median and IQR) with a fixed,
@@ -44,7 +44,7 @@ class BenchConfig:
     """What `posbench bench` measures, and at which sizes."""
 
     seq_lens: tuple[int, ...] = (128, 256, 512, 1024, 2048, 4096)
-    cache_lens: tuple[int, ...] = (0, 128, 512, 1024, 2048, 4096)
+    mem_lens: tuple[int, ...] = (0, 128, 512, 1024, 2048, 4096)  # decoding through a memory of M positions
     window_lens: tuple[int, ...] = (512, 1024, 2048)  # segment-with-cache vs sliding window
     window: int = 128  # segment length S and sliding-window size W for that comparison
     batch_size: int = 8
@@ -58,10 +58,10 @@ class BenchConfig:
 
 
 SMALL_PROFILE = BenchConfig(
-    seq_lens=(64, 128, 256), cache_lens=(0, 64, 256), window_lens=(256,), window=32, batch_size=4, min_run_time=0.05
+    seq_lens=(64, 128, 256), mem_lens=(0, 64, 256), window_lens=(256,), window=32, batch_size=4, min_run_time=0.05
 )
 QUICK_PROFILE = BenchConfig(
-    seq_lens=(64, 128), cache_lens=(0, 64), window_lens=(128,), window=32, batch_size=4, min_run_time=0.02
+    seq_lens=(64, 128), mem_lens=(0, 64), window_lens=(128,), window=32, batch_size=4, min_run_time=0.02
 )
 
 
@@ -76,7 +76,7 @@ class AttentionUnderTest(nn.Module):
     def forward(self, x: Tensor, cache: Cache | None = None) -> Tensor:
         return run_layers(self.encoding, [self.attn], x, cache)
 
-    def new_cache(self, mem_len: int | None, length: int | None = None) -> Cache:
+    def new_cache(self, mem_len: float, length: int | None = None) -> Cache:
         return Cache.for_stream(1, mem_len, self.encoding, length)
 
 
@@ -95,8 +95,10 @@ def _layer(spec: EncodingSpec, config: BenchConfig) -> AttentionUnderTest:
     return AttentionUnderTest(spec, config.n_heads, config.d_head).to(config.device)
 
 
-def _row(metric: str, value: float, seq_len: int | None = None, cache_len: int | None = None, note: str = "") -> dict[str, Any]:
-    return {"eval_len": None, "mem_len": None, "seq_len": seq_len, "cache_len": cache_len,
+def _row(metric: str, value: float, seq_len: int | None = None, mem_len: int | None = None,
+         note: str = "") -> dict[str, Any]:
+    """A tidy profile row: at a sequence length and/or through a memory of `mem_len` positions."""
+    return {"eval_len": None, "position": None, "mem_len": mem_len, "seq_len": seq_len,
             "metric": metric, "value": value, "note": note}
 
 
@@ -146,17 +148,17 @@ def latency_rows(spec: EncodingSpec, config: BenchConfig) -> list[dict[str, Any]
 
 
 def decode_rows(spec: EncodingSpec, config: BenchConfig) -> list[dict[str, Any]]:
-    """Per-token decoding latency through a cache holding `cache_len` positions."""
+    """Per-token decoding latency through a memory holding `mem_len` positions."""
     rows = []
     d_model = config.n_heads * config.d_head
     for name, layer in (("enc", _layer(spec, config)), ("base", _layer(EncodingSpec(BASELINE), config))):
-        for M in config.cache_lens:
+        for M in config.mem_lens:
             reason = _unsupported_reason(layer, M + 64)
             if layer.encoding.draws_positions:
                 reason = "drawn positions need the stream's length up front; open-ended decoding is not timed"
             if reason:
                 if name == "enc":
-                    rows.append(_row("latency_decode_ms", math.nan, cache_len=M, note=reason))
+                    rows.append(_row("latency_decode_ms", math.nan, mem_len=M, note=reason))
                 continue
             cache = layer.new_cache(mem_len=M)
             with torch.no_grad():
@@ -173,13 +175,13 @@ def decode_rows(spec: EncodingSpec, config: BenchConfig) -> list[dict[str, Any]]
             median, iqr = guard.value
             note = noise_note(guard, (median, iqr))
             if name == "enc":
-                rows += [_row("latency_decode_ms", median, cache_len=M, note=note),
-                         _row("latency_decode_iqr_ms", iqr, cache_len=M, note=note)]
+                rows += [_row("latency_decode_ms", median, mem_len=M, note=note),
+                         _row("latency_decode_iqr_ms", iqr, mem_len=M, note=note)]
             else:
                 for row in rows:
-                    if row["metric"] == "latency_decode_ms" and row["cache_len"] == M and not math.isnan(row["value"]):
+                    if row["metric"] == "latency_decode_ms" and row["mem_len"] == M and not math.isnan(row["value"]):
                         both = "; ".join(dict.fromkeys(filter(None, (row["note"], note))))
-                        rows.append(_row("latency_decode_ratio", row["value"] / median, cache_len=M, note=both))
+                        rows.append(_row("latency_decode_ratio", row["value"] / median, mem_len=M, note=both))
     return rows
 
 

@@ -67,9 +67,9 @@ def default_report_dir(sweep_dir: Path) -> Path:
 
 
 def summarise(frame: pd.DataFrame) -> pd.DataFrame:
-    """One row per task x encoding x length or cache length x metric: mean, std, the 95%
+    """One row per task x encoding x length, position or memory length x metric: mean, std, the 95%
     t interval of the mean over seeds (NaN with one seed), the best seed's value, seeds."""
-    keys = ["task", "encoding_label", "metric", "eval_len", "mem_len", "seq_len", "cache_len"]
+    keys = ["task", "encoding_label", "metric", "eval_len", "position", "mem_len", "seq_len"]
     grouped = frame.groupby(keys, dropna=False)
     summary = grouped["value"].agg(mean="mean", std="std", best="max").reset_index()
     intervals = [mean_interval(group.values) for _, group in grouped["value"]]
@@ -148,7 +148,7 @@ def _headline_rows(frame: pd.DataFrame) -> tuple[list[dict[str, Any]], dict[str,
         cells["chance_at_2x"] = {"text": "n/a" if chance is None or math.isnan(chance) else f"{chance:.2f}", "best": False}
         rows.append({
             "task": record["task"], "comparison": comparisons.get(record["task"], ""),
-            "encoding": record["encoding_label"], "seeds": int(record["seeds"]),
+            "label": record["encoding_label"], "seeds": int(record["seeds"]),
             "best_at_2x": "n/a" if math.isnan(record["best_at_2x"]) else f"{record['best_at_2x']:.2f}",
             "generalising": "n/a" if math.isnan(record["generalising"]) else f"{record['generalising']:.0%}",
             "steps": "" if not isinstance(record.get("reached_threshold"), str) else (
@@ -186,7 +186,7 @@ def _lm_rows(frame: pd.DataFrame) -> list[dict[str, Any]]:
                  for c in [c for c, _, _ in LM_COLUMNS] + ["excess_in_distribution"]}
         cells["effective_length"] = Interval(record["effective_length"], record["effective_length_low"],
                                              record["effective_length_high"], 0).text(0)
-        rows.append({"task": record["task"], "encoding": record["encoding_label"], "seeds": int(record["seeds"]), "cells": cells,
+        rows.append({"task": record["task"], "label": record["encoding_label"], "seeds": int(record["seeds"]), "cells": cells,
                      "unlearned": record["learned"] is False})
     return rows
 
@@ -318,7 +318,7 @@ def build_report(sweep_dir: Path, out_dir: Path) -> Report:
         "latency_fwdbwd": plots.cost_plot(frame, "latency_fwdbwd_ms", "seq_len", colours, "median latency (ms)", "forward+backward latency"),
         "latency_fwd": plots.cost_plot(frame, "latency_fwd_ms", "seq_len", colours, "median latency (ms)", "forward latency"),
         "memory": plots.cost_plot(frame, "peak_mem_mb", "seq_len", colours, "peak memory (MiB)", "peak memory, forward+backward"),
-        "decode": plots.cost_plot(frame, "latency_decode_ms", "cache_len", colours, "median latency per token (ms)", "decoding through the cache"),
+        "decode": plots.cost_plot(frame, "latency_decode_ms", "mem_len", colours, "median latency per token (ms)", "decoding through the cache"),
     }
     failures, missing = _failures_and_missing(sweep_dir)
     config = sweep_marker(sweep_dir).get("config", {})
@@ -339,7 +339,7 @@ def build_report(sweep_dir: Path, out_dir: Path) -> Report:
         "timing_method": describe_method(),
         "literature": [dataclasses.asdict(v) for v in check_findings(frame)],
         "lm_headline": _lm_rows(frame),
-        "cross_task": [{"encoding": r.encoding_label, "mrr_exact_match": f"{r.mrr_exact_match:.2f}",
+        "cross_task": [{"label": r.encoding_label, "mrr_exact_match": f"{r.mrr_exact_match:.2f}",
                         "mrr_token_accuracy": f"{r.mrr_token_accuracy:.2f}", "tasks": int(r.tasks)}
                        for r in cross_task_ranking(frame).itertuples()],
         "noisy_timings": int(frame["note"].fillna("").str.startswith("noisy").sum()),

@@ -179,7 +179,7 @@ def _lm_penalties(frame: pd.DataFrame) -> pd.DataFrame:
     learned = learned_language(frame, "lm")
     rows = frame[(frame["task"] == "lm") & (frame["metric"] == "lm_penalty") & (frame["encoding_label"] == frame["encoding"])]
     rows = rows[rows["encoding_label"].map(learned).fillna(False).astype(bool)]
-    return rows.pivot_table(index="eval_len", columns="encoding", values="value", aggfunc="mean")
+    return rows.pivot_table(index="position", columns="encoding", values="value", aggfunc="mean")
 
 
 def _unlearned(frame: pd.DataFrame, names: tuple[str, ...]) -> list[str]:

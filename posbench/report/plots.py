@@ -110,11 +110,11 @@ def loss_vs_position(frame: pd.DataFrame, task: str, colours: dict[str, str]) ->
         return None
     fig = Figure(figsize=(10, 3.6))
     left, right = fig.subplots(1, 2)
-    _lines(left, rows[rows["metric"] == "lm_loss"], "eval_len", colours)
+    _lines(left, rows[rows["metric"] == "lm_loss"], "position", colours)
     for label in sorted(rows["encoding_label"].unique(), key=list(colours).index):
-        window = _mean_interval(rows[(rows["metric"] == "lm_loss_window") & (rows["encoding_label"] == label)], "eval_len")
-        left.plot(window["eval_len"], window["mean"], ls=":", lw=1, color=colours[label])
-    _lines(right, rows[rows["metric"] == "lm_penalty"], "eval_len", colours)
+        window = _mean_interval(rows[(rows["metric"] == "lm_loss_window") & (rows["encoding_label"] == label)], "position")
+        left.plot(window["position"], window["mean"], ls=":", lw=1, color=colours[label])
+    _lines(right, rows[rows["metric"] == "lm_penalty"], "position", colours)
     train_max = rows["train_len_max"].max()
     for ax, ylabel in ((left, "next-token loss (nats)"), (right, "penalty: full - window (nats)")):
         ax.axvline(train_max, color="black", ls="--", lw=1)
@@ -149,13 +149,13 @@ def accuracy_vs_cache(frame: pd.DataFrame, task: str, colours: dict[str, str]) -
         ax.set_ylim(-0.03, 1.05)
     axes[0][0].set_ylabel(f"{metric.replace('_', ' ')} (fraction)")
     axes[0][-1].legend(fontsize=7, loc="best")
-    fig.suptitle(f"{task}: accuracy vs cache length", fontsize=10)
+    fig.suptitle(f"{task}: accuracy vs memory length", fontsize=10)
     return to_png(fig)
 
 
 @styled
 def cost_plot(frame: pd.DataFrame, metric: str, x: str, colours: dict[str, str], ylabel: str, title: str) -> str | None:
-    """A latency or memory metric against sequence or cache length (log-log)."""
+    """A latency or memory metric against sequence or memory length (log-log)."""
     rows = frame[(frame["metric"] == metric) & frame[x].notna() & frame["value"].notna()]
     if rows.empty:
         return None
@@ -163,7 +163,7 @@ def cost_plot(frame: pd.DataFrame, metric: str, x: str, colours: dict[str, str],
     ax = fig.subplots()
     _lines(ax, rows, x, colours)
     lengths = sorted(rows[x].unique())
-    if lengths[0] == 0:  # a zero cache length: linear near zero, log beyond
+    if lengths[0] == 0:  # a zero memory length: linear near zero, log beyond
         ax.set_xscale("symlog", base=2, linthresh=lengths[1] if len(lengths) > 1 else 1)
     else:
         ax.set_xscale("log", base=2)
@@ -172,7 +172,7 @@ def cost_plot(frame: pd.DataFrame, metric: str, x: str, colours: dict[str, str],
         ax.set_yscale("log")
         ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
         ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
-    ax.set_xlabel("sequence length (tokens)" if x == "seq_len" else "cache length (tokens)")
+    ax.set_xlabel("sequence length (tokens)" if x == "seq_len" else "memory length mem_len (tokens)")
     ax.set_ylabel(ylabel)
     ax.set_title(title)
     ax.legend(fontsize=7, ncol=2)

@@ -23,9 +23,10 @@ def _accuracy_rows(frame: pd.DataFrame, metric: str) -> pd.DataFrame:
     return rows.assign(eval_len=rows["eval_len"].astype(int))
 
 
-def length_at(frame: pd.DataFrame, multiple: float) -> pd.Series:
-    """Per row, the smallest evaluated length >= multiple x train_len_max of that task."""
-    evaluated = frame.groupby("task")["eval_len"].unique()
+def length_at(frame: pd.DataFrame, multiple: float, column: str = "eval_len") -> pd.Series:
+    """Per row, the smallest evaluated length (or, with column="position", token position)
+    >= multiple x train_len_max of that task."""
+    evaluated = frame.groupby("task")[column].unique()
 
     def pick(row: pd.Series) -> float:
         target = multiple * row["train_len_max"]
@@ -72,11 +73,11 @@ def effective_lengths(frame: pd.DataFrame) -> pd.DataFrame:
     accuracy stays >= EFFECTIVE_AT; for loss by position, the longest position at which the
     penalty stays <= EFFECTIVE_PENALTY nats. In the task's length unit."""
     records = []
-    for metric, holds in (("greedy_token_accuracy", lambda v: v >= EFFECTIVE_AT),
-                          ("lm_penalty", lambda v: v <= EFFECTIVE_PENALTY)):
-        rows = frame[(frame["metric"] == metric) & frame["mem_len"].isna() & frame["eval_len"].notna() & frame["task"].notna()]
+    for metric, holds, x in (("greedy_token_accuracy", lambda v: v >= EFFECTIVE_AT, "eval_len"),
+                             ("lm_penalty", lambda v: v <= EFFECTIVE_PENALTY, "position")):
+        rows = frame[(frame["metric"] == metric) & frame["mem_len"].isna() & frame[x].notna() & frame["task"].notna()]
         for (task, label), group in rows.groupby(["task", "encoding_label"]):
-            per_seed = [_longest_holding(g["eval_len"].astype(float).tolist(), g["value"].astype(float).tolist(), holds)
+            per_seed = [_longest_holding(g[x].astype(float).tolist(), g["value"].astype(float).tolist(), holds)
                         for _, g in group.groupby("seed")]
             interval = mean_interval(per_seed)
             records.append({"task": task, "encoding_label": label, "effective_length": interval.mean,
@@ -181,16 +182,16 @@ def lm_headline(frame: pd.DataFrame) -> pd.DataFrame:
     training length and at the last bin, and the in-distribution loss above the task's floor,
     each the mean over seeds with its 95% t interval; `learned` says whether that excess is
     within UNLEARNED_EXCESS (None where the task has no floor)."""
-    rows = frame[frame["metric"].isin(["lm_loss", "lm_penalty"]) & frame["eval_len"].notna()]
+    rows = frame[frame["metric"].isin(["lm_loss", "lm_penalty"]) & frame["position"].notna()]
     records: dict[tuple[str, str], dict[str, object]] = {}
     for column, metric, which in LM_COLUMNS:
         picked = rows[rows["metric"] == metric]
         if which == "in":
-            picked = picked[picked["eval_len"] <= picked["train_len_max"]]
+            picked = picked[picked["position"] <= picked["train_len_max"]]
         elif which == "last":
-            picked = picked[picked["eval_len"] == picked.groupby("task")["eval_len"].transform("max")]
-        else:
-            picked = picked[picked["eval_len"] == length_at(picked, float(which))] if not picked.empty else picked
+            picked = picked[picked["position"] == picked.groupby("task")["position"].transform("max")]
+        elif not picked.empty:
+            picked = picked[picked["position"] == length_at(picked, float(which), "position")]
         per_seed = picked.groupby(["task", "encoding_label", "seed"])["value"].mean()
         for (task, label), seeds in per_seed.groupby(level=[0, 1]):
             interval = mean_interval(seeds.values)
