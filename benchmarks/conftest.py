@@ -3,6 +3,7 @@
 Each goal is a ratio against a baseline measured in the same run, interleaved, median of
 torch.utils.benchmark's blocked autorange; the closing summary prints every ratio, its goal and
 by how much a missed goal is missed."""
+
 from __future__ import annotations
 
 import os
@@ -59,8 +60,14 @@ def interleaved_ratio():
     alternately (baseline, run, baseline, run, ...) over ROUNDS rounds of config.min_run_time."""
 
     def ratio(run, baseline_run, config) -> float:
-        guard = guarded(lambda: interleaved_times({"base": baseline_run, "run": run}, config.threads,
-                                                  config.min_run_time * ROUNDS, rounds=ROUNDS))
+        guard = guarded(
+            lambda: interleaved_times(
+                {"base": baseline_run, "run": run},
+                config.threads,
+                config.min_run_time * ROUNDS,
+                rounds=ROUNDS,
+            )
+        )
         if guard.contended:
             NOTES.append(f"NOISY: {guard.note()}; treat that ratio as unreliable")
         return guard.value["run"][0] / guard.value["base"][0]

@@ -1,5 +1,6 @@
 """Issue #4's speed and memory goals: one attention layer with its projections, float32,
 B=8, H=4, d_head=32, forward+backward, each encoding beside `nope` in the same run."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -13,8 +14,18 @@ from posbench.experiment.memory import reset_peak_rss
 from posbench.experiment.profiling import BenchConfig, _layer, _once, memory_rows
 from posbench.experiment.timing import time_ms
 
-CONFIG = BenchConfig(batch_size=8, n_heads=4, d_head=32, threads=torch.get_num_threads(), min_run_time=0.5)
-LIMITS = {"alibi": 1.2, "rope": 1.2, "sinusoidal": 1.2, "learned": 1.2, "t5": 2.0, "txl": 2.5, "deberta": 2.5}
+CONFIG = BenchConfig(
+    batch_size=8, n_heads=4, d_head=32, threads=torch.get_num_threads(), min_run_time=0.5
+)
+LIMITS = {
+    "alibi": 1.2,
+    "rope": 1.2,
+    "sinusoidal": 1.2,
+    "learned": 1.2,
+    "t5": 2.0,
+    "txl": 2.5,
+    "deberta": 2.5,
+}
 D_MODEL = CONFIG.n_heads * CONFIG.d_head
 
 
@@ -33,7 +44,9 @@ def fwd_bwd(layer, x, mem_len: int = 0):
 
 @pytest.mark.parametrize("L", [1024, 2048])
 @pytest.mark.parametrize("encoding", [e for e in BUILTINS if e != "nope"])
-def test_fwd_bwd_ratio_to_nope(benchmark, record_goal, interleaved_ratio, encoding: str, L: int) -> None:
+def test_fwd_bwd_ratio_to_nope(
+    benchmark, record_goal, interleaved_ratio, encoding: str, L: int
+) -> None:
     spec = EncodingSpec(encoding, {"max_positions": 2048} if encoding == "learned" else {})
     layer, base = _layer(spec, CONFIG), _layer(EncodingSpec("nope"), CONFIG)
     x = torch.randn(CONFIG.batch_size, L, D_MODEL)
@@ -69,7 +82,9 @@ def test_decoding_grows_linearly_with_cache(benchmark, record_goal, encoding: st
                 layer(token, cache)
 
         latency[M] = time_ms(step, CONFIG.threads, CONFIG.min_run_time)[0]
-    record_goal(f"{encoding} decode latency cache 4096 / cache 1024", latency[4096] / latency[1024], 4.5)
+    record_goal(
+        f"{encoding} decode latency cache 4096 / cache 1024", latency[4096] / latency[1024], 4.5
+    )
     benchmark.extra_info["decode_ms"] = latency
 
 
@@ -90,18 +105,26 @@ def test_segment_eval_beats_sliding_window(record_goal, encoding: str) -> None:
             for t in range(N):
                 layer(x[:, max(0, t + 1 - S) : t + 1])
 
-    record_goal(f"{encoding} sliding window / segments with cache, N={N}", _once(sliding, 1) / _once(segments), 10,
-                higher_is_better=True)
+    record_goal(
+        f"{encoding} sliding window / segments with cache, N={N}",
+        _once(sliding, 1) / _once(segments),
+        10,
+        higher_is_better=True,
+    )
 
 
 @pytest.mark.skipif(not reset_peak_rss(), reason="needs /proc/self/clear_refs")
 @pytest.mark.parametrize("encoding", BUILTINS)
 def test_memory_grows_at_most_quadratically(record_goal, note, encoding: str) -> None:
     spec = EncodingSpec(encoding, {"max_positions": 2048} if encoding == "learned" else {})
-    rows = memory_rows(spec, dataclasses.replace(CONFIG, seq_lens=(1024, 2048)))  # fresh child process
+    rows = memory_rows(
+        spec, dataclasses.replace(CONFIG, seq_lens=(1024, 2048))
+    )  # fresh child process
     peaks = {row["seq_len"]: row["value"] for row in rows}
     dense = CONFIG.batch_size * CONFIG.n_heads * 2048 * 2048 * CONFIG.d_head * 4 / 2**20
     record_goal(f"{encoding} peak memory L=2048 / L=1024", peaks[2048] / peaks[1024], 4.4)
-    note(f"{encoding}: peak {peaks[1024]:.0f} / {peaks[2048]:.0f} MiB at L=1024/2048 "
-         f"(an (L, L, d) tensor alone would be {dense:.0f} MiB)")
+    note(
+        f"{encoding}: peak {peaks[1024]:.0f} / {peaks[2048]:.0f} MiB at L=1024/2048 "
+        f"(an (L, L, d) tensor alone would be {dense:.0f} MiB)"
+    )
     assert peaks[2048] < dense

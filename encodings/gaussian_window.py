@@ -4,6 +4,7 @@ Drop a file like this into a plugin folder (this repository's `encodings/`, a fo
 `[tool.posbench] plugin-dirs`, or `--plugins DIR`) and posbench picks it up: no edit to
 posbench itself.
 """
+
 from __future__ import annotations
 
 import torch
@@ -28,7 +29,9 @@ class GaussianWindow(PositionalEncoding):
         widths = torch.logspace(0, 6, shape.n_heads, base=2.0)  # (H,) from 1 to 64
         self.raw_width = nn.Parameter(torch.log(torch.expm1(widths)))
 
-    def position_bias(self, q_span: Span, k_span: Span, layer: LayerContext, device: torch.device) -> Tensor:
+    def position_bias(
+        self, q_span: Span, k_span: Span, layer: LayerContext, device: torch.device
+    ) -> Tensor:
         distance = self.relative_positions(q_span, k_span, device).float()  # (Lq, Lk)
         width = softplus(self.raw_width)[:, None, None]  # (H, 1, 1)
-        return -(distance / width) ** 2  # (H, Lq, Lk)
+        return -((distance / width) ** 2)  # (H, Lq, Lk)

@@ -1,4 +1,5 @@
 """posbench: compare positional encodings for Transformer attention side by side."""
+
 from __future__ import annotations
 
 from posbench.encodings import (

@@ -1,4 +1,5 @@
 """Self-attention (causal by default) that takes any positional encoding through its hooks."""
+
 from __future__ import annotations
 
 import copy
@@ -22,7 +23,12 @@ class SelfAttention(nn.Module):
         super().__init__()
         if d_model % n_heads:
             raise ValueError(f"d_model={d_model} is not divisible by n_heads={n_heads}")
-        self.n_heads, self.d_head, self.layer, self.causal = n_heads, d_model // n_heads, layer, causal
+        self.n_heads, self.d_head, self.layer, self.causal = (
+            n_heads,
+            d_model // n_heads,
+            layer,
+            causal,
+        )
         self.qkv = nn.Linear(d_model, 3 * d_model)
         self.out = nn.Linear(d_model, d_model)
 
@@ -39,7 +45,9 @@ class SelfAttention(nn.Module):
         d = self.n_heads * self.d_head
         return self._heads(F.linear(x, self.qkv.weight[d : 2 * d], self.qkv.bias[d : 2 * d]))
 
-    def forward(self, x: Tensor, span: Span, encoding: PositionalEncoding, cache: Cache | None) -> Tensor:
+    def forward(
+        self, x: Tensor, span: Span, encoding: PositionalEncoding, cache: Cache | None
+    ) -> Tensor:
         B, L, D = x.shape
         q, k, v = (self._heads(t) for t in self.qkv(x).split(D, dim=-1))  # each (B, H, L, d)
         context = LayerContext(self.layer, self.project_q, self.project_k)
@@ -57,11 +65,17 @@ class SelfAttention(nn.Module):
         mask = causal_mask(q_len, k_len, x.device) if self.causal and q_len > 1 else None
         if scores.bias is None:
             if self.causal and q_len == k_len:  # the fused causal fast path
-                y = F.scaled_dot_product_attention(scores.q, scores.k, v, is_causal=True, scale=scores.scale)
+                y = F.scaled_dot_product_attention(
+                    scores.q, scores.k, v, is_causal=True, scale=scores.scale
+                )
             else:
-                y = F.scaled_dot_product_attention(scores.q, scores.k, v, attn_mask=mask, scale=scores.scale)
+                y = F.scaled_dot_product_attention(
+                    scores.q, scores.k, v, attn_mask=mask, scale=scores.scale
+                )
         else:
-            y = biased_attention(scores.q, scores.k, v, scores.bias, scores.scale, mask)  # (B, H, L, d')
+            y = biased_attention(
+                scores.q, scores.k, v, scores.bias, scores.scale, mask
+            )  # (B, H, L, d')
         y = y[..., :d_v]
         return self.out(y.transpose(1, 2).reshape(B, L, D))
 
@@ -75,7 +89,9 @@ def attention_tensor_bytes(encoding: PositionalEncoding, batch_size: int, length
     B, H, d, L = batch_size, encoding.n_heads, encoding.d_head, length
     meta = torch.device("meta")
     q = torch.empty(B, H, L, d, device=meta)
-    ctx = LayerContext(0, lambda t: t.new_empty(H, t.shape[0], d), lambda t: t.new_empty(H, t.shape[0], d))
+    ctx = LayerContext(
+        0, lambda t: t.new_empty(H, t.shape[0], d), lambda t: t.new_empty(H, t.shape[0], d)
+    )
     try:
         on_meta = copy.deepcopy(encoding).to(meta)
         q2, k2 = on_meta.rotate(q, q.clone(), Span(0, L), ctx)

@@ -1,4 +1,5 @@
 """The memory of a decoder: detached keys and values of the positions seen so far."""
+
 from __future__ import annotations
 
 import math
@@ -55,10 +56,14 @@ class Cache:
     drawn once for the stream so cached keys keep theirs); spans then carry their slice.
     """
 
-    def __init__(self, n_layers: int, mem_len: float = math.inf, positions: Tensor | None = None) -> None:
+    def __init__(
+        self, n_layers: int, mem_len: float = math.inf, positions: Tensor | None = None
+    ) -> None:
         if mem_len is None or mem_len < 0 or (not math.isinf(mem_len) and mem_len != int(mem_len)):
-            raise ValueError(f"mem_len must be a whole number >= 0, or math.inf for a memory that keeps every "
-                             f"position, got {mem_len}")
+            raise ValueError(
+                f"mem_len must be a whole number >= 0, or math.inf for a memory that keeps every "
+                f"position, got {mem_len}"
+            )
         self.mem_len = mem_len
         self.positions = positions  # (stream length,) or None: positions are token indices
         self.seen = 0
@@ -66,13 +71,18 @@ class Cache:
         self._values = [_Buffer() for _ in range(n_layers)]
 
     @classmethod
-    def for_stream(cls, n_layers: int, mem_len: float, encoding: PositionalEncoding, length: int | None) -> "Cache":
+    def for_stream(
+        cls, n_layers: int, mem_len: float, encoding: PositionalEncoding, length: int | None
+    ) -> "Cache":
         """A memory for a stream of `length` tokens read through `encoding`. The length is
         needed only when the encoding draws positions: they spread over their whole range, so
         the stream's are drawn up front."""
         if length is None and encoding.draws_positions:
-            raise ValueError(f"encoding {encoding.name!r} draws randomized positions for a whole stream up front; "
-                             "pass the stream's length when making its cache (new_cache(mem_len, length=...)).")
+            raise ValueError(
+                f"encoding {encoding.name!r} draws randomized positions for a whole stream up "
+                "front; "
+                "pass the stream's length when making its cache (new_cache(mem_len, length=...))."
+            )
         return cls(n_layers, mem_len, None if length is None else encoding.place(length))
 
     def span_for(self, new_tokens: int) -> Span:
@@ -84,8 +94,10 @@ class Cache:
             return Span(start, stop)
         if stop > len(self.positions):
             raise PositionOutOfRangeError(
-                f"this cache was made for a stream of {len(self.positions)} tokens (its positions are drawn "
-                f"up front) and was asked for token {stop - 1}; pass the whole stream's length to new_cache."
+                f"this cache was made for a stream of {len(self.positions)} tokens (its positions "
+                "are drawn "
+                f"up front) and was asked for token {stop - 1}; pass the whole stream's length to "
+                "new_cache."
             )
         return Span(start, stop, self.positions[start:stop])
 

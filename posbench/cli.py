@@ -1,4 +1,5 @@
 """The `posbench` command line: list, run, bench, report."""
+
 from __future__ import annotations
 
 import signal
@@ -82,8 +83,11 @@ def list_command(
         for name in registry.names(pattern):
             table.add_row(Text(name), Text(registry.description(name).replace("``", "")))
         if registry is ENCODINGS:
-            table.caption = ("Every encoding also takes randomize_positions = M: randomized positions (Ruoss et al. "
-                             "2023), each stream's drawn sorted from 0..M-1; eval_positions = random|plain.")
+            table.caption = (
+                "Every encoding also takes randomize_positions = M: randomized positions (Ruoss et "
+                "al. "
+                "2023), each stream's drawn sorted from 0..M-1; eval_positions = random|plain."
+            )
             table.caption_justify = "left"
         console.print(table)
     table = Table(title="Suites (posbench run --suite NAME)", title_justify="left")
@@ -104,30 +108,68 @@ def _int_list(value: str, flag: str) -> tuple[int, ...]:
 @app.command("run")
 @user_errors
 def run_command(
-    encodings: Optional[str] = typer.Option(None, help="Encodings, commas and wildcards: 'txl,t5', 'rope*'. Default: the suite's (or config's) encodings."),
-    tasks: Optional[str] = typer.Option(None, help="Tasks, commas and wildcards. Default: the suite's (or config's) tasks."),
-    seeds: Optional[str] = typer.Option(None, help="Seeds, e.g. 0,1,2. Default: the suite's (or config's) seeds."),
+    encodings: Optional[str] = typer.Option(
+        None,
+        help="Encodings, commas and wildcards: 'txl,t5', 'rope*'. "
+        "Default: the suite's (or config's) encodings.",
+    ),
+    tasks: Optional[str] = typer.Option(
+        None, help="Tasks, commas and wildcards. Default: the suite's (or config's) tasks."
+    ),
+    seeds: Optional[str] = typer.Option(
+        None, help="Seeds, e.g. 0,1,2. Default: the suite's (or config's) seeds."
+    ),
     steps: Optional[int] = typer.Option(None, help="Training steps per run."),
     device: Optional[str] = typer.Option(None, help="cpu (default) or cuda."),
-    out: Optional[Path] = typer.Option(None, help="Sweep folder. Default: results/<config name>, results/default or results/quick."),
-    config: Optional[Path] = typer.Option(None, "--config", help="A TOML file describing the sweep; flags override it."),
-    suite: Optional[str] = typer.Option(None, "--suite", help="A suite that ships with posbench (`posbench list` shows them), e.g. standard."),
-    train_mem_len: Optional[int] = typer.Option(None, help="Train Transformer-XL style through a cache of this many positions."),
-    threads: Optional[int] = typer.Option(None, help="torch threads per run (recorded with the results)."),
-    quick: bool = typer.Option(False, "--quick", help="A first look in about three minutes: far fewer steps, a small evaluation sample."),
+    out: Optional[Path] = typer.Option(
+        None, help="Sweep folder. Default: results/<config name>, results/default or results/quick."
+    ),
+    config: Optional[Path] = typer.Option(
+        None, "--config", help="A TOML file describing the sweep; flags override it."
+    ),
+    suite: Optional[str] = typer.Option(
+        None,
+        "--suite",
+        help="A suite that ships with posbench (`posbench list` shows them), e.g. standard.",
+    ),
+    train_mem_len: Optional[int] = typer.Option(
+        None, help="Train Transformer-XL style through a cache of this many positions."
+    ),
+    threads: Optional[int] = typer.Option(
+        None, help="torch threads per run (recorded with the results)."
+    ),
+    quick: bool = typer.Option(
+        False,
+        "--quick",
+        help="A first look in about three minutes: far fewer steps, a small evaluation sample.",
+    ),
     force: bool = typer.Option(False, "--force", help="Redo finished runs too."),
-    profile: Optional[bool] = typer.Option(None, "--profile/--no-profile", help="Include a small latency/memory profile."),
-    report: bool = typer.Option(True, "--report/--no-report", help="Write reports/<sweep>/report.html at the end."),
-    executor: str = typer.Option("local", help="local (one run at a time), processes (--jobs N here) or ray."),
+    profile: Optional[bool] = typer.Option(
+        None, "--profile/--no-profile", help="Include a small latency/memory profile."
+    ),
+    report: bool = typer.Option(
+        True, "--report/--no-report", help="Write reports/<sweep>/report.html at the end."
+    ),
+    executor: str = typer.Option(
+        "local", help="local (one run at a time), processes (--jobs N here) or ray."
+    ),
     jobs: int = typer.Option(2, help="Worker processes for --executor processes."),
-    ray_address: Optional[str] = typer.Option(None, help="Ray cluster to join ('auto' or host:port); default starts a local Ray runtime."),
+    ray_address: Optional[str] = typer.Option(
+        None, help="Ray cluster to join ('auto' or host:port); default starts a local Ray runtime."
+    ),
     cpus_per_run: float = typer.Option(1.0, help="CPUs each Ray task asks for."),
     gpus_per_run: float = typer.Option(0.0, help="GPUs each Ray task asks for."),
-    eval_variants: Optional[str] = typer.Option(None, "--eval-variants", help="Also evaluate each trained model under other options, no retraining: 'rope:scaling=yarn,factor=4;rope:scaling=ntk,factor=4'."),
+    eval_variants: Optional[str] = typer.Option(
+        None,
+        "--eval-variants",
+        help="Also evaluate each trained model under other options, no retraining: "
+        "'rope:scaling=yarn,factor=4;rope:scaling=ntk,factor=4'.",
+    ),
 ) -> None:
     """Train a tiny decoder per encoding and task, evaluate it at and beyond the training
     length and through caches, and store tidy, resumable results."""
     from posbench.experiment.config import apply_overrides, load_config_file
+    from posbench.experiment.variants import parse_variants
     from posbench.suites import DEFAULT_SUITE, suite_file
     from posbench.report.terminal import make_reporter, print_outcome
 
@@ -135,10 +177,17 @@ def run_command(
         raise ConfigError("--config and --suite both describe a whole sweep; give one of them.")
     sweep, name = load_config_file(config or suite_file(suite or DEFAULT_SUITE))
     sweep = apply_overrides(
-        sweep, encodings=encodings, tasks=tasks,
+        sweep,
+        encodings=encodings,
+        tasks=tasks,
         seeds=_int_list(seeds, "--seeds") if seeds is not None else None,
-        steps=steps, device=device, train_mem_len=train_mem_len, threads=threads, quick=quick, profile=profile,
-        eval_variants=eval_variants,
+        steps=steps,
+        device=device,
+        train_mem_len=train_mem_len,
+        threads=threads,
+        quick=quick,
+        profile=profile,
+        eval_variants=None if eval_variants is None else parse_variants(eval_variants),
     )
     name = name or (config.stem if config else DEFAULT_SUITE)
     if sweep.quick:  # a quick look never mixes with the full runs of the same sweep
@@ -158,9 +207,15 @@ def run_command(
         members = sweep_members(out_dir) if out_dir.is_dir() else None
         kept = sum(RunFolder(out_dir / run_id).is_finished() for run_id in members or {})
         how = "terminated" if isinstance(interrupt, Terminated) else "interrupted"
-        err_console.print(Text(
-            f"{how}: {kept} of {len(members or {})} run(s) of this sweep are stored in {out_dir}; "
-            "run the same command again to resume (finished runs are skipped).", style="yellow"), soft_wrap=True)
+        err_console.print(
+            Text(
+                f"{how}: {kept} of {len(members or {})} run(s) of this sweep are stored in "
+                f"{out_dir}; "
+                "run the same command again to resume (finished runs are skipped).",
+                style="yellow",
+            ),
+            soft_wrap=True,
+        )
         raise typer.Exit(143 if isinstance(interrupt, Terminated) else 130) from None
     finally:
         signal.signal(signal.SIGTERM, previous)
@@ -171,7 +226,9 @@ def run_command(
         written = build_report(out_dir, default_report_dir(out_dir))
         console.print(Text(f"report: {written.html}"), soft_wrap=True)
     elif report:
-        console.print(Text("no run of this sweep finished, so no report was written"), soft_wrap=True)
+        console.print(
+            Text("no run of this sweep finished, so no report was written"), soft_wrap=True
+        )
     if outcome.failures:
         raise typer.Exit(1)
 
@@ -179,15 +236,26 @@ def run_command(
 @app.command("bench")
 @user_errors
 def bench_command(
-    encodings: Optional[str] = typer.Option(None, help="Encodings, commas and wildcards. Default: every built-in."),
-    seq_lens: Optional[str] = typer.Option(None, help="Sequence lengths, e.g. 128,256,512 (default up to 4096)."),
-    mem_lens: Optional[str] = typer.Option(None, help="Memory lengths (cached positions) for decoding, e.g. 0,128,1024 "
-                                                      "(default up to 4096)."),
-    window_lens: Optional[str] = typer.Option(None, help="Sequence lengths for segment-with-cache vs sliding-window evaluation."),
+    encodings: Optional[str] = typer.Option(
+        None, help="Encodings, commas and wildcards. Default: every built-in."
+    ),
+    seq_lens: Optional[str] = typer.Option(
+        None, help="Sequence lengths, e.g. 128,256,512 (default up to 4096)."
+    ),
+    mem_lens: Optional[str] = typer.Option(
+        None,
+        help="Memory lengths (cached positions) for decoding, e.g. 0,128,1024 "
+        "(default up to 4096).",
+    ),
+    window_lens: Optional[str] = typer.Option(
+        None, help="Sequence lengths for segment-with-cache vs sliding-window evaluation."
+    ),
     batch_size: int = typer.Option(8, help="Batch size B."),
     device: str = typer.Option("cpu", help="cpu or cuda."),
     threads: int = typer.Option(2, help="torch threads (fixed and recorded)."),
-    min_run_time: float = typer.Option(0.2, help="Seconds of timing per measurement (blocked autorange)."),
+    min_run_time: float = typer.Option(
+        0.2, help="Seconds of timing per measurement (blocked autorange)."
+    ),
     memory: bool = typer.Option(True, "--memory/--no-memory", help="Measure peak memory too."),
     out: Path = typer.Option(Path("results/bench"), help="Folder for the tidy results."),
     force: bool = typer.Option(False, "--force", help="Measure again even where results exist."),
@@ -205,14 +273,27 @@ def bench_command(
     from posbench.report.terminal import print_bench
 
     if device.startswith("cuda") and not torch.cuda.is_available():
-        raise ConfigError(f"--device {device} was asked for but CUDA is not available here; use --device cpu.")
+        raise ConfigError(
+            f"--device {device} was asked for but CUDA is not available here; use --device cpu."
+        )
     if threads < 1 or batch_size < 1 or min_run_time <= 0:
-        raise ConfigError("--threads and --batch-size must be at least 1 and --min-run-time above 0.")
+        raise ConfigError(
+            "--threads and --batch-size must be at least 1 and --min-run-time above 0."
+        )
     names = REGISTRY.select(encodings) if encodings else list(BUILTINS)
-    config = BenchConfig(batch_size=batch_size, device=device, threads=threads, min_run_time=min_run_time,
-                         memory=memory, plugin_dirs=loaded_plugin_dirs())
-    for flag, value, name in (("--seq-lens", seq_lens, "seq_lens"), ("--mem-lens", mem_lens, "mem_lens"),
-                              ("--window-lens", window_lens, "window_lens")):
+    config = BenchConfig(
+        batch_size=batch_size,
+        device=device,
+        threads=threads,
+        min_run_time=min_run_time,
+        memory=memory,
+        plugin_dirs=loaded_plugin_dirs(),
+    )
+    for flag, value, name in (
+        ("--seq-lens", seq_lens, "seq_lens"),
+        ("--mem-lens", mem_lens, "mem_lens"),
+        ("--window-lens", window_lens, "window_lens"),
+    ):
         if value is not None:
             lengths = _int_list(value, flag)
             shortest = 0 if name == "mem_lens" else 1
@@ -220,15 +301,25 @@ def bench_command(
                 raise ConfigError(f"{flag} needs lengths of at least {shortest}, got {value!r}.")
             config = dataclasses.replace(config, **{name: lengths})
     with console.status("") as status:
-        run_bench(config, names, out, force, lambda label: status.update(Text(f"profiling {label} ...")))
+        run_bench(
+            config, names, out, force, lambda label: status.update(Text(f"profiling {label} ..."))
+        )
     print_bench(console, out)
 
 
 @app.command("report")
 @user_errors
 def report_command(
-    results_dir: Path = typer.Argument(..., help="A sweep folder written by `posbench run` or `posbench bench`."),
-    out: Optional[Path] = typer.Option(None, "-o", "--out", help="Report folder. Default: reports/<name> for results/<name>, else <sweep folder>/report."),
+    results_dir: Path = typer.Argument(
+        ..., help="A sweep folder written by `posbench run` or `posbench bench`."
+    ),
+    out: Optional[Path] = typer.Option(
+        None,
+        "-o",
+        "--out",
+        help="Report folder. Default: reports/<name> for results/<name>, "
+        "else <sweep folder>/report.",
+    ),
 ) -> None:
     """Build results.csv, summary.csv and a self-contained report.html from stored results."""
     from posbench.report.terminal import print_headline
@@ -241,7 +332,12 @@ def report_command(
     if written.missing:
         console.print(Text(f"partial sweep: {len(written.missing)} run(s) not finished"))
     if written.other_runs:
-        console.print(Text(f"{len(written.other_runs)} run(s) of other configurations in {results_dir} are kept but not included"))
+        console.print(
+            Text(
+                f"{len(written.other_runs)} run(s) of other configurations in {results_dir} are "
+                "kept but not included"
+            )
+        )
     console.print(Text(f"report: {written.html}"), soft_wrap=True)
     console.print(Text(f"tables: {written.results_csv}, {written.summary_csv}"), soft_wrap=True)
 
@@ -249,9 +345,12 @@ def report_command(
 @app.command("inspect")
 @user_errors
 def inspect_command(
-    run_dir: Path = typer.Argument(..., help="One run's folder inside a sweep folder, e.g. results/default/<run id>."),
+    run_dir: Path = typer.Argument(
+        ..., help="One run's folder inside a sweep folder, e.g. results/default/<run id>."
+    ),
 ) -> None:
-    """Print one stored run's score terms, health flags and attention distance (for debugging an encoding)."""
+    """Print one stored run's score terms, health flags and attention distance (for debugging an
+    encoding)."""
     from posbench.report.terminal import print_inspection
 
     print_inspection(console, run_dir)

@@ -1,4 +1,5 @@
 """User-facing errors: each carries one sentence naming the problem and the fix."""
+
 from __future__ import annotations
 
 

@@ -1,4 +1,5 @@
 """A tiny pre-LayerNorm decoder (nanoGPT-sized) that takes any registered encoding."""
+
 from __future__ import annotations
 
 import math
@@ -38,14 +39,18 @@ class ModelConfig:
 class Block(nn.Module):
     """Pre-LN residual block: x + attn(ln(x)), then x + mlp(ln(x))."""
 
-    def __init__(self, d_model: int, n_heads: int, d_ff: int, layer: int, causal: bool = True) -> None:
+    def __init__(
+        self, d_model: int, n_heads: int, d_ff: int, layer: int, causal: bool = True
+    ) -> None:
         super().__init__()
         self.ln_attn = nn.LayerNorm(d_model)
         self.attn = SelfAttention(d_model, n_heads, layer, causal)
         self.ln_mlp = nn.LayerNorm(d_model)
         self.mlp = nn.Sequential(nn.Linear(d_model, d_ff), nn.GELU(), nn.Linear(d_ff, d_model))
 
-    def forward(self, x: Tensor, span: Span, encoding: PositionalEncoding, cache: Cache | None) -> Tensor:
+    def forward(
+        self, x: Tensor, span: Span, encoding: PositionalEncoding, cache: Cache | None
+    ) -> Tensor:
         x = x + self.attn(self.ln_attn(x), span, encoding, cache)
         return x + self.mlp(self.ln_mlp(x))
 
@@ -60,7 +65,8 @@ class Decoder(nn.Module):
         self.tok_emb = nn.Embedding(config.vocab_size, config.d_model)
         self.encoding = encoding
         self.blocks = nn.ModuleList(
-            Block(config.d_model, config.n_heads, d_ff, i, config.causal) for i in range(config.n_layers)
+            Block(config.d_model, config.n_heads, d_ff, i, config.causal)
+            for i in range(config.n_layers)
         )
         self.ln_f = nn.LayerNorm(config.d_model)
         self.head = nn.Linear(config.d_model, config.vocab_size, bias=False)
@@ -75,7 +81,10 @@ class Decoder(nn.Module):
     def forward(self, tokens: Tensor, cache: Cache | None = None) -> Tensor:
         """Logits (B, L, V) for tokens (B, L), continuing what `cache` holds if given."""
         if cache is not None and not self.config.causal:
-            raise ValueError("a cache continues causal attention; a model built with causal=False reads whole sequences")
+            raise ValueError(
+                "a cache continues causal attention; a model built with causal=False reads whole "
+                "sequences"
+            )
         x = run_layers(self.encoding, self.blocks, self.tok_emb(tokens), cache)  # (B, L, d_model)
         return self.head(self.ln_f(x))
 
@@ -88,7 +97,9 @@ def stream_span(encoding: PositionalEncoding, length: int) -> Span:
 Layer = Callable[[Tensor, Span, PositionalEncoding, "Cache | None"], Tensor]
 
 
-def run_layers(encoding: PositionalEncoding, layers: Iterable[Layer], x: Tensor, cache: Cache | None = None) -> Tensor:
+def run_layers(
+    encoding: PositionalEncoding, layers: Iterable[Layer], x: Tensor, cache: Cache | None = None
+) -> Tensor:
     """The one forward pass over positions: embeddings x (B, L, d) placed (a later span when
     `cache` holds earlier tokens, else the stream's own), checked, through the encoding's embed
     hook and each layer, and the cache advanced. The decoder and the profiler both run it."""
@@ -122,7 +133,16 @@ def build_model(
     causal: bool = True,
 ) -> Decoder:
     """Build a decoder with the encoding registered as `encoding_name` and its options."""
-    config = ModelConfig(vocab_size, d_model, n_layers, n_heads, d_ff, encoding_name, dict(encoding_options or {}), causal)
+    config = ModelConfig(
+        vocab_size,
+        d_model,
+        n_layers,
+        n_heads,
+        d_ff,
+        encoding_name,
+        dict(encoding_options or {}),
+        causal,
+    )
     return model_from_config(config)
 
 

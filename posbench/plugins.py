@@ -5,6 +5,7 @@ never shadows Python's codec package). A broken plugin gives one warning; the re
 Plugins are loaded once, explicitly: by the command line before any command, by each worker
 process for the folders its driver loaded, and by library users through ``load_plugins()``.
 The registries themselves never go looking."""
+
 from __future__ import annotations
 
 import hashlib
@@ -41,7 +42,9 @@ def configured_plugin_dirs(cwd: Path | None = None) -> list[Path]:
     try:
         data = tomllib.loads(pyproject.read_text(encoding="utf-8"))
     except (tomllib.TOMLDecodeError, OSError) as err:
-        warnings.warn(f"posbench: could not read plugin-dirs from {pyproject}: {err}", PluginWarning)
+        warnings.warn(
+            f"posbench: could not read plugin-dirs from {pyproject}: {err}", PluginWarning
+        )
         return []
     dirs = data.get("tool", {}).get("posbench", {}).get("plugin-dirs", [])
     return [(root / d).resolve() for d in dirs]
@@ -78,7 +81,9 @@ def load_plugin_dir(directory: Path) -> None:
         return
     _loaded_dirs.add(directory)
     if not directory.is_dir():
-        warnings.warn(f"posbench: plugin folder {directory} does not exist; skipped.", PluginWarning)
+        warnings.warn(
+            f"posbench: plugin folder {directory} does not exist; skipped.", PluginWarning
+        )
         return
     for path in sorted(directory.glob("*.py")):
         if not path.name.startswith("_"):

@@ -1,5 +1,6 @@
 """One generic registry for encodings and tasks: register by name, list with wildcards, create
 with a helpful error for unknown names and options (after timm and lm-evaluation-harness)."""
+
 from __future__ import annotations
 
 import difflib
@@ -28,7 +29,8 @@ class Registry(Generic[T]):
         def decorator(obj: T) -> T:
             if not (isinstance(obj, type) and issubclass(obj, self.base)):
                 raise TypeError(
-                    f"{self.kind} {name!r}: {getattr(obj, '__qualname__', obj)!r} is not a subclass of "
+                    f"{self.kind} {name!r}: {getattr(obj, '__qualname__', obj)!r} is not a "
+                    "subclass of "
                     f"{self.base.__name__}; derive it from posbench.{self.base.__name__}."
                 )
             existing = self._entries.get(name)
@@ -88,7 +90,9 @@ class Registry(Generic[T]):
         return doc.strip().splitlines()[0] if doc.strip() else ""
 
 
-def check_options(factory: object, options: dict[str, object], what: str, shared: Sequence[str] = ()) -> None:
+def check_options(
+    factory: object, options: dict[str, object], what: str, shared: Sequence[str] = ()
+) -> None:
     """Raise OptionError naming each option that `factory` does not accept, or whose value
     does not fit the type and range it declares (see posbench.validation). `shared` names
     options accepted besides the factory's own (checked elsewhere), listed in the message."""
@@ -99,6 +103,7 @@ def check_options(factory: object, options: dict[str, object], what: str, shared
         known = [n for n, p in params.items() if p.kind is p.KEYWORD_ONLY] + list(shared)
         accepted = ", ".join(known) if known else "no options"
         raise OptionError(
-            f"Unknown option {', '.join(repr(u) for u in unknown)} for {what}; it accepts: {accepted}."
+            f"Unknown option {', '.join(repr(u) for u in unknown)} for {what}; it accepts: "
+            f"{accepted}."
         )
     check_declared(factory, options, what)  # type: ignore[arg-type]

@@ -1,5 +1,6 @@
 """The results store: one folder per run, files written atomically, and a tidy results.csv
 rebuilt from those folders so it always agrees with them."""
+
 from __future__ import annotations
 
 import errno
@@ -38,8 +39,19 @@ MEASUREMENTS_FILE, MODEL_FILE = "measurements.csv", "model.pt"
 #: mass by key distance, which indexed rows training reached, accuracy by answer position.
 BIAS_FILE, TERMS_FILE, DISTANCE_FILE = "bias.npy", "terms.csv", "attention_distance.csv"
 REACHABILITY_FILE, ANSWER_POSITIONS_FILE = "reachability.csv", "answer_positions.csv"
-RUN_FILES = (CONFIG_FILE, MEASUREMENTS_FILE, ENV_FILE, LOG_FILE, MODEL_FILE, BIAS_FILE, TERMS_FILE, DISTANCE_FILE,
-             REACHABILITY_FILE, ANSWER_POSITIONS_FILE, RESULT_FILE)
+RUN_FILES = (
+    CONFIG_FILE,
+    MEASUREMENTS_FILE,
+    ENV_FILE,
+    LOG_FILE,
+    MODEL_FILE,
+    BIAS_FILE,
+    TERMS_FILE,
+    DISTANCE_FILE,
+    REACHABILITY_FILE,
+    ANSWER_POSITIONS_FILE,
+    RESULT_FILE,
+)
 #: The tidy results. eval_len: the task length evaluated, in the task's unit (string symbols,
 #: or tokens for lm); position: a loss-by-position row's token position; mem_len: the memory
 #: length, positions kept in the cache (blank: no cache, the whole sequence at once; inf: an
@@ -55,12 +67,21 @@ def describe_os_error(err: OSError, path: Path | str, action: str = "write") -> 
     """One sentence for a failed read or write, naming the path and the fix."""
     where = getattr(err, "filename", None) or path
     if err.errno == errno.ENOSPC or err.errno == errno.EDQUOT:
-        return (f"No space left on the device to {action} {where}; free some disk space (or choose another --out) "
-                "and run the same command again: finished runs are kept.")
+        return (
+            f"No space left on the device to {action} {where}; free some disk space (or choose "
+            "another --out) "
+            "and run the same command again: finished runs are kept."
+        )
     if err.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
-        return (f"Cannot {action} {where} ({err.strerror}); make that folder writable or choose another --out: "
-                "finished runs are kept.")
-    return f"Could not {action} {where} ({err.strerror or err}); check that path and run the same command again."
+        return (
+            f"Cannot {action} {where} ({err.strerror}); make that folder writable or choose "
+            "another --out: "
+            "finished runs are kept."
+        )
+    return (
+        f"Could not {action} {where} ({err.strerror or err}); "
+        "check that path and run the same command again."
+    )
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
@@ -100,7 +121,8 @@ def read_json(path: Path) -> Any:
         raise ResultsError(f"{path} is missing; rerun the sweep to recreate it.") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise ResultsError(
-            f"{path} is corrupt ({err}); run the same command again: a damaged run is set aside and redone."
+            f"{path} is corrupt ({err}); run the same command again: a damaged run is set aside "
+            "and redone."
         ) from None
     except OSError as err:
         raise ResultsError(describe_os_error(err, path, "read")) from None
@@ -136,7 +158,9 @@ def environment(device: str) -> dict[str, Any]:
 def git_commit() -> str | None:
     """The commit of the working directory's git checkout, when there is one."""
     try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5)
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5
+        )
     except (OSError, subprocess.SubprocessError):
         return None
     return out.stdout.strip() or None if out.returncode == 0 else None
@@ -190,7 +214,9 @@ class RunFolder:
         try:
             return file.read_bytes()
         except FileNotFoundError:
-            raise ResultsError(f"{file} is missing; run the same `posbench run` command again: it redoes that run.") from None
+            raise ResultsError(
+                f"{file} is missing; run the same `posbench run` command again: it redoes that run."
+            ) from None
         except OSError as err:
             raise ResultsError(describe_os_error(err, file, "read")) from None
 
@@ -201,8 +227,10 @@ class RunFolder:
         try:
             return state_from_bytes(data)
         except Exception as err:
-            raise ResultsError(f"{file} is corrupt ({err}); run the same `posbench run` command again: "
-                               "it redoes that run.") from None
+            raise ResultsError(
+                f"{file} is corrupt ({err}); run the same `posbench run` command again: "
+                "it redoes that run."
+            ) from None
 
     def table(self, name: str) -> pd.DataFrame | None:
         """A CSV artefact the run stored (None when it stored none of that name)."""
@@ -212,7 +240,9 @@ class RunFolder:
         try:
             return pd.read_csv(file, keep_default_na=False, na_values=[""])
         except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as err:
-            raise ResultsError(f"{file} is corrupt ({err}); run the same command with --force to redo the run.") from None
+            raise ResultsError(
+                f"{file} is corrupt ({err}); run the same command with --force to redo the run."
+            ) from None
 
     def array(self, name: str) -> np.ndarray | None:
         """A .npy artefact the run stored (None when it stored none of that name)."""
@@ -222,7 +252,9 @@ class RunFolder:
         try:
             return np.load(file, allow_pickle=False)
         except (ValueError, OSError, EOFError) as err:
-            raise ResultsError(f"{file} is corrupt ({err}); run the same command with --force to redo the run.") from None
+            raise ResultsError(
+                f"{file} is corrupt ({err}); run the same command with --force to redo the run."
+            ) from None
 
     def damage(self) -> str | None:
         """Why a run that has a result.json cannot be trusted (a file missing, cut short or
@@ -240,9 +272,12 @@ class RunFolder:
             if not file.is_file():
                 return f"{file} is missing"
             if sha256_of(file) != record["sha256"]:
-                return f"{file} was changed or cut short after the run wrote it (its SHA-256 differs)"
+                return (
+                    f"{file} was changed or cut short after the run wrote it (its SHA-256 differs)"
+                )
         if result["status"] == "ok" and "files" not in result:
-            return f"{self.path / RESULT_FILE} records no file checksums, so its files cannot be checked"
+            checksums = self.path / RESULT_FILE
+            return f"{checksums} records no file checksums, so its files cannot be checked"
         return None
 
     def is_finished(self) -> bool:
@@ -268,12 +303,21 @@ class RunFolder:
             target.parent.mkdir(exist_ok=True)
             os.replace(self.path, target)
         except OSError as err:
-            raise ResultsError(describe_os_error(err, self.path, "move aside the damaged run")) from None
+            raise ResultsError(
+                describe_os_error(err, self.path, "move aside the damaged run")
+            ) from None
         return target
 
-    def store(self, config: dict[str, Any], env: dict[str, Any], log: list[str], result: dict[str, Any],
-              measurements: list[dict[str, Any]] | None = None, model_state: bytes | None = None,
-              artifacts: dict[str, bytes] | None = None) -> None:
+    def store(
+        self,
+        config: dict[str, Any],
+        env: dict[str, Any],
+        log: list[str],
+        result: dict[str, Any],
+        measurements: list[dict[str, Any]] | None = None,
+        model_state: bytes | None = None,
+        artifacts: dict[str, bytes] | None = None,
+    ) -> None:
         """Write a run's files atomically, result.json last with the checksums of the others."""
         try:
             self.path.mkdir(parents=True, exist_ok=True)
@@ -289,7 +333,10 @@ class RunFolder:
             frame = pd.DataFrame(list(measurements), columns=MEASUREMENT_COLUMNS)
             data = frame.to_csv(index=False).encode("utf-8")
             atomic_write_bytes(self.path / MEASUREMENTS_FILE, data)
-            files[MEASUREMENTS_FILE] = {"sha256": hashlib.sha256(data).hexdigest(), "rows": len(frame)}
+            files[MEASUREMENTS_FILE] = {
+                "sha256": hashlib.sha256(data).hexdigest(),
+                "rows": len(frame),
+            }
         if model_state is not None:
             atomic_write_bytes(self.path / MODEL_FILE, model_state)
             files[MODEL_FILE] = {"sha256": hashlib.sha256(model_state).hexdigest()}
@@ -303,14 +350,22 @@ class RunFolder:
         try:
             frame = pd.read_csv(file, keep_default_na=False, na_values=[""], dtype={"note": str})
         except FileNotFoundError:
-            raise ResultsError(f"{file} is missing although the run is marked finished; run the same command again "
-                               "to redo it.") from None
+            raise ResultsError(
+                f"{file} is missing although the run is marked finished; run the same command "
+                "again "
+                "to redo it."
+            ) from None
         except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as err:
-            raise ResultsError(f"{file} is corrupt ({err}); run the same command again to redo it.") from None
+            raise ResultsError(
+                f"{file} is corrupt ({err}); run the same command again to redo it."
+            ) from None
         frame = current_columns(frame)
         missing = set(MEASUREMENT_COLUMNS) - set(frame.columns)
         if missing:
-            raise ResultsError(f"{file} lacks the columns {sorted(missing)}; run the same command again to redo it.")
+            raise ResultsError(
+                f"{file} lacks the columns {sorted(missing)}; run the same command again to redo "
+                "it."
+            )
         frame["note"] = frame["note"].fillna("")
         return frame
 
@@ -323,14 +378,20 @@ def current_columns(frame: pd.DataFrame) -> pd.DataFrame:
     Tables in today's columns pass unchanged."""
     frame = frame.copy()
     if "cache_len" in frame:
-        frame["mem_len"] = frame["mem_len"].astype(float).fillna(frame.pop("cache_len").astype(float))
+        frame["mem_len"] = (
+            frame["mem_len"].astype(float).fillna(frame.pop("cache_len").astype(float))
+        )
     if "position" not in frame:
         by_position = frame["metric"].isin(POSITION_METRICS)
-        frame.insert(frame.columns.get_loc("eval_len") + 1, "position", frame["eval_len"].where(by_position))
+        frame.insert(
+            frame.columns.get_loc("eval_len") + 1, "position", frame["eval_len"].where(by_position)
+        )
         if by_position.any():  # eval_len: the run's longest full-context length
             lengths = frame[~by_position & frame["mem_len"].isna()]
             if "run_id" in frame:
-                evaluated = frame.loc[by_position, "run_id"].map(lengths.groupby("run_id")["eval_len"].max())
+                evaluated = frame.loc[by_position, "run_id"].map(
+                    lengths.groupby("run_id")["eval_len"].max()
+                )
             else:
                 evaluated = lengths["eval_len"].max()
             frame.loc[by_position, "eval_len"] = evaluated
@@ -345,7 +406,8 @@ def state_to_bytes(model: torch.nn.Module) -> bytes:
 
 
 def state_from_bytes(data: bytes) -> dict[str, torch.Tensor]:
-    """The parameters and buffers `state_to_bytes` wrote, on the CPU (tensors only: no pickled code)."""
+    """The parameters and buffers `state_to_bytes` wrote, on the CPU (tensors only: no pickled
+    code)."""
     return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
 
 
@@ -356,14 +418,20 @@ def run_folders(sweep_dir: Path) -> list[RunFolder]:
 
 # ---- the sweep folder: which runs belong to it, and who is writing it ------------------------
 def prepare_sweep_dir(out_dir: Path) -> None:
-    """Create the sweep folder, refusing a file or a folder that holds files posbench did not write."""
+    """Create the sweep folder, refusing a file or a folder that holds files posbench did not
+    write."""
     if out_dir.exists() and not out_dir.is_dir():
         raise ResultsError(f"--out {out_dir} is a file, not a folder; choose another --out.")
     try:
-        if out_dir.is_dir() and not (out_dir / SWEEP_MARKER).exists() and any(
-            p.name != LOCK_FILE for p in out_dir.iterdir()
+        if (
+            out_dir.is_dir()
+            and not (out_dir / SWEEP_MARKER).exists()
+            and any(p.name != LOCK_FILE for p in out_dir.iterdir())
         ):
-            raise ResultsError(f"{out_dir} already holds files that are not a posbench sweep; choose another --out.")
+            raise ResultsError(
+                f"{out_dir} already holds files that are not a posbench sweep; choose another "
+                "--out."
+            )
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as err:
         raise ResultsError(describe_os_error(err, out_dir, "create")) from None
@@ -372,7 +440,9 @@ def prepare_sweep_dir(out_dir: Path) -> None:
 def write_sweep_marker(out_dir: Path, config: dict[str, Any], members: dict[str, str]) -> None:
     """Record the sweep's configuration and its runs (id -> label). Only these runs make the
     sweep's results and report; runs of earlier configurations stay in the folder, apart."""
-    atomic_write_json(out_dir / SWEEP_MARKER, {"posbench_sweep": 2, "config": config, "runs": members})
+    atomic_write_json(
+        out_dir / SWEEP_MARKER, {"posbench_sweep": 2, "config": config, "runs": members}
+    )
 
 
 def sweep_marker(sweep_dir: Path) -> dict[str, Any]:
@@ -404,7 +474,8 @@ def sweep_lock(out_dir: Path) -> Iterator[None]:
             handle.seek(0)
             holder = handle.read().strip() or "unknown"
             raise ResultsError(
-                f"{out_dir} is being written by another posbench command ({holder}); wait for it to finish "
+                f"{out_dir} is being written by another posbench command ({holder}); wait for it "
+                "to finish "
                 "or choose another --out."
             ) from None
         handle.seek(0)
@@ -416,10 +487,13 @@ def sweep_lock(out_dir: Path) -> Iterator[None]:
         handle.close()  # closing releases the lock
 
 
-def collect(sweep_dir: Path, problems: list[str] | None = None, run_ids: Iterable[str] | None = None) -> pd.DataFrame:
+def collect(
+    sweep_dir: Path, problems: list[str] | None = None, run_ids: Iterable[str] | None = None
+) -> pd.DataFrame:
     """All measurements of the sweep's finished runs as one tidy frame with the COLUMNS: the
     runs its record names (or `run_ids`), every run folder when it has none. With a
-    `problems` list, damaged or unreadable runs are skipped and described there instead of raising."""
+    `problems` list, damaged or unreadable runs are skipped and described there instead of
+    raising."""
     wanted = set(run_ids) if run_ids is not None else sweep_members(sweep_dir)
     frames = []
     for folder in run_folders(sweep_dir):
@@ -431,7 +505,10 @@ def collect(sweep_dir: Path, problems: list[str] | None = None, run_ids: Iterabl
                 continue
             damage = folder.damage()
             if damage:
-                raise ResultsError(f"{damage}; run the same command again: the damaged run is set aside and redone.")
+                raise ResultsError(
+                    f"{damage}; run the same command again: the damaged run is set aside and "
+                    "redone."
+                )
             config = folder.config()
             frame = folder.measurements()
         except ResultsError as err:
@@ -492,5 +569,7 @@ def write_results_csv(sweep_dir: Path, problems: list[str] | None = None) -> Pat
     """Rebuild sweep_dir/results.csv from the sweep's run folders (damaged runs are left out
     and described in `problems`); returns its path."""
     path = sweep_dir / RESULTS_FILE
-    atomic_write_text(path, collect(sweep_dir, problems if problems is not None else []).to_csv(index=False))
+    atomic_write_text(
+        path, collect(sweep_dir, problems if problems is not None else []).to_csv(index=False)
+    )
     return path

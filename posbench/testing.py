@@ -6,6 +6,7 @@ decoder, and raises AssertionError with a precise message when the encoding misb
     from posbench.testing import run_conformance
     run_conformance("my_encoding", my_option=3)
 """
+
 from __future__ import annotations
 
 import math
@@ -30,7 +31,9 @@ SEQ_LEN = 24
 def tiny_model(encoding: str, seed: int = 0, **options: Any) -> Decoder:
     """A 2-layer, 4-head, d_model=32 decoder, seeded."""
     torch.manual_seed(seed)
-    return build_model(encoding, vocab_size=VOCAB, d_model=32, n_layers=2, n_heads=4, encoding_options=options)
+    return build_model(
+        encoding, vocab_size=VOCAB, d_model=32, n_layers=2, n_heads=4, encoding_options=options
+    )
 
 
 def _tokens(batch: int = 2, length: int = SEQ_LEN, seed: int = 1) -> torch.Tensor:
@@ -60,12 +63,19 @@ def check_shapes_and_gradients(encoding: str, **options: Any) -> None:
         assert grad is not None, f"{encoding}: parameter {name} received no gradient"
         assert torch.isfinite(grad).all(), f"{encoding}: non-finite gradient in {name}"
         size = float(grad.abs().max())
-        if any(fnmatch.fnmatchcase(name.removeprefix("encoding."), pattern) for pattern in gradient_free):
-            assert size <= ZERO_GRADIENT * largest, f"{encoding}: {name} is declared gradient-free but gets {size:.3g}"
+        if any(
+            fnmatch.fnmatchcase(name.removeprefix("encoding."), pattern)
+            for pattern in gradient_free
+        ):
+            assert size <= ZERO_GRADIENT * largest, (
+                f"{encoding}: {name} is declared gradient-free but gets {size:.3g}"
+            )
         else:
             assert size > ZERO_GRADIENT * largest, (
-                f"{encoding}: parameter {name} has no real gradient ({size:.3g} against {largest:.3g}); "
-                "fix its gradient flow or declare it in gradient_free with the reason")
+                f"{encoding}: parameter {name} has no real gradient ({size:.3g} against "
+                f"{largest:.3g}); "
+                "fix its gradient flow or declare it in gradient_free with the reason"
+            )
 
 
 def check_causality(encoding: str, **options: Any) -> None:
@@ -83,7 +93,9 @@ def check_causality(encoding: str, **options: Any) -> None:
     assert diff < 1e-6, f"{encoding}: future tokens changed earlier logits by {diff:.2e}"
 
 
-def check_chunked_equals_whole(encoding: str, chunk_sizes: tuple[int, ...] = (1, 5, 8), **options: Any) -> None:
+def check_chunked_equals_whole(
+    encoding: str, chunk_sizes: tuple[int, ...] = (1, 5, 8), **options: Any
+) -> None:
     """A sequence fed in chunks through an unbounded cache gives the logits of the whole; an
     encoding that declares ``cache_consistent = False`` must really differ (a declaration
     that is not needed hides a check). Drawn positions are drawn once for the stream, whole
@@ -101,21 +113,41 @@ def check_chunked_equals_whole(encoding: str, chunk_sizes: tuple[int, ...] = (1,
             chunked = torch.cat(parts, dim=1)
             err = (chunked - whole).abs().max().item()
             if consistent:
-                assert err < 1e-5, f"{encoding}: chunks of {size} differ from the whole by {err:.2e}"
+                assert err < 1e-5, (
+                    f"{encoding}: chunks of {size} differ from the whole by {err:.2e}"
+                )
             assert cache.seen == SEQ_LEN, f"{encoding}: cache counted {cache.seen} positions"
     if not consistent:  # the declared difference must be real, at the rotation itself
         enc, size = model.encoding, 8
-        q, k = torch.randn(2, 1, enc.n_heads, SEQ_LEN, enc.d_head, generator=torch.Generator().manual_seed(2))
+        q, k = torch.randn(
+            2, 1, enc.n_heads, SEQ_LEN, enc.d_head, generator=torch.Generator().manual_seed(2)
+        )
         whole_q, whole_k = enc.rotate(q, k, Span(0, SEQ_LEN), None)
-        parts = [enc.rotate(q[..., s : s + size, :], k[..., s : s + size, :], Span(s, s + size), None)
-                 for s in range(0, SEQ_LEN, size)]
+        parts = [
+            enc.rotate(q[..., s : s + size, :], k[..., s : s + size, :], Span(s, s + size), None)
+            for s in range(0, SEQ_LEN, size)
+        ]
         chunked_k = torch.cat([part[1] for part in parts], dim=-2)
-        gap = (parts[-1][0] @ chunked_k.transpose(-1, -2) - whole_q[..., -size:, :] @ whole_k.transpose(-1, -2)).abs().max()
-        assert gap > 1e-3, f"{encoding}: declares cache_consistent = False but its chunked scores equal the whole"
+        gap = (
+            (
+                parts[-1][0] @ chunked_k.transpose(-1, -2)
+                - whole_q[..., -size:, :] @ whole_k.transpose(-1, -2)
+            )
+            .abs()
+            .max()
+        )
+        assert gap > 1e-3, (
+            f"{encoding}: declares cache_consistent = False but its chunked scores equal the whole"
+        )
 
 
 def attention_logits(
-    enc: PositionalEncoding, q: torch.Tensor, k: torch.Tensor, q_span: Span, k_span: Span, layer: int = 0
+    enc: PositionalEncoding,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    q_span: Span,
+    k_span: Span,
+    layer: int = 0,
 ) -> torch.Tensor:
     """Dense pre-mask logits (B, H, Lq, Lk) of one layer for given queries and keys, through
     the encoding's rotate and score hooks (keys rotated at their own positions)."""
@@ -144,7 +176,9 @@ def check_shift_invariance(encoding: str, shift: int = 37, **options: Any) -> No
     mask = causal_mask(6, 10, torch.device("cpu"))  # the 6 queries are the last of 10 positions
     base, moved = (x.masked_fill(~mask, float("-inf")).log_softmax(-1) for x in (base, moved))
     err = (base - moved)[..., mask].abs().max().item()
-    assert err < 1e-4, f"{encoding}: shifting all positions by {shift} changed the logits by {err:.2e}"
+    assert err < 1e-4, (
+        f"{encoding}: shifting all positions by {shift} changed the logits by {err:.2e}"
+    )
 
 
 def check_max_positions(encoding: str, **options: Any) -> None:
@@ -152,7 +186,9 @@ def check_max_positions(encoding: str, **options: Any) -> None:
     per stream) says so clearly past it, before any computation."""
     model = tiny_model(encoding, **options)
     enc = model.encoding
-    limit = enc.random_positions.max_position if enc.random_positions is not None else enc.max_positions
+    limit = (
+        enc.random_positions.max_position if enc.random_positions is not None else enc.max_positions
+    )
     if limit is None:
         return
     ok = torch.zeros(1, limit, dtype=torch.long)
@@ -189,24 +225,56 @@ def check_explicit_positions(encoding: str, **options: Any) -> None:
     q, k = torch.randn(2, 2, 4, P, 8, generator=generator)
     x = torch.randn(2, P, enc.d_model, generator=generator)
     with torch.no_grad():
-        plain = attention_logits(enc, q[..., s : s + n, :], k[..., : s + n, :], Span(s, s + n), Span(0, s + n))
-        explicit = attention_logits(enc, q[..., s : s + n, :], k[..., : s + n, :],
-                                    Span(s, s + n, torch.arange(s, s + n)), Span(0, s + n, torch.arange(s + n)))
+        plain = attention_logits(
+            enc, q[..., s : s + n, :], k[..., : s + n, :], Span(s, s + n), Span(0, s + n)
+        )
+        explicit = attention_logits(
+            enc,
+            q[..., s : s + n, :],
+            k[..., : s + n, :],
+            Span(s, s + n, torch.arange(s, s + n)),
+            Span(0, s + n, torch.arange(s + n)),
+        )
         err = (plain - explicit).abs().max().item()
-        assert err < 1e-5, f"{encoding}: explicit positions start..stop-1 change the logits by {err:.2e}"
-        err = (enc.embed(x, Span(0, P)) - enc.embed(x, Span(0, P, torch.arange(P)))).abs().max().item()
-        assert err < 1e-6, f"{encoding}: explicit positions 0..P-1 change the embeddings by {err:.2e}"
+        assert err < 1e-5, (
+            f"{encoding}: explicit positions start..stop-1 change the logits by {err:.2e}"
+        )
+        err = (
+            (enc.embed(x, Span(0, P)) - enc.embed(x, Span(0, P, torch.arange(P))))
+            .abs()
+            .max()
+            .item()
+        )
+        assert err < 1e-6, (
+            f"{encoding}: explicit positions 0..P-1 change the embeddings by {err:.2e}"
+        )
         if not enc.pairwise:
             return
-        drawn = torch.cat((torch.randperm(P - 1, generator=generator)[: n - 1].sort().values, torch.tensor([P - 1])))
+        drawn = torch.cat(
+            (
+                torch.randperm(P - 1, generator=generator)[: n - 1].sort().values,
+                torch.tensor([P - 1]),
+            )
+        )
         full = attention_logits(enc, q, k, Span(0, P), Span(0, P))  # (B, H, P, P)
-        at_drawn = attention_logits(enc, q[..., drawn, :], k[..., drawn, :], Span(0, n, drawn), Span(0, n, drawn))
+        at_drawn = attention_logits(
+            enc, q[..., drawn, :], k[..., drawn, :], Span(0, n, drawn), Span(0, n, drawn)
+        )
         mask = causal_mask(n, n, torch.device("cpu"))
         expected = full[..., drawn[:, None], drawn[None, :]]
         err = (expected - at_drawn)[..., mask].abs().max().item()
-        assert err < 1e-4, f"{encoding}: logits at drawn positions differ from all positions' by {err:.2e}"
-        err = (enc.embed(x, Span(0, P))[:, drawn] - enc.embed(x[:, drawn], Span(0, n, drawn))).abs().max().item()
-        assert err < 1e-6, f"{encoding}: embeddings at drawn positions differ from all positions' by {err:.2e}"
+        assert err < 1e-4, (
+            f"{encoding}: logits at drawn positions differ from all positions' by {err:.2e}"
+        )
+        err = (
+            (enc.embed(x, Span(0, P))[:, drawn] - enc.embed(x[:, drawn], Span(0, n, drawn)))
+            .abs()
+            .max()
+            .item()
+        )
+        assert err < 1e-6, (
+            f"{encoding}: embeddings at drawn positions differ from all positions' by {err:.2e}"
+        )
 
 
 def check_determinism(encoding: str, **options: Any) -> None:

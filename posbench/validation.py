@@ -4,6 +4,7 @@ An option declares what it accepts in its annotation, e.g.
 ``clamp_len: Annotated[int | None, Range(ge=1)] = None``. The same check serves encoding and
 task constructors (built-ins and plugins alike) and the sweep's config dataclasses, so every
 bad value gets one sentence naming the option, the value and what is allowed."""
+
 from __future__ import annotations
 
 import collections.abc
@@ -75,7 +76,12 @@ def _union_members(annotation: Any) -> list[Any]:
     return [annotation]
 
 
-_SCALARS: dict[type, str] = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
+_SCALARS: dict[type, str] = {
+    bool: "true or false",
+    int: "an integer",
+    float: "a number",
+    str: "a string",
+}
 
 
 def _scalar_ok(value: Any, kind: type) -> bool:
@@ -84,12 +90,19 @@ def _scalar_ok(value: Any, kind: type) -> bool:
     if kind is int:
         return isinstance(value, int) and not isinstance(value, bool)
     if kind is float:
-        return isinstance(value, (int, float)) and not isinstance(value, bool) and not math.isnan(value)
+        return (
+            isinstance(value, (int, float))
+            and not isinstance(value, bool)
+            and not math.isnan(value)
+        )
     return isinstance(value, kind)
 
 
 def _is_sequence_type(kind: Any) -> bool:
-    return typing.get_origin(kind) in (list, tuple, collections.abc.Sequence) or kind in (list, tuple)
+    return typing.get_origin(kind) in (list, tuple, collections.abc.Sequence) or kind in (
+        list,
+        tuple,
+    )
 
 
 def _item_type(kind: Any) -> Any:
@@ -115,7 +128,10 @@ def describe(annotation: Any) -> str:
             count = f"{length} " if length else ""
             words.append(f"a list of {count}{item}s" + (f" {bounds}" if bounds else ""))
         else:
-            words.append(_SCALARS.get(member, getattr(member, "__name__", str(member))) + (f" {bounds}" if bounds and member in (int, float) else ""))
+            words.append(
+                _SCALARS.get(member, getattr(member, "__name__", str(member)))
+                + (f" {bounds}" if bounds and member in (int, float) else "")
+            )
     if type(None) in members:
         words.append("none (leave it out)")
     return " or ".join(words)
@@ -166,7 +182,9 @@ def _check_length(value: Sequence[Any], checks: list[Any]) -> bool:
 def check_value(option: str, value: Any, annotation: Any, what: str) -> None:
     """Raise OptionError in one sentence when `value` does not fit `annotation`."""
     if not conforms(value, annotation):
-        raise OptionError(f"{what}: option {option!r} must be {describe(annotation)}, got {value!r}.")
+        raise OptionError(
+            f"{what}: option {option!r} must be {describe(annotation)}, got {value!r}."
+        )
 
 
 def declared_options(factory: Callable[..., Any]) -> dict[str, Any]:

@@ -1,5 +1,6 @@
 """Rotate a string as a local task plugin, written as a user would write one: a file in a
 plugin folder, no edit to posbench."""
+
 from __future__ import annotations
 
 from typing import Annotated
@@ -21,9 +22,17 @@ class Rotate(Copy):
 
     default_eval_lengths = (4, 8, 16, 32)
 
-    def __init__(self, *, train_lengths=None, eval_lengths=None, n_symbols: Annotated[int, Range(ge=2)] = 10,
-                 shift: Annotated[int, Range(ge=0)] = 1) -> None:
-        super().__init__(train_lengths=train_lengths, eval_lengths=eval_lengths, n_symbols=n_symbols)
+    def __init__(
+        self,
+        *,
+        train_lengths=None,
+        eval_lengths=None,
+        n_symbols: Annotated[int, Range(ge=2)] = 10,
+        shift: Annotated[int, Range(ge=0)] = 1,
+    ) -> None:
+        super().__init__(
+            train_lengths=train_lengths, eval_lengths=eval_lengths, n_symbols=n_symbols
+        )
         self.shift = shift
 
     def answer_of(self, string: Tensor) -> Tensor:

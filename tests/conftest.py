@@ -1,4 +1,5 @@
 """Shared test setup: run from the repository root so its plugin folders load."""
+
 from __future__ import annotations
 
 import os

@@ -1,9 +1,17 @@
 """Tiny sweeps that train in a second, for tests."""
+
 from __future__ import annotations
 
 import pandas as pd
 
-from posbench.experiment.config import EncodingSpec, EvalConfig, ModelSize, SweepConfig, TaskSpec, TrainConfig
+from posbench.experiment.config import (
+    EncodingSpec,
+    EvalConfig,
+    ModelSize,
+    SweepConfig,
+    TaskSpec,
+    TrainConfig,
+)
 
 
 def tiny_sweep(*encodings: str, steps: int = 3, seeds: tuple[int, ...] = (0,)) -> SweepConfig:

@@ -1,6 +1,7 @@
 """The package is layered: a module imports only from its own layer or the layers beneath it
 (function-level imports included: an import tucked into a function to dodge a cycle is a
 cycle), and no group of modules imports itself round in a circle."""
+
 from __future__ import annotations
 
 import ast
@@ -10,16 +11,34 @@ PACKAGE = Path(__file__).resolve().parents[1] / "posbench"
 
 #: Lowest first. docs/architecture.md draws the same table.
 LAYERS: list[set[str]] = [
-    {"errors", "validation", "version", "suites", "kernels", "kernels.cpu", "kernels.flash_ops", "kernels.masks",
-     "kernels.bias_types"},
+    {
+        "errors",
+        "validation",
+        "version",
+        "suites",
+        "kernels",
+        "kernels.cpu",
+        "kernels.flash_ops",
+        "kernels.masks",
+        "kernels.bias_types",
+    },
     {"kernels.band_attention", "kernels.biased_attention", "registry", "encodings.positions"},
     {"encodings.tables"},
     {"encodings.base", "encodings.registry", "tasks.base", "tasks.registry"},
     {"encodings", "encodings.*", "tasks", "tasks.*", "cache"},
     {"attention", "model", "plugins"},
-    {"experiment", "experiment.config", "experiment.training", "experiment.evaluation", "experiment.diagnostics",
-     "experiment.reachability", "experiment.memory", "experiment.outcome",
-     "experiment.timing", "testing"},
+    {
+        "experiment",
+        "experiment.config",
+        "experiment.training",
+        "experiment.evaluation",
+        "experiment.diagnostics",
+        "experiment.reachability",
+        "experiment.memory",
+        "experiment.outcome",
+        "experiment.timing",
+        "testing",
+    },
     {"store"},
     {"experiment.compute", "experiment.profiling"},
     {"experiment.executors", "experiment.variants"},
@@ -43,12 +62,20 @@ def _modules() -> dict[str, set[str]]:
         imported: set[str] = set()
         for node in ast.walk(ast.parse(path.read_text())):
             targets: list[str] = []
-            if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "posbench":
+            if (
+                isinstance(node, ast.ImportFrom)
+                and node.module
+                and node.module.split(".")[0] == "posbench"
+            ):
                 base = node.module.removeprefix("posbench").lstrip(".")
                 targets = [f"{base}.{a.name}".lstrip(".") for a in node.names]
                 targets = [t if t in paths else base for t in targets]
             elif isinstance(node, ast.Import):
-                targets = [a.name.removeprefix("posbench").lstrip(".") for a in node.names if a.name.split(".")[0] == "posbench"]
+                targets = [
+                    a.name.removeprefix("posbench").lstrip(".")
+                    for a in node.names
+                    if a.name.split(".")[0] == "posbench"
+                ]
             imported |= {t for t in targets if t in paths and t != name}
         graph[name] = imported
     return graph
@@ -58,12 +85,18 @@ def _layer(name: str) -> int:
     for index, layer in enumerate(LAYERS):
         if name in layer or any(p.endswith(".*") and name.startswith(p[:-1]) for p in layer):
             return index
-    raise AssertionError(f"posbench.{name} is in no layer; add it to LAYERS and docs/architecture.md")
+    raise AssertionError(
+        f"posbench.{name} is in no layer; add it to LAYERS and docs/architecture.md"
+    )
 
 
 def test_every_import_goes_to_the_same_layer_or_below() -> None:
-    upward = [f"posbench.{m} (layer {_layer(m)}) imports posbench.{d} (layer {_layer(d)})"
-              for m, deps in _modules().items() for d in deps if _layer(d) > _layer(m)]
+    upward = [
+        f"posbench.{m} (layer {_layer(m)}) imports posbench.{d} (layer {_layer(d)})"
+        for m, deps in _modules().items()
+        for d in deps
+        if _layer(d) > _layer(m)
+    ]
     assert not upward, "\n".join(upward)
 
 
@@ -127,11 +160,19 @@ def test_only_the_store_reads_run_and_sweep_folders() -> None:
         if module == "store":
             continue
         for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div) and isinstance(node.right, ast.Constant) \
-                    and node.right.value in names:
+            if (
+                isinstance(node, ast.BinOp)
+                and isinstance(node.op, ast.Div)
+                and isinstance(node.right, ast.Constant)
+                and node.right.value in names
+            ):
                 found.append(f"posbench.{module}:{node.lineno} opens {node.right.value}")
             if isinstance(node, ast.Call) and module not in READS_OTHER_FILES:
-                called = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+                called = (
+                    node.func.attr
+                    if isinstance(node.func, ast.Attribute)
+                    else getattr(node.func, "id", "")
+                )
                 if called in READERS and not _is_string_method(node):
                     found.append(f"posbench.{module}:{node.lineno} calls {called}()")
     assert not found, "\n".join(found)
@@ -144,8 +185,17 @@ def _is_string_method(node: ast.Call) -> bool:
 
 
 #: What in experiment/ builds or runs a model; the report shows stored data only.
-COMPUTES = {"model", "experiment.compute", "experiment.runner", "experiment.executors", "experiment.variants",
-            "experiment.profiling", "experiment.training", "experiment.evaluation", "experiment.diagnostics"}
+COMPUTES = {
+    "model",
+    "experiment.compute",
+    "experiment.runner",
+    "experiment.executors",
+    "experiment.variants",
+    "experiment.profiling",
+    "experiment.training",
+    "experiment.evaluation",
+    "experiment.diagnostics",
+}
 
 
 def test_the_report_imports_nothing_that_builds_models() -> None:
@@ -158,12 +208,29 @@ def test_the_report_imports_nothing_that_builds_models() -> None:
 def test_the_architecture_document_names_every_module() -> None:
     """docs/architecture.md's layer table names every module of the package, in its layer."""
     text = (PACKAGE.parent / "docs" / "architecture.md").read_text()
-    table = text[text.index("```") + 3:text.index("```", text.index("```") + 3)]
+    table = text[text.index("```") + 3 : text.index("```", text.index("```") + 3)]
     missing = []
     for name in _modules():
         if not name or name.endswith("__init__"):
             continue
-        leaf = name.split(".")[-1] + ".py" if "." in name or (PACKAGE / f"{name}.py").exists() else name + "/"
+        leaf = (
+            name.split(".")[-1] + ".py"
+            if "." in name or (PACKAGE / f"{name}.py").exists()
+            else name + "/"
+        )
         if leaf not in table and f"{name.split('.')[0]}/*" not in table:
             missing.append(name)
     assert not missing, f"docs/architecture.md does not name {missing}"
+
+
+def test_no_line_is_longer_than_100_characters() -> None:
+    """The length pyproject.toml gives `ruff format`; strings and comments are wrapped by hand."""
+    root = PACKAGE.parent
+    long = [
+        f"{path.relative_to(root)}:{number}"
+        for folder in ("posbench", "tests", "benchmarks", "tasks", "encodings")
+        for path in sorted((root / folder).rglob("*.py"))
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if len(line) > 100
+    ]
+    assert not long, long

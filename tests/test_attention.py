@@ -1,5 +1,6 @@
 """Attention paths: the flash path for biases (with the kernel's causal masking, blocks of query
 rows in the bias gradient) matches SDPA's math path, with and without gradients."""
+
 from __future__ import annotations
 
 import pytest
@@ -19,12 +20,24 @@ def _mask(kind: str, q_len: int, k_len: int) -> torch.Tensor | None:
 
 
 @pytest.mark.parametrize("bias_shape", [(1, 3), (2, 3), (1, 1), ()])
-@pytest.mark.parametrize("mask_kind, q_len, k_len", [("causal", 9, 9), ("causal", 6, 13), ("none", 9, 9)])
+@pytest.mark.parametrize(
+    "mask_kind, q_len, k_len", [("causal", 9, 9), ("causal", 6, 13), ("none", 9, 9)]
+)
 @pytest.mark.parametrize("bias_grad", [True, False])
-def test_biased_attention_matches_sdpa_math(bias_shape: tuple[int, ...], mask_kind: str, q_len: int, k_len: int,
-                                            bias_grad: bool, monkeypatch) -> None:
-    monkeypatch.setattr("posbench.kernels.biased_attention.FLASH_MIN_PAIRS", 1)  # force the flash path
-    monkeypatch.setattr("posbench.kernels.biased_attention.ROW_BLOCK", 4)  # several row blocks, a ragged last one
+def test_biased_attention_matches_sdpa_math(
+    bias_shape: tuple[int, ...],
+    mask_kind: str,
+    q_len: int,
+    k_len: int,
+    bias_grad: bool,
+    monkeypatch,
+) -> None:
+    monkeypatch.setattr(
+        "posbench.kernels.biased_attention.FLASH_MIN_PAIRS", 1
+    )  # force the flash path
+    monkeypatch.setattr(
+        "posbench.kernels.biased_attention.ROW_BLOCK", 4
+    )  # several row blocks, a ragged last one
     torch.manual_seed(0)
     q = torch.randn(2, 3, q_len, 8, requires_grad=True)
     k, v = (torch.randn(2, 3, k_len, 8, requires_grad=True) for _ in range(2))
@@ -45,9 +58,13 @@ def test_biased_attention_matches_sdpa_math(bias_shape: tuple[int, ...], mask_ki
         assert torch.allclose(biased_attention(q, k, v, bias, 0.3, mask), reference_out, atol=1e-5)
 
 
-@pytest.mark.parametrize("L, W, rows", [(20, 5, 4), (9, 12, 4), (33, 7, 8), (16, 1, 4), (40, 40, 16)])
+@pytest.mark.parametrize(
+    "L, W, rows", [(20, 5, 4), (9, 12, 4), (33, 7, 8), (16, 1, 4), (40, 40, 16)]
+)
 @pytest.mark.parametrize("band_shape", [(2, 3, "L"), (1, 3, 1)])
-def test_band_attention_matches_the_dense_bias(L: int, W: int, rows: int, band_shape: tuple, monkeypatch) -> None:
+def test_band_attention_matches_the_dense_bias(
+    L: int, W: int, rows: int, band_shape: tuple, monkeypatch
+) -> None:
     """Far keys through flash attention, the band densely, merged by log-sum-exp: outputs and
     gradients (q, k, v and the band, broadcast or not) equal SDPA's math path on the dense bias."""
     monkeypatch.setattr("posbench.kernels.biased_attention.FLASH_MIN_PAIRS", 1)
@@ -71,13 +88,18 @@ def test_band_attention_matches_the_dense_bias(L: int, W: int, rows: int, band_s
         assert torch.allclose(biased_attention(q, k, v, bias, 0.3, mask), reference_out, atol=1e-5)
 
 
-@pytest.mark.parametrize("name, options", [
-    ("t5", {"num_buckets": 8, "max_distance": 8}),
-    ("deberta", {"span": 4}),
-    ("deberta", {"span": 12, "position_buckets": 4}),
-    ("alibi", {}),
-])
-def test_fast_attention_paths_match_the_math_path_in_a_layer(name: str, options: dict, monkeypatch) -> None:
+@pytest.mark.parametrize(
+    "name, options",
+    [
+        ("t5", {"num_buckets": 8, "max_distance": 8}),
+        ("deberta", {"span": 4}),
+        ("deberta", {"span": 12, "position_buckets": 4}),
+        ("alibi", {}),
+    ],
+)
+def test_fast_attention_paths_match_the_math_path_in_a_layer(
+    name: str, options: dict, monkeypatch
+) -> None:
     """A whole layer at L=160 (flash kernel, band attention where the encoding has a band)
     gives the output and gradients of SDPA's math path on the dense bias."""
     from posbench.experiment.config import EncodingSpec
@@ -98,7 +120,9 @@ def test_fast_attention_paths_match_the_math_path_in_a_layer(name: str, options:
         return (out, *[g for g in grads if g is not None])
 
     fast = run()
-    monkeypatch.setattr("posbench.kernels.biased_attention.FLASH_MIN_PAIRS", 10**9)  # math path, dense bias
+    monkeypatch.setattr(
+        "posbench.kernels.biased_attention.FLASH_MIN_PAIRS", 10**9
+    )  # math path, dense bias
     reference = run()
     assert len(fast) == len(reference)
     for a, b in zip(fast, reference):
@@ -106,7 +130,9 @@ def test_fast_attention_paths_match_the_math_path_in_a_layer(name: str, options:
 
 
 @pytest.mark.parametrize("encoding", posbench.list_encodings())
-def test_without_the_private_flash_ops_every_encoding_trains_and_matches(encoding: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_without_the_private_flash_ops_every_encoding_trains_and_matches(
+    encoding: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """torch may drop or change the private CPU flash ops: attention then takes the public
     math path, with the same outputs and gradients."""
     from posbench.kernels import flash_ops
@@ -119,7 +145,9 @@ def test_without_the_private_flash_ops_every_encoding_trains_and_matches(encodin
         model = tiny_model(encoding, **options)
         logits = model(tokens)
         logits.logsumexp(-1).mean().backward()
-        return logits.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+        return logits.detach(), {
+            n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None
+        }
 
     with_flash, grads_flash = outputs_and_grads()
     monkeypatch.setattr(flash_ops, "available", lambda: False)

@@ -1,4 +1,5 @@
 """The Transformer-XL memory: what it holds, the positions it reports, and stop-gradient."""
+
 from __future__ import annotations
 
 import math
@@ -29,7 +30,9 @@ def test_memory_holds_the_newest_positions(grad: bool, mem_len: float) -> None:
             k_all, _, span = cache.extend(0, k, k.detach().clone())
         held_before = span.stop - n - span.start
         assert span == Span(seen - held_before, seen + n)
-        assert k_all[0, 0, :, 0].tolist() == list(range(span.start, span.stop))  # keys are their positions
+        assert k_all[0, 0, :, 0].tolist() == list(
+            range(span.start, span.stop)
+        )  # keys are their positions
         cache.advance(n)
         seen += n
         expected_held = min(mem_len, seen)
@@ -49,8 +52,14 @@ def test_stop_gradient_at_the_memory() -> None:
 
 
 def test_mem_len_zero_keeps_counting_positions() -> None:
-    model = posbench.build_model("learned", vocab_size=7, d_model=16, n_layers=1, n_heads=2,
-                                 encoding_options={"max_positions": 6})
+    model = posbench.build_model(
+        "learned",
+        vocab_size=7,
+        d_model=16,
+        n_layers=1,
+        n_heads=2,
+        encoding_options={"max_positions": 6},
+    )
     cache = model.new_cache(mem_len=0)
     with torch.no_grad():
         model(torch.zeros(1, 4, dtype=torch.long), cache=cache)

@@ -1,5 +1,6 @@
 """The command line: listing, a tiny run, and one clear sentence with exit code 2 for every
 user mistake, with nothing written or lost."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -23,9 +24,26 @@ def test_help_and_list() -> None:
     assert invoke("--help").exit_code == 0
     result = invoke("list")
     assert result.exit_code == 0
-    for name in ("sinusoidal", "learned", "nope", "txl", "t5", "deberta", "alibi", "rope", "kerple_log", "kerple_power", "gaussian_window", "copy", "rotate", "bucket_sort"):
+    for name in (
+        "sinusoidal",
+        "learned",
+        "nope",
+        "txl",
+        "t5",
+        "deberta",
+        "alibi",
+        "rope",
+        "kerple_log",
+        "kerple_power",
+        "gaussian_window",
+        "copy",
+        "rotate",
+        "bucket_sort",
+    ):
         assert name in result.output
-    assert "randomize_positions" in " ".join(result.output.split())  # the option every encoding takes
+    assert "randomize_positions" in " ".join(
+        result.output.split()
+    )  # the option every encoding takes
 
 
 def test_run_from_config_then_rerun_skips(tmp_path: Path) -> None:
@@ -45,7 +63,9 @@ def test_flags_override_config(tmp_path: Path) -> None:
     config = tmp_path / "sweep.toml"
     config.write_text(TINY_TOML)
     out = tmp_path / "out"
-    result = invoke("run", "--config", str(config), "--out", str(out), "--encodings", "t5,rope", "--seeds", "1")
+    result = invoke(
+        "run", "--config", str(config), "--out", str(out), "--encodings", "t5,rope", "--seeds", "1"
+    )
     assert result.exit_code == 0, result.output
     frame = pd.read_csv(out / "results.csv")
     # t5 keeps the options the config gave it; seeds replaced
@@ -92,11 +112,19 @@ def test_bad_flags(tmp_path: Path, args: list[str], fragments: list[str]) -> Non
         ("tasks = [\n", ["is not valid TOML"]),
         ('colour = "red"\n', ["Unknown key 'colour'"]),
         ("[train]\nstepz = 3\n", ["Unknown key 'stepz'", "[train]"]),
-        ('encodings = [{ name = "t5", num_bucket = 8 }]\n', ["Unknown option 'num_bucket'", "num_buckets"]),
-        ('tasks = [{ name = "copy", train_lengths = [0, 4] }]\n', ["train_lengths", "1 <= lo <= hi"]),
-        ('encodings = [{ name = "learned", max_positions = 4 }]\ntasks = ["copy"]\n',
-         ["trains on sequences of 16 tokens", "represents positions 0..3 only"]),
-        ("seeds = [\"a\"]\n", ["option 'seeds' must be a list of integers >= 0"]),
+        (
+            'encodings = [{ name = "t5", num_bucket = 8 }]\n',
+            ["Unknown option 'num_bucket'", "num_buckets"],
+        ),
+        (
+            'tasks = [{ name = "copy", train_lengths = [0, 4] }]\n',
+            ["train_lengths", "1 <= lo <= hi"],
+        ),
+        (
+            'encodings = [{ name = "learned", max_positions = 4 }]\ntasks = ["copy"]\n',
+            ["trains on sequences of 16 tokens", "represents positions 0..3 only"],
+        ),
+        ('seeds = ["a"]\n', ["option 'seeds' must be a list of integers >= 0"]),
     ],
 )
 def test_bad_config(tmp_path: Path, toml: str, fragments: list[str]) -> None:
@@ -123,6 +151,8 @@ def test_foreign_output_folder_keeps_its_files(tmp_path: Path) -> None:
 def test_failed_run_exits_nonzero_with_summary(tmp_path: Path) -> None:
     config = tmp_path / "sweep.toml"
     config.write_text(TINY_TOML.replace('"nope"', '"nope", "test_exploding"'))
-    result = invoke("--plugins", "tests/plugins", "run", "--config", str(config), "--out", str(tmp_path / "out"))
+    result = invoke(
+        "--plugins", "tests/plugins", "run", "--config", str(config), "--out", str(tmp_path / "out")
+    )
     assert result.exit_code == 1
     assert "FAILED copy / test_exploding / seed 0" in result.output

@@ -1,4 +1,5 @@
 """Every registered encoding, built-in or plugin, passes every conformance check."""
+
 from __future__ import annotations
 
 import pytest
@@ -31,7 +32,9 @@ def test_builtins_are_exactly_the_encodings_posbench_registers() -> None:
     module registers, once, and nothing else."""
     from posbench.encodings import BUILTINS, REGISTRY
 
-    own = {n for n in REGISTRY.names() if REGISTRY.get(n).__module__.startswith("posbench.encodings.")}
+    own = {
+        n for n in REGISTRY.names() if REGISTRY.get(n).__module__.startswith("posbench.encodings.")
+    }
     assert len(BUILTINS) == len(set(BUILTINS))
     assert set(BUILTINS) == own
 
@@ -43,7 +46,9 @@ def test_conformance(encoding: str, check: str) -> None:
 
 
 @pytest.mark.parametrize("check", CHECKS)
-@pytest.mark.parametrize("encoding,options", VARIANTS, ids=[f"{e}-{sorted(o)}" for e, o in VARIANTS])
+@pytest.mark.parametrize(
+    "encoding,options", VARIANTS, ids=[f"{e}-{sorted(o)}" for e, o in VARIANTS]
+)
 def test_conformance_variants(encoding: str, options: dict, check: str) -> None:
     CHECKS[check](encoding, **options)
 

@@ -1,4 +1,5 @@
 """CPU settings: denormals are flushed on torch's worker threads, not only the calling one."""
+
 from __future__ import annotations
 
 import subprocess
@@ -23,10 +24,16 @@ PROBE = textwrap.dedent(
 
 
 def test_configure_cpu_flushes_denormals_on_every_worker_thread() -> None:
-    out = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, check=True).stdout.split()
+    out = subprocess.run(
+        [sys.executable, "-c", PROBE], capture_output=True, text=True, check=True
+    ).stdout.split()
     before, after, flushed, threads = int(out[0]), int(out[1]), out[2], int(out[3])
     assert before == 1 << 22  # denormals survive by default
-    assert (after, flushed, threads) == (0, "True", 2)  # every chunk, the workers' included, flushed
+    assert (after, flushed, threads) == (
+        0,
+        "True",
+        2,
+    )  # every chunk, the workers' included, flushed
 
 
 SCOPED = textwrap.dedent(
@@ -48,7 +55,9 @@ SCOPED = textwrap.dedent(
 
 
 def test_compute_settings_restore_threads_and_denormals_on_every_thread() -> None:
-    out = subprocess.run([sys.executable, "-c", SCOPED], capture_output=True, text=True, check=True).stdout.split()
+    out = subprocess.run(
+        [sys.executable, "-c", SCOPED], capture_output=True, text=True, check=True
+    ).stdout.split()
     inside, threads_inside, flushed, inside2, after, threads_after = out
     assert (int(inside), int(threads_inside), flushed, int(inside2)) == (0, 1, "True", 0)
     assert int(after) == 1 << 22 and int(threads_after) == 2  # the caller's process as it was

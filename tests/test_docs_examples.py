@@ -1,5 +1,6 @@
 """The plugin examples in README.md and docs/plugins.md work when copied: each registers a
 name no built-in uses and builds."""
+
 from __future__ import annotations
 
 import re
@@ -11,8 +12,12 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 BLOCK = re.compile(r"```python\n(.*?)```", re.S)
-EXAMPLES = [(doc, code) for doc in ("README.md", "docs/plugins.md")
-            for code in BLOCK.findall((ROOT / doc).read_text(encoding="utf-8")) if "@register_" in code]
+EXAMPLES = [
+    (doc, code)
+    for doc in ("README.md", "docs/plugins.md")
+    for code in BLOCK.findall((ROOT / doc).read_text(encoding="utf-8"))
+    if "@register_" in code
+]
 
 CHECK = """
 import posbench
@@ -34,14 +39,23 @@ print(name)
 """
 
 
-@pytest.mark.parametrize("doc,code", EXAMPLES, ids=[f"{d}-{i}" for i, (d, _) in enumerate(EXAMPLES)])
+@pytest.mark.parametrize(
+    "doc,code", EXAMPLES, ids=[f"{d}-{i}" for i, (d, _) in enumerate(EXAMPLES)]
+)
 def test_plugin_example_registers_and_builds(doc: str, code: str, tmp_path: Path) -> None:
     path = tmp_path / "example.py"
     path.write_text(code, encoding="utf-8")
-    done = subprocess.run([sys.executable, "-c", CHECK.format(path=str(path))], capture_output=True, text=True)
+    done = subprocess.run(
+        [sys.executable, "-c", CHECK.format(path=str(path))], capture_output=True, text=True
+    )
     assert done.returncode == 0, f"{doc}: {done.stderr}"
 
 
 def test_examples_found() -> None:
     """Two examples per document (an encoding and a task), so a reworded fence cannot hide them."""
-    assert sorted(d for d, _ in EXAMPLES) == ["README.md", "README.md", "docs/plugins.md", "docs/plugins.md"]
+    assert sorted(d for d, _ in EXAMPLES) == [
+        "README.md",
+        "README.md",
+        "docs/plugins.md",
+        "docs/plugins.md",
+    ]

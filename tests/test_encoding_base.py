@@ -1,4 +1,5 @@
 """Helpers every encoding shares: per-distance tables and the Toeplitz expansion."""
+
 from __future__ import annotations
 
 import pytest
@@ -35,7 +36,9 @@ def test_distance_tables_grow_by_doubling_and_index_correctly() -> None:
 def test_kept_tables_refuse_values_that_depend_on_parameters() -> None:
     enc = PositionalEncoding(AttentionShape(n_heads=1, d_head=2))
     weight = torch.nn.Parameter(torch.ones(()))
-    with pytest.raises(ValueError, match="table 'learned' depends on parameters and cannot be kept"):
+    with pytest.raises(
+        ValueError, match="table 'learned' depends on parameters and cannot be kept"
+    ):
         enc.distance_values("learned", -2, 2, torch.device("cpu"), lambda d: weight * d)
     with pytest.raises(ValueError, match="depends on parameters"):
         enc.position_table("learned", 4, torch.device("cpu"), lambda n: weight * torch.arange(n))
@@ -45,7 +48,12 @@ def test_every_encoding_is_built_from_its_attention_shape() -> None:
     shape = AttentionShape(n_heads=2, d_head=8, causal=True, n_layers=3)
     for name in posbench.list_encodings():
         enc = posbench.encodings.REGISTRY.get(name)(shape)
-        assert enc.shape == shape and (enc.n_heads, enc.d_head, enc.d_model, enc.n_layers) == (2, 8, 16, 3)
+        assert enc.shape == shape and (enc.n_heads, enc.d_head, enc.d_model, enc.n_layers) == (
+            2,
+            8,
+            16,
+            3,
+        )
 
 
 @pytest.mark.parametrize("name", ["t5", "alibi", "rope", "txl"])
@@ -57,7 +65,9 @@ def test_a_model_built_without_causal_masking_sees_later_tokens(name: str) -> No
     changed = tokens.clone()
     changed[0, -1] = (tokens[0, -1] + 1) % 16
     with torch.no_grad():
-        assert torch.equal(causal(tokens)[0, 0], causal(changed)[0, 0])  # position 0 cannot see position 7
+        assert torch.equal(
+            causal(tokens)[0, 0], causal(changed)[0, 0]
+        )  # position 0 cannot see position 7
         assert not torch.allclose(bidirectional(tokens)[0, 0], bidirectional(changed)[0, 0])
     if name == "t5":
         assert bidirectional.encoding.bidirectional and not causal.encoding.bidirectional

@@ -1,5 +1,6 @@
 """Executors: the same results whoever computes the runs; a dying worker is retried, then
 recorded as failed; resume redoes only what is missing. Ray tests use a real local runtime."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -67,7 +68,9 @@ def test_processes_give_the_same_results(local_results: Path, tmp_path: Path) ->
     pd.testing.assert_frame_equal(values(outcome.results_csv), values(local_results))
 
 
-def test_processes_record_a_dead_worker_and_finish_the_rest(dying_plugin: Path, tmp_path: Path) -> None:
+def test_processes_record_a_dead_worker_and_finish_the_rest(
+    dying_plugin: Path, tmp_path: Path
+) -> None:
     sweep = dataclasses.replace(tiny_sweep("nope", "test_dying", "rope"), threads=1)
     outcome = run_sweep(sweep, tmp_path / "sw", executor=ProcessExecutor(jobs=1))
     assert list(outcome.failures) == ["copy / test_dying / seed 0"]
@@ -111,9 +114,13 @@ class RecordingReporter(SilentReporter):
         self.events.append(("evaluating", run.label))
 
 
-def test_ray_gives_the_same_results_and_forwards_worker_progress(ray_runtime, local_results: Path, tmp_path: Path) -> None:
+def test_ray_gives_the_same_results_and_forwards_worker_progress(
+    ray_runtime, local_results: Path, tmp_path: Path
+) -> None:
     reporter = RecordingReporter()
-    outcome = run_sweep(four_runs(), tmp_path / "sw", executor=make_executor("ray"), reporter=reporter)
+    outcome = run_sweep(
+        four_runs(), tmp_path / "sw", executor=make_executor("ray"), reporter=reporter
+    )
     assert len(outcome.ran) == 4 and not outcome.failures
     pd.testing.assert_frame_equal(values(outcome.results_csv), values(local_results))
     for encoding in ("nope", "rope", "t5", "alibi"):
@@ -121,7 +128,9 @@ def test_ray_gives_the_same_results_and_forwards_worker_progress(ray_runtime, lo
             assert (event, f"copy / {encoding} / seed 0") in reporter.events
 
 
-def test_ray_retries_a_dying_worker_then_records_it(ray_runtime, dying_plugin: Path, tmp_path: Path) -> None:
+def test_ray_retries_a_dying_worker_then_records_it(
+    ray_runtime, dying_plugin: Path, tmp_path: Path
+) -> None:
     sweep = dataclasses.replace(tiny_sweep("nope", "test_dying", "rope"), threads=1)
     outcome = run_sweep(sweep, tmp_path / "sw", executor=make_executor("ray"))
     failure = outcome.failures["copy / test_dying / seed 0"]
@@ -129,9 +138,13 @@ def test_ray_retries_a_dying_worker_then_records_it(ray_runtime, dying_plugin: P
     assert set(pd.read_csv(outcome.results_csv)["encoding"]) == {"nope", "rope"}
 
 
-def test_resume_across_executors_redoes_only_missing_runs(ray_runtime, local_results: Path, tmp_path: Path) -> None:
+def test_resume_across_executors_redoes_only_missing_runs(
+    ray_runtime, local_results: Path, tmp_path: Path
+) -> None:
     out = tmp_path / "sw"
-    first = run_sweep(dataclasses.replace(tiny_sweep("nope", "rope"), threads=1), out)  # local, half the sweep
+    first = run_sweep(
+        dataclasses.replace(tiny_sweep("nope", "rope"), threads=1), out
+    )  # local, half the sweep
     resumed = run_sweep(four_runs(), out, executor=make_executor("ray"))
     assert len(resumed.ran) == 2 and sorted(resumed.skipped) == sorted(first.ran)
     pd.testing.assert_frame_equal(values(resumed.results_csv), values(local_results))
@@ -143,8 +156,10 @@ def test_resume_across_executors_redoes_only_missing_runs(ray_runtime, local_res
 
 # ---- workers die with their driver -----------------------------------------------------------
 SLOW_TOML = (  # runs that train long enough to be killed mid-way
-    TINY_TOML.replace('"nope", { name = "t5", num_buckets = 8, max_distance = 16 }', '"nope", "rope", "alibi", "t5"')
-    .replace("steps = 3", "steps = 100000")
+    TINY_TOML.replace(
+        '"nope", { name = "t5", num_buckets = 8, max_distance = 16 }',
+        '"nope", "rope", "alibi", "t5"',
+    ).replace("steps = 3", "steps = 100000")
 )
 
 
@@ -159,13 +174,31 @@ def _driver_with_training_workers(tmp_path: Path):
     config = tmp_path / "slow.toml"
     config.write_text(SLOW_TOML)
     log = (tmp_path / "driver.log").open("w")
-    command = [sys.executable, "-m", "posbench.cli", "run", "--config", str(config), "--out", str(tmp_path / "out"),
-               "--executor", "processes", "--jobs", "2", "--threads", "1", "--no-report"]
+    command = [
+        sys.executable,
+        "-m",
+        "posbench.cli",
+        "run",
+        "--config",
+        str(config),
+        "--out",
+        str(tmp_path / "out"),
+        "--executor",
+        "processes",
+        "--jobs",
+        "2",
+        "--threads",
+        "1",
+        "--no-report",
+    ]
     driver = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     deadline = time.monotonic() + 90
     while time.monotonic() < deadline:
         text = (tmp_path / "driver.log").read_text()
-        if text.count(": step ") >= 2 and len({line.split(":")[2] for line in text.splitlines() if ": step " in line}) >= 2:
+        if (
+            text.count(": step ") >= 2
+            and len({line.split(":")[2] for line in text.splitlines() if ": step " in line}) >= 2
+        ):
             break
         assert driver.poll() is None, text
         time.sleep(0.2)
@@ -191,7 +224,13 @@ def test_workers_and_resource_tracker_die_with_the_driver(tmp_path: Path, signal
     text = (tmp_path / "driver.log").read_text()
     if signal_name == "SIGTERM":
         assert driver.returncode == 143
-        assert "terminated: 0 of 4 run(s) of this sweep are stored" in text and "run the same command again" in text
+        assert (
+            "terminated: 0 of 4 run(s) of this sweep are stored" in text
+            and "run the same command again" in text
+        )
         assert "Traceback" not in text
     # progress lines came from the workers, one per event, with no terminal
-    assert "copy / nope / seed 0: started, 100000 steps" in text and "copy / rope / seed 0: step" in text
+    assert (
+        "copy / nope / seed 0: started, 100000 steps" in text
+        and "copy / rope / seed 0: step" in text
+    )

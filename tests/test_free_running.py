@@ -1,12 +1,19 @@
 """Free-running (greedy) metrics: the model reads its own answers, so a first mistake counts
 for what follows; they sit beside the teacher-forced ones and each length's chance level."""
+
 from __future__ import annotations
 
 import pytest
 import torch
 
 from posbench.experiment.config import EvalConfig, TrainConfig
-from posbench.experiment.evaluation import chance_hits, correct_prefix, evaluate, greedy_predictions, held_out
+from posbench.experiment.evaluation import (
+    chance_hits,
+    correct_prefix,
+    evaluate,
+    greedy_predictions,
+    held_out,
+)
 from posbench.experiment.training import train
 from posbench.model import build_model
 from posbench.tasks import create_task
@@ -24,7 +31,13 @@ def _trained(encoding: str):
 
 def test_correct_prefix_counts_answer_tokens_before_the_first_mistake() -> None:
     answer = torch.tensor([[False, True, True, True, True]] * 3)
-    hit = torch.tensor([[False, True, True, True, True], [True, True, False, True, True], [False, False, True, True, True]])
+    hit = torch.tensor(
+        [
+            [False, True, True, True, True],
+            [True, True, False, True, True],
+            [False, False, True, True, True],
+        ]
+    )
     assert correct_prefix(hit, answer).tolist() == [4, 1, 0]
 
 
@@ -46,16 +59,23 @@ def test_greedy_exact_match_equals_teacher_forced_exact_match_and_its_tokens_nev
         forced = (model(batch.tokens).argmax(-1) == batch.targets) & answer
     free = (greedy_predictions(model, batch.tokens, answer) == batch.targets) & answer
     assert torch.equal((forced | ~answer).all(1), (free | ~answer).all(1))
-    assert torch.equal(correct_prefix(forced, answer), correct_prefix(free, answer))  # same up to the first mistake
+    assert torch.equal(
+        correct_prefix(forced, answer), correct_prefix(free, answer)
+    )  # same up to the first mistake
 
 
 def test_evaluation_stores_greedy_accuracy_prefix_and_chance() -> None:
-    rows = {(m.eval_len, m.metric): m.value for m in evaluate(_trained("nope"), TASK, EvalConfig(n_samples=64, batch_size=64))
-            if m.mem_len is None}
+    rows = {
+        (m.eval_len, m.metric): m.value
+        for m in evaluate(_trained("nope"), TASK, EvalConfig(n_samples=64, batch_size=64))
+        if m.mem_len is None
+    }
     for length in TASK.eval_lengths:
         assert 0 <= rows[(length, "greedy_token_accuracy")] <= 1
         assert 0 <= rows[(length, "correct_prefix")] <= length
-        assert 0.03 <= rows[(length, "chance_token_accuracy")] <= 0.17  # 10 uniform symbols: 0.1, 64 samples per position
+        assert (
+            0.03 <= rows[(length, "chance_token_accuracy")] <= 0.17
+        )  # 10 uniform symbols: 0.1, 64 samples per position
     lm = create_task("lm", train_lengths=[16, 16], eval_lengths=[16])
     model = build_model("nope", lm.vocab_size, 16, 1, 2)
     metrics = {m.metric for m in evaluate(model, lm, EvalConfig(n_samples=8, batch_size=8))}
@@ -76,8 +96,13 @@ def test_accuracy_by_answer_position_is_stored_per_run(tmp_path) -> None:
     assert sorted(table["eval_len"].unique()) == [2, 3, 6]
     at_6 = table[table["eval_len"] == 6]
     assert at_6["answer_position"].tolist() == list(range(6)) and (at_6["answers"] == 8).all()
-    assert at_6["greedy_token_accuracy"].between(0, 1).all() and at_6["token_accuracy"].between(0, 1).all()
-    assert at_6["greedy_token_accuracy"].iloc[0] == at_6["token_accuracy"].iloc[0]  # the first answer token reads no answer
+    assert (
+        at_6["greedy_token_accuracy"].between(0, 1).all()
+        and at_6["token_accuracy"].between(0, 1).all()
+    )
+    assert (
+        at_6["greedy_token_accuracy"].iloc[0] == at_6["token_accuracy"].iloc[0]
+    )  # the first answer token reads no answer
 
 
 def test_chance_is_an_independent_samples_majority_scored_on_the_evaluation_sample() -> None:

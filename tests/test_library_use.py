@@ -1,4 +1,5 @@
 """Library use leaves the caller's process as it found it."""
+
 from __future__ import annotations
 
 import subprocess
@@ -29,13 +30,16 @@ PROBE = textwrap.dedent(
         outcome = run_sweep(tiny_sweep("nope", "alibi"), Path(out) / "sw")
         mode = oct(os.stat(outcome.results_csv).st_mode & 0o777)
     after = (denormals(), torch.get_num_threads(), torch.get_rng_state(), os.umask(0o027))
-    print(before[0], after[0], before[1], after[1], bool(torch.equal(before[2], after[2])), oct(after[3]), mode)
+    print(before[0], after[0], before[1], after[1], bool(torch.equal(before[2], after[2])),
+    oct(after[3]), mode)
     """
 )
 
 
 def test_a_sweep_leaves_threads_denormals_rng_and_umask_unchanged() -> None:
-    out = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, check=True).stdout.split()
+    out = subprocess.run(
+        [sys.executable, "-c", PROBE], capture_output=True, text=True, check=True
+    ).stdout.split()
     denormals_before, denormals_after, threads_before, threads_after, same_rng, umask, mode = out
     assert denormals_before == denormals_after == str(1 << 22)  # still not flushed, on every thread
     assert threads_before == threads_after == "2"

@@ -1,5 +1,6 @@
 """The literature section's verdicts, computed from stored-result frames that agree and that
 disagree with the published findings, with their seed bootstrap and its calibration."""
+
 from __future__ import annotations
 
 import itertools
@@ -8,7 +9,14 @@ import math
 import pytest
 
 from posbench.report.literature import (
-    AGREES, DISAGREES, FINDINGS, INCONCLUSIVE, NOT_MEASURED, PARTLY, check_findings, seed_bootstrap,
+    AGREES,
+    DISAGREES,
+    FINDINGS,
+    INCONCLUSIVE,
+    NOT_MEASURED,
+    PARTLY,
+    check_findings,
+    seed_bootstrap,
 )
 
 from helpers import tidy
@@ -22,10 +30,20 @@ def _copy(values: dict[str, float], jitter: tuple[float, ...] = JITTER) -> list[
     rows = []
     for encoding, value in values.items():
         for seed, noise in zip(SEEDS, jitter):
-            base = {"task": "copy", "encoding": encoding, "encoding_label": encoding, "seed": seed,
-                    "train_len_max": 8, "mem_len": math.nan, "metric": "exact_match"}
-            rows += [base | {"eval_len": 8, "value": 1.0}, base | {"eval_len": 16, "value": max(0.0, value + noise)},
-                     base | {"eval_len": 32, "value": 0.0}]
+            base = {
+                "task": "copy",
+                "encoding": encoding,
+                "encoding_label": encoding,
+                "seed": seed,
+                "train_len_max": 8,
+                "mem_len": math.nan,
+                "metric": "exact_match",
+            }
+            rows += [
+                base | {"eval_len": 8, "value": 1.0},
+                base | {"eval_len": 16, "value": max(0.0, value + noise)},
+                base | {"eval_len": 32, "value": 0.0},
+            ]
     return rows
 
 
@@ -34,18 +52,46 @@ def _lm(penalties: dict[str, float], excess: dict[str, float] | None = None) -> 
     loss `excess[name]` above the floor (0.02 unless given)."""
     rows = []
     for (e, v), (seed, noise) in itertools.product(penalties.items(), zip(SEEDS, JITTER)):
-        base = {"task": "lm", "encoding": e, "encoding_label": e, "seed": seed, "train_len_max": 64, "mem_len": math.nan}
-        rows += [base | {"metric": "lm_penalty", "eval_len": 512, "position": p,
-                         "value": (v + noise / 10) * max(p - 64, 0) / 448}
-                 for p in (32, 64, 128, 256, 384, 512)]
-        rows.append(base | {"metric": "excess_loss", "eval_len": 64, "value": (excess or {}).get(e, 0.02)})
+        base = {
+            "task": "lm",
+            "encoding": e,
+            "encoding_label": e,
+            "seed": seed,
+            "train_len_max": 64,
+            "mem_len": math.nan,
+        }
+        rows += [
+            base
+            | {
+                "metric": "lm_penalty",
+                "eval_len": 512,
+                "position": p,
+                "value": (v + noise / 10) * max(p - 64, 0) / 448,
+            }
+            for p in (32, 64, 128, 256, 384, 512)
+        ]
+        rows.append(
+            base | {"metric": "excess_loss", "eval_len": 64, "value": (excess or {}).get(e, 0.02)}
+        )
     return rows
 
 
 def _txl(losses: dict[float, float], task: str = "lm-memory") -> list[dict]:
-    return [{"task": task, "encoding": "txl", "encoding_label": "txl", "seed": seed, "train_len_max": 64,
-             "mem_len": m, "metric": "loss", "eval_len": 512, "value": v + noise}
-            for m, v in losses.items() for seed, noise in zip(SEEDS, JITTER)]
+    return [
+        {
+            "task": task,
+            "encoding": "txl",
+            "encoding_label": "txl",
+            "seed": seed,
+            "train_len_max": 64,
+            "mem_len": m,
+            "metric": "loss",
+            "eval_len": 512,
+            "value": v + noise,
+        }
+        for m, v in losses.items()
+        for seed, noise in zip(SEEDS, JITTER)
+    ]
 
 
 def _lookback(cached: dict[str, float]) -> list[dict]:
@@ -53,10 +99,20 @@ def _lookback(cached: dict[str, float]) -> list[dict]:
     rows = []
     for label, value in cached.items():
         for seed, noise in zip(SEEDS, JITTER):
-            base = {"task": "lookback", "encoding": label.split("-")[0], "encoding_label": label, "seed": seed,
-                    "train_len_max": 12, "metric": "token_accuracy", "eval_len": 12}
-            rows += [base | {"mem_len": math.nan, "value": 1.0}, base | {"mem_len": math.inf, "value": min(1.0, value + noise)},
-                     base | {"mem_len": 0.0, "value": 0.06}]
+            base = {
+                "task": "lookback",
+                "encoding": label.split("-")[0],
+                "encoding_label": label,
+                "seed": seed,
+                "train_len_max": 12,
+                "metric": "token_accuracy",
+                "eval_len": 12,
+            }
+            rows += [
+                base | {"mem_len": math.nan, "value": 1.0},
+                base | {"mem_len": math.inf, "value": min(1.0, value + noise)},
+                base | {"mem_len": 0.0, "value": 0.06},
+            ]
     return rows
 
 
@@ -65,10 +121,20 @@ def _randomized(accuracies: dict[str, float]) -> list[dict]:
     rows = []
     for label, value in accuracies.items():
         for seed, noise in zip(SEEDS, JITTER):
-            base = {"task": "copy", "encoding": label.removesuffix("+random"), "encoding_label": label, "seed": seed,
-                    "train_len_max": 8, "mem_len": math.nan, "metric": "token_accuracy"}
-            rows += [base | {"eval_len": 8, "value": 1.0}, base | {"eval_len": 16, "value": value + noise},
-                     base | {"eval_len": 16, "mem_len": 8.0, "value": 0.0}]
+            base = {
+                "task": "copy",
+                "encoding": label.removesuffix("+random"),
+                "encoding_label": label,
+                "seed": seed,
+                "train_len_max": 8,
+                "mem_len": math.nan,
+                "metric": "token_accuracy",
+            }
+            rows += [
+                base | {"eval_len": 8, "value": 1.0},
+                base | {"eval_len": 16, "value": value + noise},
+                base | {"eval_len": 16, "mem_len": 8.0, "value": 0.0},
+            ]
     return rows
 
 
@@ -76,10 +142,13 @@ def _verdicts(rows: list[dict], replicates: int = 50) -> dict[str, tuple[str, st
     return {v.finding: (v.verdict, v.measured) for v in check_findings(tidy(rows), replicates)}
 
 
-AGREEING = (_copy({"t5": 0.5, "alibi": 0.4, "nope": 0.35, "sinusoidal": 0.05, "rope": 0.02})
-            + _lm({"sinusoidal": 1.2, "rope": 0.3, "t5": 0.05, "alibi": 0.01}) + _txl({0: 2.9, 64: 2.6, 128: 2.5})
-            + _lookback({"sinusoidal-restart": 0.1, "txl": 1.0, "rope": 0.98, "sinusoidal": 1.0})
-            + _randomized({"rope": 0.3, "rope+random": 0.42}))
+AGREEING = (
+    _copy({"t5": 0.5, "alibi": 0.4, "nope": 0.35, "sinusoidal": 0.05, "rope": 0.02})
+    + _lm({"sinusoidal": 1.2, "rope": 0.3, "t5": 0.05, "alibi": 0.01})
+    + _txl({0: 2.9, 64: 2.6, 128: 2.5})
+    + _lookback({"sinusoidal-restart": 0.1, "txl": 1.0, "rope": 0.98, "sinusoidal": 1.0})
+    + _randomized({"rope": 0.3, "rope+random": 0.42})
+)
 
 
 def test_results_that_agree() -> None:
@@ -87,22 +156,34 @@ def test_results_that_agree() -> None:
     assert {verdict for verdict, _ in verdicts.values()} == {AGREES}, verdicts
     copy_order = verdicts["The order of encodings on copy past the training length"][1]
     assert "t5 0.50" in copy_order and "rho +1.00" in copy_order and "100% agree" in copy_order
-    lm_order = verdicts["Loss past the training length degrades most for sinusoidal, then rotary, then T5; ALiBi least"][1]
-    assert lm_order.startswith("lm loss breaks (penalty > 0.1 nats) at: sinusoidal 128 (+1.20 at 512), rope 256")
+    lm_order = verdicts[
+        "Loss past the training length degrades most for sinusoidal, then rotary, then T5; ALiBi "
+        "least"
+    ][1]
+    assert lm_order.startswith(
+        "lm loss breaks (penalty > 0.1 nats) at: sinusoidal 128 (+1.20 at 512), rope 256"
+    )
 
 
 def test_results_that_disagree_say_so_with_the_numbers() -> None:
     verdicts = _verdicts(
         _copy({"t5": 0.0, "alibi": 0.05, "nope": 0.01, "sinusoidal": 0.3, "rope": 0.6})
-        + _lm({"sinusoidal": 0.0, "rope": 0.1, "t5": 0.3, "alibi": 0.9}) + _txl({0: 2.5, 128: 2.9})
-        + _lookback({"sinusoidal-restart": 0.99, "t5": 0.97}) + _randomized({"rope": 0.5, "rope+random": 0.4})
+        + _lm({"sinusoidal": 0.0, "rope": 0.1, "t5": 0.3, "alibi": 0.9})
+        + _txl({0: 2.5, 128: 2.9})
+        + _lookback({"sinusoidal-restart": 0.99, "t5": 0.97})
+        + _randomized({"rope": 0.5, "rope+random": 0.4})
     )
     assert {verdict for verdict, _ in verdicts.values()} == {DISAGREES}, verdicts
     flat = verdicts["ALiBi's loss stays flat far past the training length"][1]
     assert "+0.900 nats" in flat
-    memory = verdicts["A longer memory lowers Transformer-XL's loss (its context exceeds the segment)"][1]
+    memory = verdicts[
+        "A longer memory lowers Transformer-XL's loss (its context exceeds the segment)"
+    ][1]
     assert "2.500 with memory 0" in memory and "2.900 with memory 128" in memory
-    restart = verdicts["Absolute positions restarted in every segment confuse cached tokens with current ones; relative positions do not"][1]
+    restart = verdicts[
+        "Absolute positions restarted in every segment confuse cached tokens with current ones; "
+        "relative positions do not"
+    ][1]
     assert "sinusoidal-restart 0.99 (whole sequences 1.00), t5 0.97" in restart
 
 
@@ -110,13 +191,17 @@ def test_memory_check_reads_only_the_task_trained_through_a_cache() -> None:
     memory = "A longer memory lowers Transformer-XL's loss (its context exceeds the segment)"
     verdicts = _verdicts(_txl({0: 2.5, 128: 2.9}, task="lm") + _txl({0: 2.9, 32: 2.5}))
     verdict, measured = verdicts[memory]
-    assert verdict == AGREES and measured.startswith("lm-memory, length 512: loss 2.900 with memory 0, 2.500 with memory 32")
+    assert verdict == AGREES and measured.startswith(
+        "lm-memory, length 512: loss 2.900 with memory 0, 2.500 with memory 32"
+    )
     verdict, measured = _verdicts(_txl({0: 2.9, 32: 2.5}, task="lm") + _copy({"t5": 0.5}))[memory]
     assert verdict == NOT_MEASURED and "lm-memory" in measured  # never computed from another task
 
 
 def test_missing_results_are_not_measured() -> None:
-    verdicts = _verdicts(_copy({"t5": 0.0, "nope": 0.0, "rope": 0.0, "alibi": 0.0}, jitter=(0.0, 0.0, 0.0)))
+    verdicts = _verdicts(
+        _copy({"t5": 0.0, "nope": 0.0, "rope": 0.0, "alibi": 0.0}, jitter=(0.0, 0.0, 0.0))
+    )
     assert {verdict for verdict, _ in verdicts.values()} == {NOT_MEASURED}, verdicts
 
 
@@ -124,11 +209,20 @@ def test_one_seed_is_inconclusive_and_wide_seed_spread_is_inconclusive() -> None
     one_seed = [row for row in AGREEING if row["seed"] == 0]
     verdicts = _verdicts(one_seed)
     assert {verdict for verdict, _ in verdicts.values()} == {INCONCLUSIVE}
-    assert "seed variance is unknown" in verdicts["ALiBi's loss stays flat far past the training length"][1]
+    assert (
+        "seed variance is unknown"
+        in verdicts["ALiBi's loss stays flat far past the training length"][1]
+    )
     # ALiBi's penalty: flat on two seeds, broken on one: replicates split
-    spread = [row | {"value": row["value"] * (40 if row["seed"] == 2 else 1)} if row["encoding"] == "alibi"
-              and row["metric"] == "lm_penalty" else row for row in AGREEING]
-    verdict, measured = _verdicts(spread, replicates=200)["ALiBi's loss stays flat far past the training length"]
+    spread = [
+        row | {"value": row["value"] * (40 if row["seed"] == 2 else 1)}
+        if row["encoding"] == "alibi" and row["metric"] == "lm_penalty"
+        else row
+        for row in AGREEING
+    ]
+    verdict, measured = _verdicts(spread, replicates=200)[
+        "ALiBi's loss stays flat far past the training length"
+    ]
     assert verdict == INCONCLUSIVE and "agree" in measured
 
 
@@ -137,7 +231,10 @@ def test_lm_checks_skip_models_that_did_not_learn_the_language() -> None:
     verdicts = _verdicts(rows)
     verdict, measured = verdicts["ALiBi's loss stays flat far past the training length"]
     assert verdict == NOT_MEASURED and "did not learn the language" in measured
-    order = verdicts["Loss past the training length degrades most for sinusoidal, then rotary, then T5; ALiBi least"][1]
+    order = verdicts[
+        "Loss past the training length degrades most for sinusoidal, then rotary, then T5; ALiBi "
+        "least"
+    ][1]
     assert "alibi" not in order.split("rho")[0]
 
 
@@ -145,14 +242,22 @@ RANDOMIZED = "Randomized positions improve accuracy past the training length"
 
 
 def test_randomized_positions_are_paired_by_label_and_compared_in_size() -> None:
-    verdict, measured = _verdicts(_randomized({"rope": 0.3, "rope+random": 0.45, "sinusoidal": 0.2,
-                                               "sinusoidal+random": 0.3}))[RANDOMIZED]
+    verdict, measured = _verdicts(
+        _randomized({"rope": 0.3, "rope+random": 0.45, "sinusoidal": 0.2, "sinusoidal+random": 0.3})
+    )[RANDOMIZED]
     assert verdict == AGREES
-    assert "rope on copy 0.30 -> 0.45, sinusoidal on copy 0.20 -> 0.30; mean gain +12.5 points over 2 pair(s)" in measured
+    assert (
+        "rope on copy 0.30 -> 0.45, sinusoidal on copy 0.20 -> 0.30; mean gain +12.5 points over 2 "
+        "pair(s)" in measured
+    )
     assert "against the published +12.0" in measured
     verdict, measured = _verdicts(_randomized({"rope": 0.2, "rope+random": 0.8}))[RANDOMIZED]
-    assert verdict == PARTLY and "+60.0 points" in measured  # the direction holds, the size does not
-    verdict, measured = _verdicts(_randomized({"rope": 0.5, "rope+random": 0.49, "alibi": 0.9, "alibi+random": 0.5}))[RANDOMIZED]
+    assert (
+        verdict == PARTLY and "+60.0 points" in measured
+    )  # the direction holds, the size does not
+    verdict, measured = _verdicts(
+        _randomized({"rope": 0.5, "rope+random": 0.49, "alibi": 0.9, "alibi+random": 0.5})
+    )[RANDOMIZED]
     assert verdict == DISAGREES and "mean gain -20.5 points" in measured
     assert _verdicts(_randomized({"rope+random": 0.6}))[RANDOMIZED][0] == NOT_MEASURED
 
@@ -162,12 +267,21 @@ def test_seed_bootstrap_draws_seeds_per_encoding_with_replacement() -> None:
     for sample in seed_bootstrap(frame, 20):
         assert len(sample) == len(frame)
         for label, group in sample.groupby("encoding_label"):
-            assert sorted(group["seed"].unique()) == [0, 1, 2]  # renumbered: a seed drawn twice counts twice
+            assert sorted(group["seed"].unique()) == [
+                0,
+                1,
+                2,
+            ]  # renumbered: a seed drawn twice counts twice
             assert set(group["value"]) <= set(frame[frame["encoding_label"] == label]["value"])
 
 
-@pytest.mark.parametrize("finding", ["The order of encodings on copy past the training length",
-                                     "NoPE, T5 and ALiBi copy past the training length better than RoPE and sinusoidal"])
+@pytest.mark.parametrize(
+    "finding",
+    [
+        "The order of encodings on copy past the training length",
+        "NoPE, T5 and ALiBi copy past the training length better than RoPE and sinusoidal",
+    ],
+)
 def test_order_checks_are_calibrated_against_shuffled_labels(finding: str) -> None:
     """Results whose encodings' labels are shuffled must agree with the published order at most
     about 10% of the time (a random order reaches rho >= 0.9 over five encodings 4% of the time)."""
@@ -184,4 +298,6 @@ def test_order_checks_are_calibrated_against_shuffled_labels(finding: str) -> No
 def test_verdicts_carry_the_agreement_fraction() -> None:
     verdicts = check_findings(tidy(AGREEING), replicates=30)
     assert all(v.agreement == 1.0 for v in verdicts), [(v.finding, v.agreement) for v in verdicts]
-    assert all(math.isnan(v.agreement) for v in check_findings(tidy(_copy({"t5": 0.1})), replicates=5))
+    assert all(
+        math.isnan(v.agreement) for v in check_findings(tidy(_copy({"t5": 0.1})), replicates=5)
+    )

@@ -1,5 +1,6 @@
 """The language-modelling task: a seeded, stationary synthetic language; text files by
 character; loss by position and the extrapolation penalty."""
+
 from __future__ import annotations
 
 import math
@@ -35,7 +36,7 @@ def test_token_statistics_do_not_depend_on_position() -> None:
     early, late = unigram(tokens[:, :32]), unigram(tokens[:, -32:])
     assert 0.5 * float((early - late).abs().sum()) < 0.02  # total variation distance
     d = task.copy_distance  # the copy rule holds as often at the start as at the end
-    start = (tokens[:, d : d + 32] == tokens[:, : 32]).double().mean()
+    start = (tokens[:, d : d + 32] == tokens[:, :32]).double().mean()
     end = (tokens[:, -32:] == tokens[:, -32 - d : -d]).double().mean()
     assert abs(float(start - end)) < 0.02 and float(start) > task.p_copy
 
@@ -46,13 +47,17 @@ def test_a_sliding_window_sees_the_same_loss_at_every_offset() -> None:
     model = build_model("alibi", task.vocab_size, 32, 1, 2)
     train(model, task, TrainConfig(steps=150, batch_size=16, warmup_steps=10), seed=0)
     rows = position_rows(model, task, EvalConfig(n_samples=256, batch_size=128))
-    assert {r.eval_len for r in rows} == {256}  # the length evaluated; each row's bin is its position
+    assert {r.eval_len for r in rows} == {
+        256
+    }  # the length evaluated; each row's bin is its position
     window = {r.position: r.value for r in rows if r.metric == "lm_loss_window" and r.position > 32}
     values = list(window.values())
     assert len(values) == (256 - 32) // 8
     assert max(values) - min(values) < 0.06, window  # stationary data: no trend, only noise
     penalty = {r.position: r.value for r in rows if r.metric == "lm_penalty"}
-    assert all(penalty[p] == 0.0 for p in penalty if p <= 32)  # within L the two contexts are the same
+    assert all(
+        penalty[p] == 0.0 for p in penalty if p <= 32
+    )  # within L the two contexts are the same
 
 
 def test_a_text_file_trains_by_character(tmp_path: Path) -> None:
@@ -76,9 +81,17 @@ def test_a_corpus_that_is_not_utf8_is_one_sentence(tmp_path: Path) -> None:
     with pytest.raises(OptionError, match=r"is not UTF-8 text \(byte 0xe9 at offset 3\)"):
         create_task("lm", corpus=str(corpus))
     config = tmp_path / "sweep.toml"
-    config.write_text(f'tasks = [{{ name = "lm", corpus = "{corpus}" }}]\nencodings = ["nope"]\nprofile = false\n')
-    result = CliRunner().invoke(app, ["run", "--config", str(config), "--out", str(tmp_path / "out")])
-    assert result.exit_code == 2 and "is not UTF-8 text" in result.output and "Traceback" not in result.output
+    config.write_text(
+        f'tasks = [{{ name = "lm", corpus = "{corpus}" }}]\nencodings = ["nope"]\nprofile = false\n'
+    )
+    result = CliRunner().invoke(
+        app, ["run", "--config", str(config), "--out", str(tmp_path / "out")]
+    )
+    assert (
+        result.exit_code == 2
+        and "is not UTF-8 text" in result.output
+        and "Traceback" not in result.output
+    )
     assert not (tmp_path / "out").exists()
 
 
@@ -112,7 +125,10 @@ def test_the_report_shows_loss_by_position_and_the_penalty(tmp_path: Path) -> No
     from helpers import tiny_sweep
 
     sweep = tiny_sweep("nope", "rope", seeds=(0, 1))
-    sweep = dataclasses.replace(sweep, tasks=(TaskSpec("lm", {"train_lengths": [8, 8], "eval_lengths": [8, 32], "n_symbols": 4}),))
+    sweep = dataclasses.replace(
+        sweep,
+        tasks=(TaskSpec("lm", {"train_lengths": [8, 8], "eval_lengths": [8, 32], "n_symbols": 4}),),
+    )
     outcome = run_sweep(sweep, tmp_path / "sw")
     assert not outcome.failures
     report = build_report(tmp_path / "sw", tmp_path / "report")
@@ -129,16 +145,25 @@ def test_language_floor_matches_a_brute_force_estimate_on_a_small_vocabulary() -
     import collections
     import math
 
-    task = create_task("lm", n_symbols=3, copy_distance=3, p_copy=0.5, train_lengths=[8, 8], eval_lengths=[8])
+    task = create_task(
+        "lm", n_symbols=3, copy_distance=3, p_copy=0.5, train_lengths=[8, 8], eval_lengths=[8]
+    )
     floor = task.floor_by_position(8)
     windows = task._synthetic(9, 60000, torch.Generator().manual_seed(7))
-    for k in range(8):  # target k is token k + 1 given tokens 0..k (at most 3 back matter once k >= 3)
+    for k in range(
+        8
+    ):  # target k is token k + 1 given tokens 0..k (at most 3 back matter once k >= 3)
         context = windows[:, max(0, k - 2) : k + 1] if k >= 3 else windows[:, : k + 1]
-        counts: dict[tuple[int, ...], collections.Counter] = collections.defaultdict(collections.Counter)
+        counts: dict[tuple[int, ...], collections.Counter] = collections.defaultdict(
+            collections.Counter
+        )
         for row, nxt in zip(context.tolist(), windows[:, k + 1].tolist()):
             counts[tuple(row)][nxt] += 1
         total = len(windows)
-        brute = -sum(c * math.log(c / sum(cs.values())) for cs in counts.values() for c in cs.values()) / total
+        brute = (
+            -sum(c * math.log(c / sum(cs.values())) for cs in counts.values() for c in cs.values())
+            / total
+        )
         if k >= 3:
             assert float(floor[k]) == pytest.approx(brute, abs=0.02)
         else:
@@ -149,7 +174,12 @@ def test_language_floor_matches_a_brute_force_estimate_on_a_small_vocabulary() -
 def test_a_text_corpus_has_no_floor(tmp_path) -> None:
     corpus = tmp_path / "text.txt"
     corpus.write_text("the quick brown fox jumps over the lazy dog " * 200)
-    assert create_task("lm", corpus=str(corpus), train_lengths=[16, 16], eval_lengths=[16]).loss_floor(16) is None
+    assert (
+        create_task("lm", corpus=str(corpus), train_lengths=[16, 16], eval_lengths=[16]).loss_floor(
+            16
+        )
+        is None
+    )
 
 
 def test_lm_training_stops_near_the_floor_and_records_when(tmp_path) -> None:
@@ -165,17 +195,30 @@ def test_lm_training_stops_near_the_floor_and_records_when(tmp_path) -> None:
 
     from helpers import tiny_sweep
 
-    sweep = dataclasses.replace(tiny_sweep("nope", steps=20), tasks=(TaskSpec("lm", {"train_lengths": [16, 16], "eval_lengths": [16, 32]}),))
-    loose = dataclasses.replace(sweep, train=dataclasses.replace(sweep.train, stop_within=50.0, check_every=5))
+    sweep = dataclasses.replace(
+        tiny_sweep("nope", steps=20),
+        tasks=(TaskSpec("lm", {"train_lengths": [16, 16], "eval_lengths": [16, 32]}),),
+    )
+    loose = dataclasses.replace(
+        sweep, train=dataclasses.replace(sweep.train, stop_within=50.0, check_every=5)
+    )
     frame = pd.read_csv(run_sweep(loose, tmp_path / "a").results_csv)
     assert frame.loc[frame["metric"] == "steps_to_threshold", "value"].tolist() == [5]
     excess = frame[frame["metric"] == "excess_loss"].set_index("eval_len")["value"]
     floor = frame[frame["metric"] == "loss_floor"].set_index("eval_len")["value"]
-    loss = frame[(frame["metric"] == "loss") & frame["mem_len"].isna()].set_index("eval_len")["value"]
+    loss = frame[(frame["metric"] == "loss") & frame["mem_len"].isna()].set_index("eval_len")[
+        "value"
+    ]
     assert excess[16] == pytest.approx(loss[16] - floor[16])
-    strict = dataclasses.replace(sweep, train=dataclasses.replace(sweep.train, stop_within=1e-6, check_every=5))
+    strict = dataclasses.replace(
+        sweep, train=dataclasses.replace(sweep.train, stop_within=1e-6, check_every=5)
+    )
     outcome = run_sweep(strict, tmp_path / "b")
     frame = pd.read_csv(outcome.results_csv, keep_default_na=False, na_values=[""])
-    assert frame.loc[frame["metric"] == "steps_to_threshold", "note"].tolist() == ["not reached within 20 steps"]
+    assert frame.loc[frame["metric"] == "steps_to_threshold", "note"].tolist() == [
+        "not reached within 20 steps"
+    ]
     result = next(f.result() for f in run_folders(tmp_path / "b"))
-    assert result["undertrained"] and result["in_distribution_excess"] > 0.1  # 20 steps learn no language
+    assert (
+        result["undertrained"] and result["in_distribution_excess"] > 0.1
+    )  # 20 steps learn no language

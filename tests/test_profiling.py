@@ -1,4 +1,5 @@
 """The measurement plumbing on tiny sizes: memory probe, tidy rows, cache reuse in decoding."""
+
 from __future__ import annotations
 
 import math
@@ -11,11 +12,26 @@ import torch
 import posbench
 from posbench.experiment.config import EncodingSpec
 from posbench.experiment.memory import measure_peak_mb, reset_peak_rss
-from posbench.experiment.profiling import BenchConfig, ProfileRun, memory_rows, profile_encoding, run_profile
+from posbench.experiment.profiling import (
+    BenchConfig,
+    ProfileRun,
+    memory_rows,
+    profile_encoding,
+    run_profile,
+)
 from posbench.store import collect
 
-TINY = BenchConfig(seq_lens=(16, 32), mem_lens=(0, 8), window_lens=(16,), window=4, batch_size=2,
-                   n_heads=2, d_head=8, threads=1, min_run_time=0.001)
+TINY = BenchConfig(
+    seq_lens=(16, 32),
+    mem_lens=(0, 8),
+    window_lens=(16,),
+    window=4,
+    batch_size=2,
+    n_heads=2,
+    d_head=8,
+    threads=1,
+    min_run_time=0.001,
+)
 
 needs_clear_refs = pytest.mark.skipif(not reset_peak_rss(), reason="no /proc/self/clear_refs here")
 
@@ -91,13 +107,18 @@ def test_attention_tensor_size_is_quadratic_only_for_dense_biases() -> None:
     sizes = {}
     for name in ("nope", "alibi", "t5", "txl", "deberta"):
         encoding = create_encoding(name, 2, 8)
-        sizes[name] = (attention_tensor_bytes(encoding, 2, 256), attention_tensor_bytes(encoding, 2, 512))
+        sizes[name] = (
+            attention_tensor_bytes(encoding, 2, 256),
+            attention_tensor_bytes(encoding, 2, 512),
+        )
     assert sizes["alibi"][1] == 4 * sizes["alibi"][0] == 4 * 4 * 2 * 2 * 256 * 256
     for name in ("nope", "t5", "deberta", "txl"):  # no L x L tensor: band biases, folds
         assert sizes[name][1] == 2 * sizes[name][0], name
 
 
-def test_bench_says_why_an_encoding_costs_more_than_nope(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_bench_says_why_an_encoding_costs_more_than_nope(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from rich.console import Console
 
     import posbench.report.terminal as terminal
@@ -113,17 +134,27 @@ def test_bench_says_why_an_encoding_costs_more_than_nope(tmp_path: Path, monkeyp
     assert "cope:" in text and "positions depend on content" in text
 
 
-def test_a_length_that_would_not_fit_in_memory_is_na_not_attempted(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_length_that_would_not_fit_in_memory_is_na_not_attempted(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     import posbench.experiment.memory as memory
 
     assert memory.too_big(None, 4096, "cpu") is None  # nothing measured yet: no guess
     monkeypatch.setattr(memory, "available_bytes", lambda device: 1000 * 2**20)
     assert memory.too_big((1024, 100.0), 2048, "cpu") is None  # 400 MiB fits in 800
     reason = memory.too_big((1024, 100.0), 4096, "cpu")  # 1600 MiB does not
-    assert reason.startswith("would need about 1.6 GiB (grown quadratically from 100 MiB at L=1024), more than the 1.0 GiB")
+    assert reason.startswith(
+        "would need about 1.6 GiB (grown quadratically from 100 MiB at L=1024), more than the 1.0 "
+        "GiB"
+    )
     monkeypatch.setattr(memory, "measure_peak_mb", lambda fn, device="cpu": 10.0)  # 10 MiB at L=16
-    monkeypatch.setattr(memory, "available_bytes", lambda device: 20 * 2**20)  # 40 MiB at L=32 does not fit in 16
+    monkeypatch.setattr(
+        memory, "available_bytes", lambda device: 20 * 2**20
+    )  # 40 MiB at L=32 does not fit in 16
     rows = pd.DataFrame(profile_encoding(EncodingSpec("nope"), TINY, parts=("latency",)))
     latency = rows[rows["metric"] == "latency_fwdbwd_ms"].set_index("seq_len")
     assert latency.loc[16, "value"] > 0 and math.isnan(latency.loc[32, "value"])
-    assert "would need about 0.0 GiB (grown quadratically from 10 MiB at L=16)" in latency.loc[32, "note"]
+    assert (
+        "would need about 0.0 GiB (grown quadratically from 10 MiB at L=16)"
+        in latency.loc[32, "note"]
+    )

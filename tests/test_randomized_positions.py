@@ -1,5 +1,6 @@
 """Randomized positions (Ruoss et al. 2023), an option of every encoding: the draw, where it
 happens, its reproducibility, and the cache."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -12,7 +13,8 @@ from helpers import tiny_sweep
 from posbench.encodings import create_encoding
 from posbench.encodings.positions import RandomPositions, Span, seeded_draws
 from posbench.errors import ConfigError, OptionError, PositionOutOfRangeError
-from posbench.experiment.config import EncodingSpec, EvalConfig, parse_variants
+from posbench.experiment.config import EncodingSpec, EvalConfig
+from posbench.experiment.variants import parse_variants
 from posbench.experiment.evaluation import evaluate
 from posbench.experiment.runner import run_sweep
 from posbench.model import build_model
@@ -32,7 +34,9 @@ def test_a_draw_is_a_sorted_sample_without_repeats_of_the_whole_range() -> None:
     expected = torch.tensor([(k + 1) * 51 / 11 - 1 for k in range(10)])
     assert torch.allclose(draws.double().mean(0), expected.double(), atol=0.6)
     assert torch.equal(sampler.draw(50), torch.arange(50))  # a full draw is every position
-    with pytest.raises(PositionOutOfRangeError, match=r"at most 50 tokens \(distinct positions 0..49\), got 51"):
+    with pytest.raises(
+        PositionOutOfRangeError, match=r"at most 50 tokens \(distinct positions 0..49\), got 51"
+    ):
         sampler.draw(51)
 
 
@@ -46,7 +50,9 @@ def test_rope_at_drawn_positions_rotates_by_those_positions() -> None:
     theta = 10000.0 ** (-torch.arange(0, 8, 2, dtype=torch.float64) / 8)  # (4,)
     angle = positions.double()[:, None] * theta[None, :]  # (5, 4)
     x1, x2 = q[..., :4], q[..., 4:]
-    expected = torch.cat((x1 * angle.cos() - x2 * angle.sin(), x2 * angle.cos() + x1 * angle.sin()), dim=-1)
+    expected = torch.cat(
+        (x1 * angle.cos() - x2 * angle.sin(), x2 * angle.cos() + x1 * angle.sin()), dim=-1
+    )
     assert torch.allclose(rotated.double(), expected, atol=1e-5)
 
 
@@ -64,7 +70,9 @@ def test_training_draws_on_every_pass_and_evaluation_draws_or_reads_plain_positi
         with seeded_draws(4):
             again = drawn(tokens)
         assert torch.equal(first, again) and not torch.allclose(first, plain.eval()(tokens))
-        at_plain = build_model("rope", encoding_options={"randomize_positions": 256, "eval_positions": "plain"})
+        at_plain = build_model(
+            "rope", encoding_options={"randomize_positions": 256, "eval_positions": "plain"}
+        )
         at_plain.load_state_dict(drawn.state_dict())
         assert torch.equal(at_plain.eval()(tokens), plain(tokens))
 
@@ -80,19 +88,26 @@ def test_a_cache_draws_the_whole_stream_up_front_and_keeps_cached_keys_positions
             whole = model(tokens)
         with seeded_draws(2):
             cache = model.new_cache(mem_len=math.inf, length=20)
-        chunked = torch.cat([model(tokens[:, s : s + 6], cache=cache) for s in range(0, 20, 6)], dim=1)
+        chunked = torch.cat(
+            [model(tokens[:, s : s + 6], cache=cache) for s in range(0, 20, 6)], dim=1
+        )
         assert torch.allclose(whole, chunked, atol=1e-5)
         with pytest.raises(PositionOutOfRangeError, match="made for a stream of 20 tokens"):
             model(tokens[:, :1], cache=cache)
 
 
 def test_options_are_checked_with_one_sentence_each() -> None:
-    with pytest.raises(OptionError, match="'learned' represents positions 0..1023 only, but randomize_positions = 2048"):
+    with pytest.raises(
+        OptionError,
+        match="'learned' represents positions 0..1023 only, but randomize_positions = 2048",
+    ):
         create_encoding("learned", n_heads=2, d_head=8, randomize_positions=2048)
     with pytest.raises(OptionError, match="needs randomize_positions = M as well"):
         create_encoding("alibi", n_heads=2, d_head=8, eval_positions="plain")
     with pytest.raises(OptionError, match="'eval_positions' must be one of"):
-        create_encoding("alibi", n_heads=2, d_head=8, randomize_positions=64, eval_positions="sometimes")
+        create_encoding(
+            "alibi", n_heads=2, d_head=8, randomize_positions=64, eval_positions="sometimes"
+        )
     with pytest.raises(OptionError, match="it accepts: .*randomize_positions, eval_positions"):
         create_encoding("alibi", n_heads=2, d_head=8, randomise_positions=64)
 
@@ -100,8 +115,14 @@ def test_options_are_checked_with_one_sentence_each() -> None:
 def test_evaluation_draws_are_reproducible_whatever_ran_before() -> None:
     task = create_task("copy", train_lengths=[1, 3], eval_lengths=[3, 6])
     torch.manual_seed(0)
-    model = build_model("alibi", vocab_size=task.vocab_size, d_model=16, n_layers=1, n_heads=2,
-                        encoding_options={"randomize_positions": 64})
+    model = build_model(
+        "alibi",
+        vocab_size=task.vocab_size,
+        d_model=16,
+        n_layers=1,
+        n_heads=2,
+        encoding_options={"randomize_positions": 64},
+    )
     config = EvalConfig(n_samples=8, batch_size=4, mem_len_factors=(0.0, 1.0))
     torch.manual_seed(1)
     first = evaluate(model, task, config)
@@ -109,13 +130,20 @@ def test_evaluation_draws_are_reproducible_whatever_ran_before() -> None:
     torch.rand(5)
     second = evaluate(model, task, config)
     assert [(m.eval_len, m.mem_len, m.metric, m.value) for m in first] == [
-        (m.eval_len, m.mem_len, m.metric, m.value) for m in second]
+        (m.eval_len, m.mem_len, m.metric, m.value) for m in second
+    ]
 
 
 def test_lengths_beyond_the_drawn_range_are_not_applicable_with_the_reason() -> None:
     task = create_task("copy", train_lengths=[1, 3], eval_lengths=[3, 40])
-    model = build_model("rope", vocab_size=task.vocab_size, d_model=16, n_layers=1, n_heads=2,
-                        encoding_options={"randomize_positions": 32})
+    model = build_model(
+        "rope",
+        vocab_size=task.vocab_size,
+        d_model=16,
+        n_layers=1,
+        n_heads=2,
+        encoding_options={"randomize_positions": 32},
+    )
     rows = evaluate(model, task, EvalConfig(n_samples=4, batch_size=4, mem_len_factors=(1.0,)))
     long = [m for m in rows if m.eval_len == 40]
     assert long and all(math.isnan(m.value) and "at most 32 tokens" in m.note for m in long)
@@ -125,17 +153,29 @@ def test_lengths_beyond_the_drawn_range_are_not_applicable_with_the_reason() -> 
 def test_a_sweep_trains_with_drawn_positions_and_evaluates_them_both_ways(tmp_path: Path) -> None:
     sweep = tiny_sweep("rope", steps=4)
     randomized = EncodingSpec("rope", {"randomize_positions": 64}, "rope+random")
-    sweep = dataclasses.replace(sweep, encodings=(EncodingSpec("rope"), randomized),
-                                eval_variants=parse_variants("rope+random:eval_positions=plain"))
+    sweep = dataclasses.replace(
+        sweep,
+        encodings=(EncodingSpec("rope"), randomized),
+        eval_variants=parse_variants("rope+random:eval_positions=plain"),
+    )
     outcome = run_sweep(sweep, tmp_path / "sweep")
     assert not outcome.failures
     frame = collect(tmp_path / "sweep")
-    assert {"rope", "rope+random", "rope+random [eval eval_positions=plain]"} <= set(frame["encoding_label"])
+    assert {"rope", "rope+random", "rope+random [eval eval_positions=plain]"} <= set(
+        frame["encoding_label"]
+    )
     with pytest.raises(ConfigError, match="names no encoding this sweep trains, by name or label"):
-        run_sweep(dataclasses.replace(sweep, eval_variants=parse_variants("rope+rnd:eval_positions=plain")), tmp_path / "other")
+        run_sweep(
+            dataclasses.replace(
+                sweep, eval_variants=parse_variants("rope+rnd:eval_positions=plain")
+            ),
+            tmp_path / "other",
+        )
 
 
 def test_training_shorter_than_the_drawn_range_needs_sequences_that_fit(tmp_path: Path) -> None:
-    sweep = dataclasses.replace(tiny_sweep("rope"), encodings=(EncodingSpec("rope", {"randomize_positions": 4}),))
+    sweep = dataclasses.replace(
+        tiny_sweep("rope"), encodings=(EncodingSpec("rope", {"randomize_positions": 4}),)
+    )
     with pytest.raises(ConfigError, match="randomized positions place at most 4 tokens"):
         run_sweep(sweep, tmp_path / "sweep")

@@ -1,5 +1,6 @@
 """Reachability: which rows of position- or distance-indexed parameters training reaches and
 evaluation reads, for every built-in that declares a table and for a plugin that does."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -69,7 +70,9 @@ def test_learned_table_rows_past_the_training_length_are_named() -> None:
 def test_recurrent_training_reaches_only_segment_plus_memory() -> None:
     task = create_task("lm", train_lengths=[64, 64], eval_lengths=[64])
     assert unreached(_encoding("t5", max_distance=64), task, "t5") == []
-    missing = unreached(_encoding("t5", max_distance=64), task, "t5", None, 16, 16)  # distances < 32
+    missing = unreached(
+        _encoding("t5", max_distance=64), task, "t5", None, 16, 16
+    )  # distances < 32
     assert missing and missing[0].rows[-1] == 31
 
 
@@ -85,11 +88,15 @@ def test_encodings_without_tables_have_nothing_to_reach() -> None:
 
 def test_a_plugin_that_declares_a_table_is_checked_and_warned_about(tmp_path: Path) -> None:
     load_plugin_dir(Path("tests/plugins"))
-    sweep = dataclasses.replace(tiny_sweep("test_distance_table", "nope"),
-                                tasks=(TaskSpec("copy", {"train_lengths": [1, 2], "eval_lengths": [2, 3, 6]}),))
+    sweep = dataclasses.replace(
+        tiny_sweep("test_distance_table", "nope"),
+        tasks=(TaskSpec("copy", {"train_lengths": [1, 2], "eval_lengths": [2, 3, 6]}),),
+    )
     warnings = reachability_warnings(sweep)
-    assert warnings == ["task 'copy': test_distance_table: distances 4-7 of table.weight are read at evaluation "
-                        "(from length 3) but never trained at these lengths."]
+    assert warnings == [
+        "task 'copy': test_distance_table: distances 4-7 of table.weight are read at evaluation "
+        "(from length 3) but never trained at these lengths."
+    ]
     run_sweep(sweep, tmp_path / "sweep")
     folder = next(f for f in (tmp_path / "sweep").iterdir() if (f / "reachability.csv").exists())
     result = RunFolder(folder).result()
@@ -100,11 +107,16 @@ def test_a_plugin_that_declares_a_table_is_checked_and_warned_about(tmp_path: Pa
 
 
 def test_configuration_time_warning_names_t5_buckets_and_the_fix() -> None:
-    sweep = dataclasses.replace(tiny_sweep(), tasks=(TaskSpec("lm", {"eval_lengths": [64, 512]}),),
-                                encodings=(EncodingSpec("t5"), EncodingSpec("t5", {"max_distance": 64}, "t5-64")))
+    sweep = dataclasses.replace(
+        tiny_sweep(),
+        tasks=(TaskSpec("lm", {"eval_lengths": [64, 512]}),),
+        encodings=(EncodingSpec("t5"), EncodingSpec("t5", {"max_distance": 64}, "t5-64")),
+    )
     warnings = reachability_warnings(sweep)
     assert len(warnings) == 1
-    assert warnings[0].startswith("task 'lm': t5: buckets 27-31 of tables.0.weight are read at evaluation")
+    assert warnings[0].startswith(
+        "task 'lm': t5: buckets 27-31 of tables.0.weight are read at evaluation"
+    )
     assert "max_distance = 69 would reach them all" in warnings[0]
 
 
@@ -114,15 +126,26 @@ def test_inspect_and_report_show_reachability(tmp_path: Path) -> None:
     from posbench.cli import app
     from posbench.report.html import build_report
 
-    sweep = dataclasses.replace(tiny_sweep("learned", "nope"),
-                                tasks=(TaskSpec("copy", {"train_lengths": [1, 3], "eval_lengths": [2, 3, 6, 12]}),))
+    sweep = dataclasses.replace(
+        tiny_sweep("learned", "nope"),
+        tasks=(TaskSpec("copy", {"train_lengths": [1, 3], "eval_lengths": [2, 3, 6, 12]}),),
+    )
     run_sweep(sweep, tmp_path / "sweep")
     learned = next(f for f in (tmp_path / "sweep").iterdir() if (f / "reachability.csv").exists())
-    output = " ".join(CliRunner().invoke(app, ["inspect", str(learned)], catch_exceptions=False, terminal_width=200).output.split())
-    assert "unreached: learned: positions 6-23 of table.weight are read at evaluation (from length 6)" in output
+    output = " ".join(
+        CliRunner()
+        .invoke(app, ["inspect", str(learned)], catch_exceptions=False, terminal_width=200)
+        .output.split()
+    )
+    assert (
+        "unreached: learned: positions 6-23 of table.weight are read at evaluation (from length 6)"
+        in output
+    )
     build_report(tmp_path / "sweep", tmp_path / "report")
     html = (tmp_path / "report" / "report.html").read_text()
-    assert re.search(r"\d\.\d\d †", html) and "training never reached" in html  # a marked cell, and why
+    assert (
+        re.search(r"\d\.\d\d †", html) and "training never reached" in html
+    )  # a marked cell, and why
 
 
 def test_options_tied_to_the_training_length_resolve_per_task() -> None:
@@ -131,25 +154,40 @@ def test_options_tied_to_the_training_length_resolve_per_task() -> None:
     spec = EncodingSpec("t5", {"num_buckets": "train/4", "max_distance": "train/4"}, "t5")
     assert resolve_tied_options(spec, 64).options == {"num_buckets": 16, "max_distance": 16}
     assert resolve_tied_options(EncodingSpec("deberta", {"span": "train"}), 32) == EncodingSpec(
-        "deberta", {"span": 32}, "deberta(span=train)")  # the label keeps the tied form
-    sweep = dataclasses.replace(tiny_sweep(), encodings=(spec, EncodingSpec("deberta", {"span": "train"})),
-                                tasks=(TaskSpec("copy", {"train_lengths": [1, 16], "eval_lengths": [16, 64]}),
-                                       TaskSpec("lm", {"eval_lengths": [64, 512]})))
+        "deberta", {"span": 32}, "deberta(span=train)"
+    )  # the label keeps the tied form
+    sweep = dataclasses.replace(
+        tiny_sweep(),
+        encodings=(spec, EncodingSpec("deberta", {"span": "train"})),
+        tasks=(
+            TaskSpec("copy", {"train_lengths": [1, 16], "eval_lengths": [16, 64]}),
+            TaskSpec("lm", {"eval_lengths": [64, 512]}),
+        ),
+    )
     resolved = {(r.task.name, r.encoding.name): r.encoding for r in expand_runs(sweep)}
     assert resolved[("copy", "t5")].options == {"num_buckets": 8, "max_distance": 8}
     assert resolved[("lm", "t5")].options == {"num_buckets": 16, "max_distance": 16}
-    assert resolved[("lm", "deberta")].options == {"span": 64} and resolved[("lm", "deberta")].label == "deberta(span=train)"
+    assert (
+        resolved[("lm", "deberta")].options == {"span": 64}
+        and resolved[("lm", "deberta")].label == "deberta(span=train)"
+    )
     assert reachability_warnings(sweep) == []  # every bucket and relative embedding is trained
     frame = reachability(_encoding("t5", num_buckets=16, max_distance=16), LM)
     catch_all = frame[frame["row"] == 15].set_index("phase")["share"]
-    assert catch_all["train"] > 0.5  # common in training, as in Press et al.'s windows of 4x max_distance
+    assert (
+        catch_all["train"] > 0.5
+    )  # common in training, as in Press et al.'s windows of 4x max_distance
 
 
 def test_a_tied_option_that_resolves_to_an_invalid_value_is_one_sentence() -> None:
     from posbench.errors import ConfigError, OptionError
     from posbench.experiment.runner import resolve_sweep
 
-    sweep = dataclasses.replace(tiny_sweep(), encodings=(EncodingSpec("t5", {"max_distance": "train/4"}),))
+    sweep = dataclasses.replace(
+        tiny_sweep(), encodings=(EncodingSpec("t5", {"max_distance": "train/4"}),)
+    )
     with pytest.raises((ConfigError, OptionError)) as err:
         resolve_sweep(sweep)
-    assert "tied to the training length of task 'copy'" in str(err.value) and "max_distance' must be an integer >= 2, got 1" in str(err.value)
+    assert "tied to the training length of task 'copy'" in str(
+        err.value
+    ) and "max_distance' must be an integer >= 2, got 1" in str(err.value)

@@ -1,4 +1,5 @@
 """README's Quickstart and .ci/run stay in step."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -12,7 +13,10 @@ def test_ci_runs_readme_test_command_verbatim() -> None:
     assert "pytest" in command
     assert command in (ROOT / "README.md").read_text().splitlines()
     # the venv is made and torch installed by that command alone, once
-    assert [line for line in ci_lines if "venv" in line and not line.startswith("#")] == ["rm -rf .venv", command]
+    assert [line for line in ci_lines if "venv" in line and not line.startswith("#")] == [
+        "rm -rf .venv",
+        command,
+    ]
     assert sum("pip install torch" in line for line in ci_lines) == 1
 
 

@@ -1,5 +1,6 @@
 """Each encoding against its reference formulation (conventions in docs/encodings/),
 using deliberately naive implementations written here: explicit loops and dense tensors."""
+
 from __future__ import annotations
 
 import math
@@ -46,12 +47,13 @@ def test_t5_bidirectional_buckets() -> None:
 
 def test_t5_bias_reads_table_by_bucket() -> None:
     enc = create_encoding("t5", n_heads=3, d_head=4, num_buckets=8, max_distance=16)
-    bias = enc.position_bias(Span(5, 9), Span(0, 9), LayerContext(0, None, None), torch.device("cpu"))
+    bias = enc.position_bias(
+        Span(5, 9), Span(0, 9), LayerContext(0, None, None), torch.device("cpu")
+    )
     table = enc.tables[0].weight
     for a, i, b, j in causal_pairs(Span(5, 9), Span(0, 9)):
         bucket = t5_bucket(torch.tensor(j - i), False, 8, 16).item()
         assert torch.equal(bias[:, a, b], table[bucket])
-
 
 
 @pytest.mark.parametrize("num_buckets, max_distance", [(8, 16), (32, 128), (32, 50), (6, 7)])
@@ -60,7 +62,9 @@ def test_t5_long_causal_bias_is_banded_at_max_distance(num_buckets: int, max_dis
     BandBias whose dense form still reads the table by bucket for every pair."""
     distances = torch.arange(max_distance, 20 * max_distance)
     assert (t5_bucket(-distances, False, num_buckets, max_distance) == num_buckets - 1).all()
-    enc = create_encoding("t5", n_heads=3, d_head=4, num_buckets=num_buckets, max_distance=max_distance)
+    enc = create_encoding(
+        "t5", n_heads=3, d_head=4, num_buckets=num_buckets, max_distance=max_distance
+    )
     span = Span(5, 5 + 3 * max_distance)
     bias = enc.position_bias(span, span, LayerContext(0, None, None), torch.device("cpu"))
     assert isinstance(bias, BandBias) and bias.width <= max_distance
@@ -134,7 +138,12 @@ def test_rope_logits_depend_on_offset_only() -> None:
     enc = create_encoding("rope", n_heads=1, d_head=8)
     q, k = torch.randn(1, 1, 1, 8), torch.randn(1, 1, 1, 8)
     got = attention_logits(enc, q, k, Span(9, 10), Span(4, 5))
-    expected = q[0, 0, 0].double() @ rotation_matrix(9, 8, 1e4).T @ rotation_matrix(4, 8, 1e4) @ k[0, 0, 0].double()
+    expected = (
+        q[0, 0, 0].double()
+        @ rotation_matrix(9, 8, 1e4).T
+        @ rotation_matrix(4, 8, 1e4)
+        @ k[0, 0, 0].double()
+    )
     assert got.item() == pytest.approx(expected.item() / math.sqrt(8), abs=1e-5)
 
 
@@ -161,13 +170,18 @@ def naive_txl(enc, q, k, q_span: Span, k_span: Span, layer: int = 0) -> torch.Te
     B, H, Lq, d = q.shape
     D = enc.d_model
     w = enc.w_kr[layer].weight.double()  # (D, D)
-    u, v = enc.u[0 if enc.share_uv else layer].double(), enc.v[0 if enc.share_uv else layer].double()
+    u, v = (
+        enc.u[0 if enc.share_uv else layer].double(),
+        enc.v[0 if enc.share_uv else layer].double(),
+    )
     out = torch.full((B, H, Lq, k.shape[2]), float("nan"), dtype=torch.float64)
     scale = 1 / math.sqrt(d) if enc.scale else 1.0
     for a, i, b, j in causal_pairs(q_span, k_span):
         dist = i - j if enc.clamp_len is None else min(i - j, enc.clamp_len)
         freqs = [dist / 10000 ** (2 * t / D) for t in range(D // 2)]
-        r = torch.tensor([math.sin(f) for f in freqs] + [math.cos(f) for f in freqs], dtype=torch.float64)
+        r = torch.tensor(
+            [math.sin(f) for f in freqs] + [math.cos(f) for f in freqs], dtype=torch.float64
+        )
         wr = (w @ r).view(H, d)
         for bb in range(B):
             for h in range(H):
@@ -208,16 +222,25 @@ def test_txl_term_c_varies_with_key_not_query() -> None:
 
 
 # ---- DeBERTa --------------------------------------------------------------------------------
-def naive_deberta(enc, q, k, q_span: Span, k_span: Span, layer: int, proj_q, proj_k) -> torch.Tensor:
+def naive_deberta(
+    enc, q, k, q_span: Span, k_span: Span, layer: int, proj_q, proj_k
+) -> torch.Tensor:
     """Three terms by explicit loops: Qc.Kc + Qc.Kr[δ] + Kc.Qr[δ], over sqrt(3d)."""
     B, H, Lq, d = q.shape
     p = enc.rel_embeddings.weight.double()
     if enc.share_att_key:
         kr_all, qr_all = proj_k(p), proj_q(p)  # (H, 2k, d)
     else:
-        kr_all = torch.nn.functional.linear(p, enc.pos_key_proj[layer].weight.double(), enc.pos_key_proj[layer].bias.double())
-        qr_all = torch.nn.functional.linear(p, enc.pos_query_proj[layer].weight.double(), enc.pos_query_proj[layer].bias.double())
-        kr_all, qr_all = kr_all.view(-1, H, d).transpose(0, 1), qr_all.view(-1, H, d).transpose(0, 1)
+        kr_all = torch.nn.functional.linear(
+            p, enc.pos_key_proj[layer].weight.double(), enc.pos_key_proj[layer].bias.double()
+        )
+        qr_all = torch.nn.functional.linear(
+            p, enc.pos_query_proj[layer].weight.double(), enc.pos_query_proj[layer].bias.double()
+        )
+        kr_all, qr_all = (
+            kr_all.view(-1, H, d).transpose(0, 1),
+            qr_all.view(-1, H, d).transpose(0, 1),
+        )
     k_span_len = enc.att_span
     out = torch.full((B, H, Lq, k.shape[2]), float("nan"), dtype=torch.float64)
     for a, i, b, j in causal_pairs(q_span, k_span):
@@ -228,7 +251,9 @@ def naive_deberta(enc, q, k, q_span: Span, k_span: Span, layer: int, proj_q, pro
         for bb in range(B):
             for h in range(H):
                 qi, kj = q[bb, h, a].double(), k[bb, h, b].double()
-                out[bb, h, a, b] = (qi @ kj + qi @ kr_all[h, delta] + kj @ qr_all[h, delta]) / math.sqrt(3 * d)
+                out[bb, h, a, b] = (
+                    qi @ kj + qi @ kr_all[h, delta] + kj @ qr_all[h, delta]
+                ) / math.sqrt(3 * d)
     return out
 
 
@@ -239,7 +264,9 @@ def hf_log_bucket(rel: int, bucket_size: int, max_position: int) -> int:
     abs_pos = abs(rel)
     if abs_pos <= mid:
         return rel
-    log_pos = math.ceil(math.log(abs_pos / mid) / math.log((max_position - 1) / mid) * (mid - 1)) + mid
+    log_pos = (
+        math.ceil(math.log(abs_pos / mid) / math.log((max_position - 1) / mid) * (mid - 1)) + mid
+    )
     return int(log_pos * (1 if rel > 0 else -1))
 
 
@@ -251,7 +278,13 @@ def test_deberta_log_buckets_match_hf_formula() -> None:
 
 @pytest.mark.parametrize("memory", [0, 6])
 @pytest.mark.parametrize(
-    "options", [{"span": 3}, {"span": 64}, {"span": 12, "position_buckets": 4}, {"span": 3, "share_att_key": True}]
+    "options",
+    [
+        {"span": 3},
+        {"span": 64},
+        {"span": 12, "position_buckets": 4},
+        {"span": 3, "share_att_key": True},
+    ],
 )
 def test_deberta_matches_naive_three_terms(memory: int, options: dict) -> None:
     torch.manual_seed(0)
@@ -263,7 +296,10 @@ def test_deberta_matches_naive_three_terms(memory: int, options: dict) -> None:
     proj_q = lambda x: (x @ w_q.T).view(-1, 2, 4).transpose(0, 1)  # noqa: E731
     proj_k = lambda x: (x @ w_k.T).view(-1, 2, 4).transpose(0, 1)  # noqa: E731
     q_span, k_span = Span(memory, memory + 7), Span(0, memory + 7)
-    q, k = torch.randn(2, 2, 7, 4, dtype=torch.float64), torch.randn(2, 2, memory + 7, 4, dtype=torch.float64)
+    q, k = (
+        torch.randn(2, 2, 7, 4, dtype=torch.float64),
+        torch.randn(2, 2, memory + 7, 4, dtype=torch.float64),
+    )
     got = enc.score(q, k, q_span, k_span, LayerContext(1, proj_q, proj_k)).logits()
     expected = naive_deberta(enc, q, k, q_span, k_span, 1, proj_q, proj_k)
     valid = ~expected.isnan()
@@ -271,9 +307,12 @@ def test_deberta_matches_naive_three_terms(memory: int, options: dict) -> None:
 
 
 # ---- RoPE context-extension scalings against Hugging Face's modeling_rope_utils -------------
-def _hf_inv_freq(kind: str, dim: int, base: float, factor: float, max_pos: int, seq_len: int | None = None):
+def _hf_inv_freq(
+    kind: str, dim: int, base: float, factor: float, max_pos: int, seq_len: int | None = None
+):
     """The formulas of transformers' ROPE_INIT_FUNCTIONS (default, linear, ntk, dynamic, yarn,
     llama3 with low 1, high 4), restated here in float32 as that file computes them."""
+
     def default(b: float) -> torch.Tensor:
         return 1.0 / (b ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
 
@@ -287,6 +326,7 @@ def _hf_inv_freq(kind: str, dim: int, base: float, factor: float, max_pos: int, 
         seq = seq_len if seq_len is not None and seq_len > max_pos else max_pos
         return default(base * ((factor * seq / max_pos) - (factor - 1)) ** (dim / (dim - 2))), 1.0
     if kind == "yarn":
+
         def correction(rotations: float) -> float:
             return (dim * math.log(max_pos / (rotations * 2 * math.pi))) / (2 * math.log(base))
 
@@ -316,22 +356,33 @@ def test_rope_scalings_match_hugging_face(kind: str, dim: int, factor: float) ->
     from posbench.encodings.rope import rope_frequencies
 
     for base, max_pos in ((10000.0, 64), (500000.0, 8192)):
-        for seq_len in ((None, 3 * max_pos) if kind == "dynamic" else (None,)):
+        for seq_len in (None, 3 * max_pos) if kind == "dynamic" else (None,):
             ours, attention = rope_frequencies(dim, base, kind, factor, max_pos, seq_len)
             theirs, their_attention = _hf_inv_freq(kind, dim, base, factor, max_pos, seq_len)
-            assert torch.allclose(ours.float(), theirs, rtol=1e-5, atol=0), (kind, dim, factor, base)
+            assert torch.allclose(ours.float(), theirs, rtol=1e-5, atol=0), (
+                kind,
+                dim,
+                factor,
+                base,
+            )
             assert attention == pytest.approx(their_attention)
 
 
 def test_rope_scaling_reaches_the_rotation_and_the_logits() -> None:
-    yarn = create_encoding("rope", n_heads=1, d_head=16, scaling="yarn", factor=4.0, original_length=32)
+    yarn = create_encoding(
+        "rope", n_heads=1, d_head=16, scaling="yarn", factor=4.0, original_length=32
+    )
     plain = create_encoding("rope", n_heads=1, d_head=16)
     q = torch.randn(1, 1, 5, 16)
     (qy, _), (qp, _) = yarn.rotate(q, q, Span(0, 5), None), plain.rotate(q, q, Span(0, 5), None)
     attention = 0.1 * math.log(4.0) + 1.0
-    assert torch.allclose(qy[..., 0, :], attention * q[..., 0, :], atol=1e-6)  # position 0: no rotation, scaled
+    assert torch.allclose(
+        qy[..., 0, :], attention * q[..., 0, :], atol=1e-6
+    )  # position 0: no rotation, scaled
     assert not torch.allclose(qy / attention, qp, atol=1e-4)  # frequencies changed
-    dynamic = create_encoding("rope", n_heads=1, d_head=16, scaling="dynamic", factor=2.0, original_length=8)
+    dynamic = create_encoding(
+        "rope", n_heads=1, d_head=16, scaling="dynamic", factor=2.0, original_length=8
+    )
     short, _ = dynamic.rotate(q, q, Span(0, 5), None)
     assert torch.allclose(short, qp, atol=1e-6)  # within original_length: the plain rotation
     with pytest.raises(OptionError, match="scaling 'yarn' needs original_length"):
@@ -340,7 +391,8 @@ def test_rope_scaling_reaches_the_rotation_and_the_logits() -> None:
 
 # ---- KERPLE against chijames/KERPLE's kernels ------------------------------------------------
 def _kerple_reference(kind: str, a: torch.Tensor, p: torch.Tensor, L: int) -> torch.Tensor:
-    """The reference's forward: diff = tril(i - j), a and p clamped to >= 0.01 (p <= 2 for power)."""
+    """The reference's forward: diff = tril(i - j), a and p clamped to >= 0.01 (p <= 2 for
+    power)."""
     diff = torch.tril(torch.arange(L).view(L, 1).repeat(1, L) + torch.arange(0, -L, -1)).float()
     a, p = a.clamp(min=1e-2)[:, None, None], p.clamp(min=1e-2)[:, None, None]
     if kind == "kerple_log":
@@ -355,19 +407,28 @@ def test_kerple_bias_matches_the_reference(kind: str) -> None:
     with torch.no_grad():
         enc.a.copy_(torch.tensor([0.5, 0.001, 0.9, 0.2]))  # one below the clamp
         enc.p.copy_(torch.tensor([1.5, 0.3, 2.7, 0.005]))  # one above 2, one below the clamp
-    bias = enc.position_bias(Span(0, 9), Span(0, 9), LayerContext(0, None, None), torch.device("cpu"))
+    bias = enc.position_bias(
+        Span(0, 9), Span(0, 9), LayerContext(0, None, None), torch.device("cpu")
+    )
     expected = _kerple_reference(kind, enc.a.detach(), enc.p.detach(), 9)
     mask = torch.ones(9, 9, dtype=torch.bool).tril()
     assert torch.allclose(bias[:, mask], expected[:, mask], atol=1e-6)
     # through a cache: the last 3 queries against all 9 keys read the same rows
-    tail = enc.position_bias(Span(6, 9), Span(0, 9), LayerContext(0, None, None), torch.device("cpu"))
+    tail = enc.position_bias(
+        Span(6, 9), Span(0, 9), LayerContext(0, None, None), torch.device("cpu")
+    )
     assert torch.allclose(tail[:, mask[6:]], expected[:, 6:][:, mask[6:]], atol=1e-6)
 
 
 def test_kerple_initialisation_follows_the_reference() -> None:
     torch.manual_seed(0)
     enc = create_encoding("kerple_log", n_heads=64, d_head=4).requires_grad_(False)
-    assert 0 <= float(enc.a.min()) and float(enc.a.max()) <= 1 and 0 <= float(enc.p.min()) and float(enc.p.max()) <= 2
+    assert (
+        0 <= float(enc.a.min())
+        and float(enc.a.max()) <= 1
+        and 0 <= float(enc.p.min())
+        and float(enc.p.max()) <= 2
+    )
     assert float(enc.p.mean()) == pytest.approx(1.0, abs=0.25)  # U(0, 2)
 
 
@@ -376,17 +437,23 @@ def test_partial_rotary_follows_hugging_face_and_p_rope_drops_the_lowest_frequen
     q = torch.randn(1, 2, 6, 16)
     partial = create_encoding("rope", n_heads=2, d_head=16, rotary_fraction=0.25)
     got, _ = partial.rotate(q, q, Span(3, 9), None)
-    # Hugging Face: rotary_dim = int(16 * 0.25) = 4, half-split rotation of q[..., :4], the rest passes
+    # Hugging Face: rotary_dim = int(16 * 0.25) = 4, half-split rotation of q[..., :4], the rest
+    # passes
     inv_freq = 1.0 / (10000.0 ** (torch.arange(0, 4, 2).float() / 4))
     angles = torch.arange(3, 9).float()[:, None] * inv_freq
-    cos, sin = torch.cat((angles.cos(), angles.cos()), -1), torch.cat((angles.sin(), angles.sin()), -1)
+    cos, sin = (
+        torch.cat((angles.cos(), angles.cos()), -1),
+        torch.cat((angles.sin(), angles.sin()), -1),
+    )
     x = q[..., :4]
     expected = torch.cat((x * cos + torch.cat((-x[..., 2:], x[..., :2]), -1) * sin, q[..., 4:]), -1)
     assert torch.allclose(got, expected, atol=1e-6)
     p_rope = create_encoding("rope", n_heads=2, d_head=16, keep_frequencies=0.5)
     inv, _ = p_rope.frequencies()
     full = 1.0 / (10000.0 ** (torch.arange(0, 16, 2, dtype=torch.float64) / 16))
-    assert torch.equal(inv[:4], full[:4]) and (inv[4:] == 0).all()  # the 4 lowest of 8 frequencies dropped
+    assert (
+        torch.equal(inv[:4], full[:4]) and (inv[4:] == 0).all()
+    )  # the 4 lowest of 8 frequencies dropped
     turned, _ = p_rope.rotate(q, q, Span(5, 11), None)
     dropped = [4, 5, 6, 7, 12, 13, 14, 15]  # pairs (k, k + 8) for k = 4..7 do not rotate
     assert torch.allclose(turned[..., dropped], q[..., dropped])
@@ -396,7 +463,9 @@ def test_partial_rotary_follows_hugging_face_and_p_rope_drops_the_lowest_frequen
 def test_sandwich_matches_nemo() -> None:
     H, d, L = 4, 16, 10
     enc = create_encoding("sandwich", n_heads=H, d_head=d)
-    bias = enc.position_bias(Span(0, L), Span(0, L), LayerContext(0, None, None), torch.device("cpu"))
+    bias = enc.position_bias(
+        Span(0, L), Span(0, L), LayerContext(0, None, None), torch.device("cpu")
+    )
     # NeMo: relative_position = tril(|i - j|), inv_freq = 1 / 10000^(2 arange(1, d/2 + 1) / d),
     # bias = sum cos(r inv_freq) repeated per head, (bias - d/2) / (arange(1, H + 1) * 8 / H)
     rel = torch.tril((torch.arange(L)[:, None] - torch.arange(L)[None, :]).abs())
@@ -431,7 +500,8 @@ def test_xpos_logits_match_torchscale() -> None:
 
     theirs = torchscale(q[0, 0], False) @ torchscale(k[0, 0], True).T
     assert torch.allclose(ours[0, 0], theirs, atol=1e-5)
-    # through a cache: queries 8..11 against keys rotated when they were written give the same logits
+    # through a cache: queries 8..11 against keys rotated when they were written give the same
+    # logits
     q_late, _ = enc.rotate(q[..., 8:, :], k[..., 8:, :], Span(8, L), None)
     assert torch.allclose(q_late @ k2.transpose(-1, -2), ours[..., 8:, :], atol=1e-5)
 
@@ -442,17 +512,23 @@ def test_fire_matches_the_reference(threshold: float) -> None:
     torch.manual_seed(0)
     enc = create_encoding("fire", n_heads=3, d_head=4, init_threshold=threshold)
     L = 12
-    bias = enc.position_bias(Span(0, L), Span(0, L), LayerContext(0, None, None), torch.device("cpu"))
+    bias = enc.position_bias(
+        Span(0, L), Span(0, L), LayerContext(0, None, None), torch.device("cpu")
+    )
     # the reference's forward for seq_length L (positions 0..L-1, no random positions)
     positions = torch.arange(L).float()
     rel = positions[:, None] - positions[None, :]
-    normaliser = torch.max(positions, torch.abs(enc.threshold_multiplier * enc.init_threshold))[:, None]
+    normaliser = torch.max(positions, torch.abs(enc.threshold_multiplier * enc.init_threshold))[
+        :, None
+    ]
     rel = torch.log(torch.abs(enc.c * rel) + 1)
     normaliser = torch.log(torch.abs(enc.c * normaliser) + 1)
     expected = enc.mlp((rel / (normaliser + 1e-6)).unsqueeze(-1)).permute(2, 0, 1)
     assert torch.allclose(bias, expected, atol=1e-5)
     # through a cache: the last 4 query rows alone
-    tail = enc.position_bias(Span(8, L), Span(0, L), LayerContext(0, None, None), torch.device("cpu"))
+    tail = enc.position_bias(
+        Span(8, L), Span(0, L), LayerContext(0, None, None), torch.device("cpu")
+    )
     assert torch.allclose(tail, expected[:, 8:], atol=1e-5)
 
 
@@ -473,6 +549,10 @@ def test_cope_matches_the_papers_reference() -> None:
     pos = torch.sigmoid(attn).flip(-1).cumsum(dim=-1).flip(-1).clamp(max=npos - 1)
     ints = q @ enc.pos_emb[1][None]
     w = pos - pos.floor()
-    expected = attn + ints.gather(-1, pos.ceil().long()) * w + ints.gather(-1, pos.floor().long()) * (1 - w)
+    expected = (
+        attn
+        + ints.gather(-1, pos.ceil().long()) * w
+        + ints.gather(-1, pos.floor().long()) * (1 - w)
+    )
     seen = mask.bool()
     assert torch.allclose(logits[..., seen], expected[..., seen], atol=1e-5)

@@ -1,4 +1,5 @@
 """The registry's errors, wildcard selection, and both plugin paths."""
+
 from __future__ import annotations
 
 import subprocess
@@ -38,7 +39,10 @@ def test_unknown_option_is_named_with_accepted_ones() -> None:
 def test_register_refuses_a_class_of_the_wrong_kind() -> None:
     """A task registered as an encoding (or a function) is refused when it registers, naming
     the base class to derive from, instead of failing later inside attention."""
-    with pytest.raises(TypeError, match="not a subclass of PositionalEncoding; derive it from posbench.PositionalEncoding"):
+    with pytest.raises(
+        TypeError,
+        match="not a subclass of PositionalEncoding; derive it from posbench.PositionalEncoding",
+    ):
         posbench.register_encoding("not_an_encoding")(posbench.Task)
     with pytest.raises(TypeError, match="not a subclass of Task"):
         posbench.register_task("not_a_task")(lambda: None)
@@ -142,8 +146,19 @@ def _install_package(src: Path, site: Path) -> bool:
     except ImportError:
         return False
     result = subprocess.run(
-        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
-         "--no-index", "--target", str(site), str(src)],
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--no-deps",
+            "--no-build-isolation",
+            "--no-index",
+            "--target",
+            str(site),
+            str(src),
+        ],
         capture_output=True,
         text=True,
     )
@@ -165,16 +180,26 @@ def _write_installed_metadata(src: Path, site: Path) -> None:
 class Declared(posbench.PositionalEncoding):
     """A plugin that declares what its options accept (at module level, as a plugin file is)."""
 
-    def __init__(self, shape, *,
-                 strength: Annotated[float, Range(gt=0)] = 1.0,
-                 mode: Annotated[str, OneOf(("log", "power"))] = "log",
-                 untyped=3) -> None:
+    def __init__(
+        self,
+        shape,
+        *,
+        strength: Annotated[float, Range(gt=0)] = 1.0,
+        mode: Annotated[str, OneOf(("log", "power"))] = "log",
+        untyped=3,
+    ) -> None:
         super().__init__(shape)
 
 
 def test_plugin_options_declare_their_types_and_ranges() -> None:
-    check_options(Declared, {"strength": 2, "mode": "power", "untyped": "anything"}, "encoding 'declared'")
-    with pytest.raises(OptionError, match=r"encoding 'declared': option 'strength' must be a number > 0, got -1\."):
+    check_options(
+        Declared, {"strength": 2, "mode": "power", "untyped": "anything"}, "encoding 'declared'"
+    )
+    with pytest.raises(
+        OptionError, match=r"encoding 'declared': option 'strength' must be a number > 0, got -1\."
+    ):
         check_options(Declared, {"strength": -1}, "encoding 'declared'")
-    with pytest.raises(OptionError, match=r"option 'mode' must be one of 'log', 'power', got 'linear'"):
+    with pytest.raises(
+        OptionError, match=r"option 'mode' must be one of 'log', 'power', got 'linear'"
+    ):
         check_options(Declared, {"mode": "linear"}, "encoding 'declared'")

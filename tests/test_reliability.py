@@ -1,6 +1,7 @@
 """Results you can trust: configurations are never pooled, damaged runs are never used,
 failures keep what was measured, user mistakes get one sentence, and nothing is written
 outside the sweep's folders."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -33,7 +34,9 @@ def one_sentence_error(result, *fragments: str) -> str:
     assert "Traceback" not in result.output
     text = " ".join(line.strip() for line in result.output.strip().splitlines())
     assert text.count("error: ") == 1, text
-    text = text[text.index("error: "):]  # progress lines may come first; the error closes the output
+    text = text[
+        text.index("error: ") :
+    ]  # progress lines may come first; the error closes the output
     for fragment in fragments:
         assert fragment in text, text
     return text
@@ -49,7 +52,12 @@ def write_config(tmp_path: Path, toml: str = TINY_TOML) -> Path:
 def test_a_second_configuration_in_the_same_folder_is_never_pooled(tmp_path: Path) -> None:
     out = tmp_path / "M"
     config = write_config(tmp_path)
-    assert invoke("run", "--config", str(config), "--steps", "2", "--no-report", "--out", str(out)).exit_code == 0
+    assert (
+        invoke(
+            "run", "--config", str(config), "--steps", "2", "--no-report", "--out", str(out)
+        ).exit_code
+        == 0
+    )
     first_ids = set(pd.read_csv(out / "results.csv")["run_id"])
     result = invoke("run", "--config", str(config), "--steps", "4", "--out", str(out))
     assert result.exit_code == 0, result.output
@@ -66,8 +74,11 @@ def test_repeated_seeds_train_once_and_negative_seeds_are_refused(tmp_path: Path
     outcome = run_sweep(tiny_sweep("nope", seeds=(0, 0)), tmp_path / "sw")
     assert len(outcome.ran) == 1
     config = write_config(tmp_path)
-    one_sentence_error(invoke("run", "--config", str(config), "--seeds", "-1", "--out", str(tmp_path / "neg")),
-                       "option 'seeds' must be a list of integers >= 0", "(-1,)")
+    one_sentence_error(
+        invoke("run", "--config", str(config), "--seeds", "-1", "--out", str(tmp_path / "neg")),
+        "option 'seeds' must be a list of integers >= 0",
+        "(-1,)",
+    )
     assert not (tmp_path / "neg").exists()
 
 
@@ -84,7 +95,9 @@ def test_a_measurements_file_cut_at_a_row_boundary_is_detected_and_redone(tmp_pa
     assert again.ran == [first.ran[0]] and list(again.set_aside) == ["copy / nope / seed 0"]
     assert "SHA-256" in again.set_aside["copy / nope / seed 0"]
     aside = list((out / DAMAGED_DIR).iterdir())
-    assert len(aside) == 1 and (aside[0] / "measurements.csv").read_text() == "".join(lines[: len(lines) // 2])
+    assert len(aside) == 1 and (aside[0] / "measurements.csv").read_text() == "".join(
+        lines[: len(lines) // 2]
+    )
     pd.testing.assert_frame_equal(pd.read_csv(again.results_csv), before)
 
 
@@ -125,7 +138,11 @@ def test_a_failed_evaluation_keeps_the_model_and_shorter_lengths_then_retries_wi
     failed = run_sweep(sweep, out)
     folder = RunFolder(out / failed.ran[0])
     result = folder.result()
-    assert result["status"] == "error" and result["stage"] == "evaluation" and "MemoryError" in result["error"]
+    assert (
+        result["status"] == "error"
+        and result["stage"] == "evaluation"
+        and "MemoryError" in result["error"]
+    )
     assert (folder.path / "model.pt").is_file()
     kept = pd.read_csv(folder.path / "measurements.csv")
     assert set(kept["eval_len"].dropna()) == {2, 3}  # lengths 2 and 3 (<= 8 tokens) were measured
@@ -138,7 +155,9 @@ def test_a_failed_evaluation_keeps_the_model_and_shorter_lengths_then_retries_wi
     assert folder.result()["train_losses"] == result["train_losses"]
 
 
-def test_diverged_runs_are_retried_on_the_next_invocation(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_diverged_runs_are_retried_on_the_next_invocation(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     load_plugin_dir(PLUGINS)
     out = tmp_path / "sw"
     sweep = tiny_sweep("nope", "test_diverging")
@@ -151,17 +170,30 @@ def test_diverged_runs_are_retried_on_the_next_invocation(tmp_path: Path, monkey
 
 
 def test_a_sweep_where_every_run_failed_exits_1_with_the_failures(tmp_path: Path) -> None:
-    config = write_config(tmp_path, TINY_TOML.replace('"nope", { name = "t5", num_buckets = 8, max_distance = 16 }', '"test_exploding"'))
-    result = invoke("--plugins", str(PLUGINS), "run", "--config", str(config), "--out", str(tmp_path / "out"))
+    config = write_config(
+        tmp_path,
+        TINY_TOML.replace(
+            '"nope", { name = "t5", num_buckets = 8, max_distance = 16 }', '"test_exploding"'
+        ),
+    )
+    result = invoke(
+        "--plugins", str(PLUGINS), "run", "--config", str(config), "--out", str(tmp_path / "out")
+    )
     assert result.exit_code == 1, result.output
     assert "FAILED copy / test_exploding / seed 0: RuntimeError: boom in embed" in result.output
     assert "no report was written" in result.output and "Traceback" not in result.output
 
 
 def test_an_evaluation_length_that_cannot_fit_in_memory_is_refused_up_front(tmp_path: Path) -> None:
-    config = write_config(tmp_path, TINY_TOML.replace("eval_lengths = [2, 3, 6]", "eval_lengths = [2, 100000000]"))
-    text = one_sentence_error(invoke("run", "--config", str(config), "--out", str(tmp_path / "out")),
-                              "at length 100000000", "GiB", "lower eval_lengths or [eval] batch_size")
+    config = write_config(
+        tmp_path, TINY_TOML.replace("eval_lengths = [2, 3, 6]", "eval_lengths = [2, 100000000]")
+    )
+    text = one_sentence_error(
+        invoke("run", "--config", str(config), "--out", str(tmp_path / "out")),
+        "at length 100000000",
+        "GiB",
+        "lower eval_lengths or [eval] batch_size",
+    )
     assert "available" in text and not (tmp_path / "out").exists()
 
 
@@ -169,23 +201,55 @@ def test_an_evaluation_length_that_cannot_fit_in_memory_is_refused_up_front(tmp_
 @pytest.mark.parametrize(
     ("replace", "fragments"),
     [
-        (("d_model = 16", 'd_model = "big"'), ["[model]", "option 'd_model' must be an integer >= 1", "'big'"]),
-        (("profile = false", "profile = false\nthreads = -3"), ["option 'threads' must be an integer >= 1", "-3"]),
+        (
+            ("d_model = 16", 'd_model = "big"'),
+            ["[model]", "option 'd_model' must be an integer >= 1", "'big'"],
+        ),
+        (
+            ("profile = false", "profile = false\nthreads = -3"),
+            ["option 'threads' must be an integer >= 1", "-3"],
+        ),
         (("steps = 3", "steps = 20.5"), ["option 'steps' must be an integer >= 1", "20.5"]),
         (("steps = 3", 'steps = 3\nlr = "fast"'), ["option 'lr' must be a number > 0", "'fast'"]),
-        (("n_samples = 8", "n_samples = 0"), ["option 'n_samples' must be an integer >= 1", "got 0"]),
-        (("batch_size = 8", "batch_size = 0"), ["[eval]", "option 'batch_size' must be an integer >= 1"]),
-        (("profile = false", 'profile = false\ndevice = "tpu"'), ["--device must be cpu, cuda, cuda:N or mps", "'tpu'"]),
+        (
+            ("n_samples = 8", "n_samples = 0"),
+            ["option 'n_samples' must be an integer >= 1", "got 0"],
+        ),
+        (
+            ("batch_size = 8", "batch_size = 0"),
+            ["[eval]", "option 'batch_size' must be an integer >= 1"],
+        ),
+        (
+            ("profile = false", 'profile = false\ndevice = "tpu"'),
+            ["--device must be cpu, cuda, cuda:N or mps", "'tpu'"],
+        ),
         (("d_model = 16", "d_model = 15"), ["d_model=15 must be divisible by n_heads=2"]),
-        (('"nope"', '{ name = "txl", clamp_len = -1 }'), ["encoding 'txl'", "option 'clamp_len' must be an integer >= 1", "-1"]),
-        (('"nope"', '{ name = "txl", clamp_len = 0 }'), ["option 'clamp_len' must be an integer >= 1", "got 0"]),
-        (('"nope"', '{ name = "t5", num_buckets = 0 }'), ["encoding 't5'", "option 'num_buckets' must be an integer >= 2"]),
-        (('"nope"', '{ name = "deberta", span = 0 }'), ["encoding 'deberta'", "option 'span' must be an integer >= 1"]),
-        (('"nope"', '{ name = "rope", base = 0 }'), ["encoding 'rope'", "option 'base' must be a number > 1", "got 0"]),
+        (
+            ('"nope"', '{ name = "txl", clamp_len = -1 }'),
+            ["encoding 'txl'", "option 'clamp_len' must be an integer >= 1", "-1"],
+        ),
+        (
+            ('"nope"', '{ name = "txl", clamp_len = 0 }'),
+            ["option 'clamp_len' must be an integer >= 1", "got 0"],
+        ),
+        (
+            ('"nope"', '{ name = "t5", num_buckets = 0 }'),
+            ["encoding 't5'", "option 'num_buckets' must be an integer >= 2"],
+        ),
+        (
+            ('"nope"', '{ name = "deberta", span = 0 }'),
+            ["encoding 'deberta'", "option 'span' must be an integer >= 1"],
+        ),
+        (
+            ('"nope"', '{ name = "rope", base = 0 }'),
+            ["encoding 'rope'", "option 'base' must be a number > 1", "got 0"],
+        ),
         (('"nope"', '{ name = "copy" }'), ["Unknown encoding 'copy'"]),
     ],
 )
-def test_bad_values_get_one_sentence_before_anything_is_written(tmp_path: Path, replace: tuple[str, str], fragments: list[str]) -> None:
+def test_bad_values_get_one_sentence_before_anything_is_written(
+    tmp_path: Path, replace: tuple[str, str], fragments: list[str]
+) -> None:
     assert replace[0] in TINY_TOML
     config = write_config(tmp_path, TINY_TOML.replace(replace[0], replace[1], 1))
     out = tmp_path / "out"
@@ -195,8 +259,14 @@ def test_bad_values_get_one_sentence_before_anything_is_written(tmp_path: Path, 
 
 def test_rope_with_an_odd_head_size_is_one_sentence(tmp_path: Path) -> None:
     toml = TINY_TOML.replace('"nope"', '"rope"').replace("d_model = 16", "d_model = 18")
-    one_sentence_error(invoke("run", "--config", str(write_config(tmp_path, toml)), "--out", str(tmp_path / "out")),
-                       "rope", "even head size", "d_head=9")
+    one_sentence_error(
+        invoke(
+            "run", "--config", str(write_config(tmp_path, toml)), "--out", str(tmp_path / "out")
+        ),
+        "rope",
+        "even head size",
+        "d_head=9",
+    )
 
 
 def test_labels_are_shown_literally(tmp_path: Path) -> None:
@@ -207,14 +277,20 @@ def test_labels_are_shown_literally(tmp_path: Path) -> None:
     from posbench.report.terminal import RichReporter
 
     sweep = tiny_sweep("nope")
-    sweep = dataclasses.replace(sweep, encodings=(dataclasses.replace(sweep.encodings[0], label="ali[/red]bi"),))
+    sweep = dataclasses.replace(
+        sweep, encodings=(dataclasses.replace(sweep.encodings[0], label="ali[/red]bi"),)
+    )
     console = Console(file=io.StringIO(), force_terminal=True, width=200)
     with RichReporter(console) as reporter:
         outcome = run_sweep(sweep, tmp_path / "sw", reporter=reporter)
     assert not outcome.failures and "ali[/red]bi" in console.file.getvalue()
-    toml = TINY_TOML.replace('"nope", { name = "t5", num_buckets = 8, max_distance = 16 }',
-                             '{ name = "rope", base = 500.0, label = "rope[base=500]" }')
-    result = invoke("run", "--config", str(write_config(tmp_path, toml)), "--out", str(tmp_path / "out"))
+    toml = TINY_TOML.replace(
+        '"nope", { name = "t5", num_buckets = 8, max_distance = 16 }',
+        '{ name = "rope", base = 500.0, label = "rope[base=500]" }',
+    )
+    result = invoke(
+        "run", "--config", str(write_config(tmp_path, toml)), "--out", str(tmp_path / "out")
+    )
     assert result.exit_code == 0 and "copy / rope[base=500] / seed 0" in result.output
 
 
@@ -231,19 +307,27 @@ def _fail_fsync_for(monkeypatch: pytest.MonkeyPatch, name: str, code: int) -> No
     monkeypatch.setattr(os, "fsync", fsync)
 
 
-def test_disk_full_during_a_run_is_one_sentence_and_marks_nothing_finished(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_disk_full_during_a_run_is_one_sentence_and_marks_nothing_finished(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     out = tmp_path / "out"
     config = write_config(tmp_path)
     _fail_fsync_for(monkeypatch, "measurements.csv", errno.ENOSPC)
-    one_sentence_error(invoke("run", "--config", str(config), "--out", str(out)),
-                       "No space left on the device", "measurements.csv", "free some disk space")
+    one_sentence_error(
+        invoke("run", "--config", str(config), "--out", str(out)),
+        "No space left on the device",
+        "measurements.csv",
+        "free some disk space",
+    )
     assert not [p for p in out.iterdir() if (p / "result.json").exists()]
     monkeypatch.undo()
     result = invoke("run", "--config", str(config), "--out", str(out))
     assert result.exit_code == 0 and "ran 2 run(s)" in result.output
 
 
-def test_disk_full_during_the_report_is_one_sentence(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_disk_full_during_the_report_is_one_sentence(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     out = tmp_path / "out"
     config = write_config(tmp_path)
     assert invoke("run", "--config", str(config), "--no-report", "--out", str(out)).exit_code == 0
@@ -252,7 +336,9 @@ def test_disk_full_during_the_report_is_one_sentence(tmp_path: Path, monkeypatch
     assert RunFolder(next(p for p in out.iterdir() if (p / "model.pt").exists())).is_finished()
 
 
-def test_a_read_only_folder_is_one_sentence_even_when_every_run_is_finished(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_read_only_folder_is_one_sentence_even_when_every_run_is_finished(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     out = tmp_path / "out"
     config = write_config(tmp_path)
     assert invoke("run", "--config", str(config), "--no-report", "--out", str(out)).exit_code == 0
@@ -264,11 +350,16 @@ def test_a_read_only_folder_is_one_sentence_even_when_every_run_is_finished(tmp_
         return real_open(path, flags, *args, **kwargs)
 
     monkeypatch.setattr(os, "open", read_only)
-    one_sentence_error(invoke("run", "--config", str(config), "--out", str(out)),
-                       "Read-only file system", "choose another --out")
+    one_sentence_error(
+        invoke("run", "--config", str(config), "--out", str(out)),
+        "Read-only file system",
+        "choose another --out",
+    )
 
 
-def test_an_immutable_run_folder_is_one_sentence(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_immutable_run_folder_is_one_sentence(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     out = tmp_path / "out"
     config = write_config(tmp_path)
     assert invoke("run", "--config", str(config), "--no-report", "--out", str(out)).exit_code == 0
@@ -282,19 +373,28 @@ def test_an_immutable_run_folder_is_one_sentence(tmp_path: Path, monkeypatch: py
         real_unlink(self, missing_ok=missing_ok)
 
     monkeypatch.setattr(Path, "unlink", immutable)
-    one_sentence_error(invoke("run", "--config", str(config), "--out", str(out)), "Operation not permitted", str(victim))
+    one_sentence_error(
+        invoke("run", "--config", str(config), "--out", str(out)),
+        "Operation not permitted",
+        str(victim),
+    )
 
 
 def test_a_second_command_on_the_same_folder_is_told_who_holds_it(tmp_path: Path) -> None:
     out = tmp_path / "sw"
     out.mkdir()
     with sweep_lock(out):
-        with pytest.raises(ResultsError, match=rf"being written by another posbench command \(process {os.getpid()} "):
+        with pytest.raises(
+            ResultsError,
+            match=rf"being written by another posbench command \(process {os.getpid()} ",
+        ):
             run_sweep(tiny_sweep("nope"), out)
     assert len(run_sweep(tiny_sweep("nope"), out).ran) == 1  # the lock went with its holder
 
 
-def test_reports_go_beside_their_sweep_never_into_the_working_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_reports_go_beside_their_sweep_never_into_the_working_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     config = write_config(tmp_path)
     work = tmp_path / "work"
     work.mkdir()
@@ -315,8 +415,12 @@ def test_plain_progress_lines_when_stdout_is_not_a_terminal(tmp_path: Path) -> N
     config = write_config(tmp_path, TINY_TOML.replace("steps = 3", "steps = 20"))
     result = invoke("run", "--config", str(config), "--no-report", "--out", str(tmp_path / "out"))
     assert result.exit_code == 0
-    for fragment in ("sweep: 2 run(s), 0 already done, 2 to run", "copy / nope / seed 0: started, 20 steps",
-                     "copy / nope / seed 0: step 20/20, loss", "copy / nope / seed 0: evaluating",
-                     "copy / nope / seed 0: stored, ok in"):
+    for fragment in (
+        "sweep: 2 run(s), 0 already done, 2 to run",
+        "copy / nope / seed 0: started, 20 steps",
+        "copy / nope / seed 0: step 20/20, loss",
+        "copy / nope / seed 0: evaluating",
+        "copy / nope / seed 0: stored, ok in",
+    ):
         assert fragment in result.output, result.output
     assert "\x1b[" not in result.output  # no terminal control codes in a log

@@ -1,5 +1,6 @@
 """The report: CSVs against stored results, every HTML section, escaping, bad folders, and a
 real headless browser opening the file with the network off."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -23,7 +24,17 @@ from posbench.experiment.runner import run_sweep
 
 from helpers import tiny_sweep
 
-SECTIONS = ("headline", "literature", "length", "cache", "cost", "bias", "diagnostics", "problems", "config")
+SECTIONS = (
+    "headline",
+    "literature",
+    "length",
+    "cache",
+    "cost",
+    "bias",
+    "diagnostics",
+    "problems",
+    "config",
+)
 EVIL = "<script>alert(1)</script>"
 
 
@@ -46,8 +57,17 @@ def sweep_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     sweep = dataclasses.replace(tiny_sweep("nope", "t5", "alibi", EVIL, seeds=(0, 1)), profile=True)
     import posbench.experiment.profiling as profiling
 
-    small = BenchConfig(seq_lens=(16, 32), mem_lens=(0, 8), window_lens=(16,), window=4, batch_size=2,
-                        n_heads=2, d_head=8, threads=1, min_run_time=0.001)
+    small = BenchConfig(
+        seq_lens=(16, 32),
+        mem_lens=(0, 8),
+        window_lens=(16,),
+        window=4,
+        batch_size=2,
+        n_heads=2,
+        d_head=8,
+        threads=1,
+        min_run_time=0.001,
+    )
     original, profiling.SMALL_PROFILE = profiling.SMALL_PROFILE, small
     try:
         run_sweep(sweep, out)
@@ -63,15 +83,34 @@ def report(sweep_dir: Path, tmp_path_factory: pytest.TempPathFactory):
 
 def test_csvs_match_the_stored_results(sweep_dir: Path, report) -> None:
     stored = collect(sweep_dir)
-    written = pd.read_csv(report.results_csv, keep_default_na=False, na_values=[""], dtype={"note": str})
+    written = pd.read_csv(
+        report.results_csv, keep_default_na=False, na_values=[""], dtype={"note": str}
+    )
     assert list(written.columns) == list(stored.columns)
     assert len(written) == len(stored)
     summary = pd.read_csv(report.summary_csv)
-    assert {"task", "encoding_label", "metric", "eval_len", "mem_len", "mean", "std", "n_seeds"} <= set(summary.columns)
-    row = summary[(summary["encoding_label"] == "t5") & (summary["metric"] == "token_accuracy")
-                  & (summary["eval_len"] == 3) & summary["mem_len"].isna()].iloc[0]
-    raw = stored[(stored["encoding_label"] == "t5") & (stored["metric"] == "token_accuracy")
-                 & (stored["eval_len"] == 3) & stored["mem_len"].isna()]["value"]
+    assert {
+        "task",
+        "encoding_label",
+        "metric",
+        "eval_len",
+        "mem_len",
+        "mean",
+        "std",
+        "n_seeds",
+    } <= set(summary.columns)
+    row = summary[
+        (summary["encoding_label"] == "t5")
+        & (summary["metric"] == "token_accuracy")
+        & (summary["eval_len"] == 3)
+        & summary["mem_len"].isna()
+    ].iloc[0]
+    raw = stored[
+        (stored["encoding_label"] == "t5")
+        & (stored["metric"] == "token_accuracy")
+        & (stored["eval_len"] == 3)
+        & stored["mem_len"].isna()
+    ]["value"]
     assert row["mean"] == pytest.approx(raw.mean()) and row["std"] == pytest.approx(raw.std())
     assert row["n_seeds"] == 2
 
@@ -85,26 +124,39 @@ def test_every_section_is_present_with_images(report) -> None:
     assert "http://" not in html and "https://" not in html  # nothing fetched from a network
 
 
-def test_diagnostics_are_in_the_report_and_inspect_reads_a_run(sweep_dir: Path, report, tmp_path: Path) -> None:
+def test_diagnostics_are_in_the_report_and_inspect_reads_a_run(
+    sweep_dir: Path, report, tmp_path: Path
+) -> None:
     html = report.html.read_text()
     assert 'alt="score terms of t5"' in html and 'alt="attention mass by key distance"' in html
     assert (report.html.parent / "figures" / "attention_distance.png").exists()
-    run = next(p for p in sorted(sweep_dir.iterdir()) if (p / "terms.csv").exists()
-               and json.loads((p / "result.json").read_text())["encoding_label"] == "t5")
+    run = next(
+        p
+        for p in sorted(sweep_dir.iterdir())
+        if (p / "terms.csv").exists()
+        and json.loads((p / "result.json").read_text())["encoding_label"] == "t5"
+    )
     stored = CliRunner().invoke(app, ["inspect", str(run)])
     assert stored.exit_code == 0, stored.output
     assert stored.output.startswith("copy / t5 / seed ") and "position" in stored.output
     assert "attention mass by key distance" in stored.output and "in distribution" in stored.output
     assert "reachability" in stored.output
-    evaluated = tmp_path / run.name  # a run that evaluated a model another run trained stores no probes
+    evaluated = (
+        tmp_path / run.name
+    )  # a run that evaluated a model another run trained stores no probes
     shutil.copytree(run, evaluated)
     (evaluated / "terms.csv").unlink()
     shown = CliRunner().invoke(app, ["inspect", str(evaluated)])
     assert shown.exit_code == 0, shown.output
-    assert "score terms: this run stored no probes" in shown.output and "attention mass" in shown.output
+    assert (
+        "score terms: this run stored no probes" in shown.output
+        and "attention mass" in shown.output
+    )
 
 
-def test_inspect_on_a_folder_that_is_not_a_training_run_names_the_runs_it_could_mean(sweep_dir: Path, tmp_path: Path) -> None:
+def test_inspect_on_a_folder_that_is_not_a_training_run_names_the_runs_it_could_mean(
+    sweep_dir: Path, tmp_path: Path
+) -> None:
     """The first folders `ls` shows a new user (the sweep, a profile, a report) and a typo each
     get one sentence naming training runs to pass instead, and exit 2: never a traceback."""
     profile = next(p for p in sorted(sweep_dir.iterdir()) if p.name.startswith("profile-"))
@@ -113,9 +165,11 @@ def test_inspect_on_a_folder_that_is_not_a_training_run_names_the_runs_it_could_
     shutil.copytree(training, unfinished)
     (unfinished / "result.json").unlink()
     cases = {
-        sweep_dir: f"{sweep_dir} is a sweep folder, not one run; pass one training run's folder, e.g. {sweep_dir}/",
+        sweep_dir: f"{sweep_dir} is a sweep folder, not one run; "
+        f"pass one training run's folder, e.g. {sweep_dir}/",
         profile: f"{profile} is a latency/memory profile (profile / ",
-        tmp_path: f"{tmp_path} is not a posbench run folder; pass one training run's folder, e.g. results/default/<run id>",
+        tmp_path: f"{tmp_path} is not a posbench run folder; "
+        "pass one training run's folder, e.g. results/default/<run id>",
         tmp_path / "typo": f"{tmp_path / 'typo'} is not a folder; pass one training run's folder",
         sweep_dir / "damaged": f"{sweep_dir / 'damaged'} is not a folder",
         unfinished: f"{unfinished} (copy / ",
@@ -140,7 +194,11 @@ def test_names_from_plugins_are_escaped(report) -> None:
 def test_partial_and_corrupt_sweeps(sweep_dir: Path, tmp_path: Path) -> None:
     broken = tmp_path / "broken"
     shutil.copytree(sweep_dir, broken)
-    runs = sorted(p for p in broken.iterdir() if (p / "result.json").exists() and not p.name.startswith("profile"))
+    runs = sorted(
+        p
+        for p in broken.iterdir()
+        if (p / "result.json").exists() and not p.name.startswith("profile")
+    )
     (runs[0] / "result.json").unlink()  # unfinished
     (runs[1] / "measurements.csv").write_bytes(b"\x00\xff garbage")  # damaged: its checksum differs
     (runs[2] / "result.json").write_text("{not json")  # corrupt marker: counts as unfinished
@@ -154,27 +212,44 @@ def test_empty_or_missing_folder_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(ResultsError, match="holds no finished posbench runs"):
         build_report(tmp_path, tmp_path / "out")
     result = CliRunner().invoke(app, ["report", str(tmp_path / "absent")])
-    assert result.exit_code == 2 and "is not a folder" in result.output and "Traceback" not in result.output
+    assert (
+        result.exit_code == 2
+        and "is not a folder" in result.output
+        and "Traceback" not in result.output
+    )
 
 
 def _chromium() -> str | None:
     return shutil.which("chromium") or shutil.which("chromium-browser")
 
 
-@pytest.mark.skipif(_chromium() is None and not os.environ.get("CI"), reason="Debian's chromium is not installed")
+@pytest.mark.skipif(
+    _chromium() is None and not os.environ.get("CI"), reason="Debian's chromium is not installed"
+)
 def test_report_in_a_real_headless_browser(report, tmp_path: Path) -> None:
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 
     options = webdriver.ChromeOptions()
     options.binary_location = _chromium() or "chromium"
-    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                 "--no-first-run", "--proxy-server=http://127.0.0.1:9", "--host-resolver-rules=MAP * ~NOTFOUND",
-                 "--window-size=1280,2400"):
+    for flag in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--no-first-run",
+        "--proxy-server=http://127.0.0.1:9",
+        "--host-resolver-rules=MAP * ~NOTFOUND",
+        "--window-size=1280,2400",
+    ):
         options.add_argument(flag)
     options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    driver = webdriver.Chrome(service=Service(shutil.which("chromedriver") or "chromedriver"), options=options)
+    driver = webdriver.Chrome(
+        service=Service(shutil.which("chromedriver") or "chromedriver"), options=options
+    )
     try:
         driver.get(report.html.resolve().as_uri())
         assert driver.execute_script("return document.readyState") == "complete"
@@ -196,15 +271,21 @@ def test_noisy_latency_is_marked_and_never_best(sweep_dir: Path) -> None:
     frame = collect(sweep_dir)
     ratio_rows = frame["metric"] == "latency_fwdbwd_ratio"
     frame.loc[ratio_rows, "note"] = ""
-    frame.loc[ratio_rows & (frame["encoding"] == "alibi"), "note"] = "noisy: other processes used 1.0 cores"
-    frame.loc[ratio_rows & (frame["encoding"] == "alibi"), "value"] = 0.01  # would be the best if trusted
+    frame.loc[ratio_rows & (frame["encoding"] == "alibi"), "note"] = (
+        "noisy: other processes used 1.0 cores"
+    )
+    frame.loc[ratio_rows & (frame["encoding"] == "alibi"), "value"] = (
+        0.01  # would be the best if trusted
+    )
     rows, _ = _headline_rows(frame)
     cell = next(r for r in rows if r["label"] == "alibi")["cells"]["latency_ratio"]
     assert cell["text"].endswith("(noisy)") and not cell["best"]
     assert any(r["cells"]["latency_ratio"]["best"] for r in rows if r["label"] != "alibi")
 
 
-def test_building_a_report_leaves_matplotlib_as_it_found_it(report, sweep_dir: Path, tmp_path: Path) -> None:
+def test_building_a_report_leaves_matplotlib_as_it_found_it(
+    report, sweep_dir: Path, tmp_path: Path
+) -> None:
     import matplotlib
 
     backend, params = matplotlib.get_backend(), dict(matplotlib.rcParams)
@@ -221,8 +302,9 @@ def test_report_needs_no_plugin_of_the_sweep(tmp_path: Path) -> None:
 
     plugins = tmp_path / "plugins"
     plugins.mkdir()
-    (plugins / "vanishing.py").write_text(textwrap.dedent(
-        '''
+    (plugins / "vanishing.py").write_text(
+        textwrap.dedent(
+            '''
         from posbench import PositionalEncoding, register_encoding
 
         @register_encoding("test_vanishing")
@@ -233,12 +315,25 @@ def test_report_needs_no_plugin_of_the_sweep(tmp_path: Path) -> None:
             def position_bias(self, q_span, k_span, layer, device):
                 return -0.1 * self.relative_positions(q_span, k_span, device).abs().float()[None]
         '''
-    ))
+        )
+    )
     load_plugin_dir(plugins)
     run_sweep(tiny_sweep("test_vanishing", "alibi"), tmp_path / "sw")
     (plugins / "vanishing.py").unlink()
-    result = subprocess.run([sys.executable, "-m", "posbench.cli", "report", str(tmp_path / "sw"), "-o", str(tmp_path / "r")],
-                            capture_output=True, text=True, cwd=tmp_path)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "posbench.cli",
+            "report",
+            str(tmp_path / "sw"),
+            "-o",
+            str(tmp_path / "r"),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
     assert result.returncode == 0, result.stderr
     assert "skipped" not in result.stderr
     html = (tmp_path / "r" / "report.html").read_text()

@@ -1,4 +1,5 @@
 """Sweeps: tidy results, resume, atomic writes, failures that do not stop the sweep."""
+
 from __future__ import annotations
 
 import math
@@ -23,13 +24,22 @@ def test_sweep_writes_tidy_results_and_run_folders(tmp_path: Path) -> None:
     assert list(frame.columns) == COLUMNS
     assert set(frame["encoding"]) == {"nope", "rope"}
     assert set(frame["train_len_max"]) == {3}
-    full = frame[(frame["metric"] == "exact_match") & frame["mem_len"].isna() & frame["eval_len"].notna()]
+    full = frame[
+        (frame["metric"] == "exact_match") & frame["mem_len"].isna() & frame["eval_len"].notna()
+    ]
     assert sorted(full["eval_len"].unique()) == [2, 3, 6]
     assert full["value"].between(0, 1).all()
     assert math.inf in set(frame["mem_len"].dropna())
     for run_id in outcome.ran:
         folder = tmp_path / "sw" / run_id
-        for name in ("config.json", "measurements.csv", "env.json", "log.txt", "model.pt", "result.json"):
+        for name in (
+            "config.json",
+            "measurements.csv",
+            "env.json",
+            "log.txt",
+            "model.pt",
+            "result.json",
+        ):
             assert (folder / name).is_file(), name
         config = RunConfig.from_dict(read_json(folder / "config.json"))
         assert config.run_id == run_id  # the folder name is the hash of the stored config
@@ -77,7 +87,9 @@ def test_failing_run_is_recorded_and_sweep_carries_on(tmp_path: Path) -> None:
     assert "boom in embed" in next(iter(outcome.failures.values()))
     frame = pd.read_csv(outcome.results_csv)
     assert set(frame["encoding"]) == {"nope", "rope"}
-    failed = [r for r in outcome.ran if RunFolder(tmp_path / "sw" / r).result()["status"] == "error"]
+    failed = [
+        r for r in outcome.ran if RunFolder(tmp_path / "sw" / r).result()["status"] == "error"
+    ]
     assert "Traceback" in (tmp_path / "sw" / failed[0] / "log.txt").read_text()
     # an errored run is redone on the next invocation, finished ones are not
     again = run_sweep(tiny_sweep("nope", "test_exploding", "rope"), tmp_path / "sw")

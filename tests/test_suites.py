@@ -1,4 +1,5 @@
 """Shipped suites: each loads and validates; `--suite` runs one; per-task training settings."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -33,14 +34,20 @@ def test_the_standard_suite_is_the_published_protocol() -> None:
 
 def test_task_training_settings_and_flags_that_override_them(tmp_path: Path) -> None:
     config = tmp_path / "s.toml"
-    config.write_text('tasks = [{ name = "copy", train = { steps = 400, lr = 0.01 } }, "reverse"]\n[train]\nsteps = 90\n')
+    config.write_text(
+        'tasks = [{ name = "copy", train = { steps = 400, lr = 0.01 } }, '
+        '"reverse"]\n[train]\nsteps = 90\n'
+    )
     sweep, _ = load_config_file(config)
     steps = {r.task.name: (r.train.steps, r.train.lr) for r in expand_runs(resolve_sweep(sweep))}
     assert steps == {"copy": (400, 0.01), "reverse": (90, 3e-3)}
     flagged = apply_overrides(sweep, steps=7)
     assert {r.train.steps for r in expand_runs(resolve_sweep(flagged))} == {7}
     quick = apply_overrides(sweep, quick=True)
-    assert {r.task.name: r.train.steps for r in expand_runs(resolve_sweep(quick))} == {"copy": 200, "reverse": 90}  # --quick caps them at QUICK_STEPS
+    assert {r.task.name: r.train.steps for r in expand_runs(resolve_sweep(quick))} == {
+        "copy": 200,
+        "reverse": 90,
+    }  # --quick caps them at QUICK_STEPS
 
 
 def test_bad_task_training_settings_and_unknown_suites_are_one_sentence(tmp_path: Path) -> None:
@@ -49,14 +56,21 @@ def test_bad_task_training_settings_and_unknown_suites_are_one_sentence(tmp_path
     result = CliRunner().invoke(app, ["run", "--config", str(config), "--out", str(tmp_path / "o")])
     assert result.exit_code == 2 and "Unknown key 'stepz'" in result.output
     result = CliRunner().invoke(app, ["run", "--suite", "nonesuch", "--out", str(tmp_path / "o")])
-    assert result.exit_code == 2 and "Unknown suite 'nonesuch'; available: deepmind, default, kazemnejad, randomized, standard" in result.output
+    assert (
+        result.exit_code == 2
+        and "Unknown suite 'nonesuch'; "
+        "available: deepmind, default, kazemnejad, randomized, standard"
+        in result.output
+    )
     listed = CliRunner().invoke(app, ["list"])
     assert "standard" in listed.output and "Suites" in listed.output
 
 
 def test_one_task_twice_needs_labels_that_name_results_but_not_run_ids(tmp_path: Path) -> None:
     config = tmp_path / "s.toml"
-    config.write_text('tasks = ["lookback", { name = "lookback", label = "lookback-far", lag = 20 }]\n')
+    config.write_text(
+        'tasks = ["lookback", { name = "lookback", label = "lookback-far", lag = 20 }]\n'
+    )
     sweep, _ = load_config_file(config)
     runs = expand_runs(resolve_sweep(sweep))
     assert {r.task.display() for r in runs} == {"lookback", "lookback-far"}
@@ -66,7 +80,10 @@ def test_one_task_twice_needs_labels_that_name_results_but_not_run_ids(tmp_path:
     config.write_text('tasks = ["lookback", { name = "lookback", lag = 20 }]\n')
     result = CliRunner().invoke(app, ["run", "--config", str(config), "--out", str(tmp_path / "o")])
     assert result.exit_code == 2
-    assert "lists task 'lookback' more than once with the same label; give each entry its own 'label'" in result.output
+    assert (
+        "lists task 'lookback' more than once with the same label; give each entry its own 'label'"
+        in result.output
+    )
 
 
 @pytest.mark.parametrize("name", ["default", "standard", "randomized"])
@@ -83,6 +100,10 @@ def test_published_suites_train_every_parameter_they_evaluate(name: str) -> None
 def test_standard_suite_compares_at_equal_accuracy_and_equal_compute() -> None:
     runs = expand_runs(resolve_sweep(load_config_file(suite_file("standard"))[0]))
     fixed = [r for r in runs if r.task.display() == "copy-fixed"]
-    assert fixed and all(r.train.stop_at is None and r.train.steps == fixed[0].train.steps for r in fixed)
-    assert {r.encoding.display() for r in runs if r.task.display() == "copy"} == {r.encoding.display() for r in fixed}
+    assert fixed and all(
+        r.train.stop_at is None and r.train.steps == fixed[0].train.steps for r in fixed
+    )
+    assert {r.encoding.display() for r in runs if r.task.display() == "copy"} == {
+        r.encoding.display() for r in fixed
+    }
     assert all(r.train.stop_within for r in runs if r.task.display() == "lm")

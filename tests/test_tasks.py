@@ -1,5 +1,6 @@
 """Every registered task's generator: shapes, vocabulary, loss mask, seeds; and each built-in
 task's answers checked by construction."""
+
 from __future__ import annotations
 
 import pytest
@@ -55,7 +56,9 @@ def test_default_eval_lengths_reach_four_times_training(name: str) -> None:
 @pytest.mark.parametrize("name", TASKS)
 def test_lengths_can_be_overridden_and_are_checked(name: str) -> None:
     low = posbench.tasks.REGISTRY.get(name).min_length + 1
-    task = posbench.create_task(name, train_lengths=[low, low + 1], eval_lengths=[low + 10, low + 4])
+    task = posbench.create_task(
+        name, train_lengths=[low, low + 1], eval_lengths=[low + 10, low + 4]
+    )
     assert task.train_lengths == (low, low + 1) and task.eval_lengths == (low + 4, low + 10)
     with pytest.raises(OptionError, match="train_lengths"):
         posbench.create_task(name, train_lengths=[0, 3])
@@ -129,7 +132,9 @@ def test_a_task_without_generate_or_batch_says_so() -> None:
 
 
 # ---- DeepMind's length-generalisation suite: each answer checked against an independent oracle
-def _question_and_answer(task: posbench.Task, length: int, batch_size: int, seed: int) -> list[tuple[list[int], list[int]]]:
+def _question_and_answer(
+    task: posbench.Task, length: int, batch_size: int, seed: int
+) -> list[tuple[list[int], list[int]]]:
     """(question, scored answer) pairs, the answer read back from the scored positions."""
     seq, answer = task.generate(length, batch_size, gen(seed))
     q_len = task.question_length(length)
@@ -144,10 +149,14 @@ def _little_endian(digits: list[int]) -> int:
 def test_regular_tasks_answer_their_definitions() -> None:
     for length in (1, 2, 5, 12):
         for q, a in _question_and_answer(posbench.create_task("even_pairs"), length, 8, length):
-            assert a == [int(q[0] != q[-1])]  # odd number of unequal pairs <=> first and last differ
+            assert a == [
+                int(q[0] != q[-1])
+            ]  # odd number of unequal pairs <=> first and last differ
         for q, a in _question_and_answer(posbench.create_task("parity_check"), length, 8, length):
             assert a == [q.count(1) % 2]
-        for q, a in _question_and_answer(posbench.create_task("cycle_navigation"), length, 8, length):
+        for q, a in _question_and_answer(
+            posbench.create_task("cycle_navigation"), length, 8, length
+        ):
             state = 0
             for action in q:
                 state = (state + {0: -1, 1: 0, 2: 1}[action]) % 5
@@ -175,7 +184,9 @@ def test_bracketed_expressions_and_equations() -> None:
         for q, a in _question_and_answer(solve, length, 16, length):
             left, right = "".join(alphabet[t] for t in q).split("=")
             assert len(left) + 1 + len(right) == length and left.count("x") == 1
-            assert [x for x in range(5) if eval(left.replace("x", str(x))) % 5 == int(right)] == a  # noqa: S307
+            value = lambda x: eval(left.replace("x", str(x)))  # noqa: E731,S307
+            solutions = [x for x in range(5) if value(x) % 5 == int(right)]
+            assert solutions == a
 
 
 def test_stack_manipulation_replays_the_actions() -> None:
@@ -209,12 +220,16 @@ def test_string_tasks_answer_their_definitions() -> None:
             for q, a in _question_and_answer(posbench.create_task(name), length, 8, length):
                 assert a == expect(q), name
     for length in (2, 7, 10):
-        for q, a in _question_and_answer(posbench.create_task("missing_duplicate_string"), length, 16, length):
+        for q, a in _question_and_answer(
+            posbench.create_task("missing_duplicate_string"), length, 16, length
+        ):
             body = q[: length - length % 2]
             half = len(body) // 2
             at = body.index(2)
             other = at + half if at < half else at - half
-            assert body.count(2) == 1 and a == [body[other]] and q[len(body):] == [3] * (length % 2)
+            assert (
+                body.count(2) == 1 and a == [body[other]] and q[len(body) :] == [3] * (length % 2)
+            )
 
 
 def test_binary_arithmetic_tasks() -> None:
@@ -230,19 +245,33 @@ def test_binary_arithmetic_tasks() -> None:
     for length in (1, 5, 16):
         for q, a in _question_and_answer(sqrt, length, 16, length):
             x = int("".join(map(str, q)), 2)
-            assert len(a) == (length + 1) // 2 and int("".join(map(str, a)), 2) ** 2 <= x < (int("".join(map(str, a)), 2) + 1) ** 2
+            assert (
+                len(a) == (length + 1) // 2
+                and int("".join(map(str, a)), 2) ** 2 <= x < (int("".join(map(str, a)), 2) + 1) ** 2
+            )
 
 
 def test_kazemnejad_copy_variants() -> None:
     single = posbench.create_task("copy_single")
     seq, answer = single.generate(5, 4, gen(8))
-    assert (seq[:, :5] == seq[:, :1]).all() and torch.equal(seq[:, 6:], seq[:, :5]) and answer[:, 6:].all()
+    assert (
+        (seq[:, :5] == seq[:, :1]).all()
+        and torch.equal(seq[:, 6:], seq[:, :5])
+        and answer[:, 6:].all()
+    )
     alphabet = posbench.create_task("copy_alphabet")
     seq, _ = alphabet.generate(5, 4, gen(9))
-    assert torch.equal(seq[:, 6:], seq[:, :5] + alphabet.n_symbols + 1) and int(seq.max()) < alphabet.vocab_size
+    assert (
+        torch.equal(seq[:, 6:], seq[:, :5] + alphabet.n_symbols + 1)
+        and int(seq.max()) < alphabet.vocab_size
+    )
     twice = posbench.create_task("copy_single_twice")
     seq, answer = twice.generate(4, 3, gen(10))
-    assert seq.shape[1] == twice.sequence_length(4) + 1 and (seq[:, 5:] == seq[:, :1]).all() and answer[:, 5:].all()
+    assert (
+        seq.shape[1] == twice.sequence_length(4) + 1
+        and (seq[:, 5:] == seq[:, :1]).all()
+        and answer[:, 5:].all()
+    )
     copy_twice = posbench.create_task("copy_twice")
     seq, answer = copy_twice.generate(4, 3, gen(11))
     assert torch.equal(seq[:, 5:9], seq[:, :4]) and (seq[:, 9] == copy_twice.n_symbols + 1).all()
@@ -254,7 +283,9 @@ def test_flip_flop_reads_the_last_write() -> None:
     seq, answer = task.generate(20, 16, gen(12))
     for row in range(16):
         last = None
-        for op, bit, scored in zip(seq[row, 0::2].tolist(), seq[row, 1::2].tolist(), answer[row, 1::2].tolist()):
+        for op, bit, scored in zip(
+            seq[row, 0::2].tolist(), seq[row, 1::2].tolist(), answer[row, 1::2].tolist()
+        ):
             assert scored == (op == 3)
             if op == 2:
                 last = bit
@@ -277,7 +308,9 @@ def test_deepmind_hand_checked_examples() -> None:
 
     assert binary(6, 0) == [0, 1, 1] and binary(6, 5, little_endian=False) == [0, 0, 1, 1, 0]
     assert evaluate_mod(list("4+3"), 5) == 2  # modular wrap
-    assert evaluate_mod(list("1-1-1"), 5) == 4 and evaluate_mod(list("0*1+4*3-2"), 5) == 0  # DeepMind's examples
+    assert (
+        evaluate_mod(list("1-1-1"), 5) == 4 and evaluate_mod(list("0*1+4*3-2"), 5) == 0
+    )  # DeepMind's examples
     assert evaluate_mod(list("((-(2+4))-(3))"), 5) == 1  # nested brackets, unary minus: -6 - 3 = -9
     # binary addition with a carry through every digit: 1111 + 1 = 10000 (little-endian)
     add = posbench.create_task("binary_addition")
@@ -286,7 +319,13 @@ def test_deepmind_hand_checked_examples() -> None:
     cut = question.index(2)
     total = _little_endian(question[:cut]) + _little_endian(question[cut + 1 :])
     assert reply == binary(total, 0) + [add.end]
-    assert [binary(15, 0)[i] for i in range(4)] == [1, 1, 1, 1] and binary(15 + 1, 0) == [0, 0, 0, 0, 1]
+    assert [binary(15, 0)[i] for i in range(4)] == [1, 1, 1, 1] and binary(15 + 1, 0) == [
+        0,
+        0,
+        0,
+        0,
+        1,
+    ]
     # the shortest questions: DeepMind's placeholders
     for q, a in _question_and_answer(posbench.create_task("missing_duplicate_string"), 1, 2, 0):
         assert q == [1] and a == [1]

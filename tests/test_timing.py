@@ -1,4 +1,5 @@
 """The timing noise guard: contention from other processes is measured, retried and marked."""
+
 from __future__ import annotations
 
 import subprocess
@@ -6,7 +7,14 @@ import sys
 
 from posbench.experiment.config import EncodingSpec
 from posbench.experiment.profiling import BenchConfig, latency_rows
-from posbench.experiment.timing import CONTENTION_LIMIT, NOISE_TRIES, CpuSample, foreign_cores, guarded, noise_note
+from posbench.experiment.timing import (
+    CONTENTION_LIMIT,
+    NOISE_TRIES,
+    CpuSample,
+    foreign_cores,
+    guarded,
+    noise_note,
+)
 
 
 def test_foreign_cores_subtracts_this_process() -> None:
@@ -46,7 +54,9 @@ def test_noise_note_flags_a_wide_iqr() -> None:
 def test_a_timing_beside_a_busy_process_is_marked_noisy() -> None:
     busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:
-        config = BenchConfig(seq_lens=(32,), batch_size=2, n_heads=2, d_head=8, threads=1, min_run_time=0.2)
+        config = BenchConfig(
+            seq_lens=(32,), batch_size=2, n_heads=2, d_head=8, threads=1, min_run_time=0.2
+        )
         rows = latency_rows(EncodingSpec("alibi"), config)
     finally:
         busy.kill()

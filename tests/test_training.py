@@ -1,4 +1,5 @@
 """The training loop and evaluation on a few steps."""
+
 from __future__ import annotations
 
 import math
@@ -54,8 +55,14 @@ def test_divergence_is_detected() -> None:
 def test_evaluation_rows_and_not_applicable_lengths() -> None:
     task = posbench.create_task("copy", train_lengths=[1, 4], eval_lengths=[2, 4, 8])
     torch.manual_seed(0)
-    model = posbench.build_model("learned", vocab_size=task.vocab_size, d_model=16, n_layers=1, n_heads=2,
-                                 encoding_options={"max_positions": 8})
+    model = posbench.build_model(
+        "learned",
+        vocab_size=task.vocab_size,
+        d_model=16,
+        n_layers=1,
+        n_heads=2,
+        encoding_options={"max_positions": 8},
+    )
     config = EvalConfig(n_samples=8, batch_size=4, segment_len=4)
     rows = evaluate(model, task, config)
     full = {(r.eval_len, r.metric): r for r in rows if r.mem_len is None}
@@ -64,7 +71,9 @@ def test_evaluation_rows_and_not_applicable_lengths() -> None:
     na = full[(8, "exact_match")]  # 16 tokens > 8 positions
     assert math.isnan(na.value) and "0..7" in na.note
     assert mem_lens(task, config) == [0, 2, 4, 8, math.inf]
-    cached = {(r.eval_len, r.mem_len) for r in rows if r.mem_len is not None and r.metric == "exact_match"}
+    cached = {
+        (r.eval_len, r.mem_len) for r in rows if r.mem_len is not None and r.metric == "exact_match"
+    }
     assert cached == {(e, m) for e in (2, 4, 8) for m in (0, 2, 4, 8, math.inf)}
 
 
@@ -88,11 +97,18 @@ def test_early_stopping_checks_every_n_steps_and_records_when_it_passed() -> Non
     config = TrainConfig(steps=40, batch_size=4, warmup_steps=1, check_every=5)
     asked: list[int] = []
     model = build_model("nope", task.vocab_size, 16, 1, 2)
-    result = train(model, task, config, 0, should_stop=lambda steps: asked.append(steps) or steps >= 15)
+    result = train(
+        model, task, config, 0, should_stop=lambda steps: asked.append(steps) or steps >= 15
+    )
     assert asked == [5, 10, 15] and result.steps_done == 15 and result.steps_to_threshold == 15
     assert model.training  # the check may evaluate; training mode is restored
-    never = train(build_model("nope", task.vocab_size, 16, 1, 2), task, dataclasses.replace(config, steps=12),
-                  0, should_stop=lambda steps: False)
+    never = train(
+        build_model("nope", task.vocab_size, 16, 1, 2),
+        task,
+        dataclasses.replace(config, steps=12),
+        0,
+        should_stop=lambda steps: False,
+    )
     assert never.steps_done == 12 and never.steps_to_threshold is None
 
 
@@ -108,13 +124,19 @@ def test_a_run_records_steps_to_threshold_or_why_not(tmp_path, monkeypatch) -> N
     from helpers import tiny_sweep
 
     sweep = tiny_sweep("nope", steps=30)
-    reached = dataclasses.replace(sweep, train=dataclasses.replace(sweep.train, stop_at=0.5, check_every=10))
+    reached = dataclasses.replace(
+        sweep, train=dataclasses.replace(sweep.train, stop_at=0.5, check_every=10)
+    )
     with monkeypatch.context() as patch:  # a model that already meets the threshold with margin
         patch.setattr(compute, "validation_exact_match", lambda *args: (0.6, 0.55))
         frame = pd.read_csv(run_sweep(reached, tmp_path / "a").results_csv)
     assert frame.loc[frame["metric"] == "steps_to_threshold", "value"].tolist() == [10]
-    capped = dataclasses.replace(sweep, train=dataclasses.replace(sweep.train, stop_at=1.0, check_every=10))
-    frame = pd.read_csv(run_sweep(capped, tmp_path / "b").results_csv, keep_default_na=False, na_values=[""])
+    capped = dataclasses.replace(
+        sweep, train=dataclasses.replace(sweep.train, stop_at=1.0, check_every=10)
+    )
+    frame = pd.read_csv(
+        run_sweep(capped, tmp_path / "b").results_csv, keep_default_na=False, na_values=[""]
+    )
     row = frame[frame["metric"] == "steps_to_threshold"].iloc[0]
     assert math.isnan(row["value"]) and row["note"] == "not reached within 30 steps"
 
@@ -129,7 +151,9 @@ def test_early_stopping_reads_the_reported_lengths_and_needs_a_margin() -> None:
 
     task = create_task("copy", train_lengths=[1, 8], eval_lengths=[2, 4, 6, 8, 12, 16])
     assert in_distribution_lengths(task) == [2, 4, 6, 8]
-    assert in_distribution_lengths(create_task("copy", train_lengths=[1, 8], eval_lengths=[16])) == [1, 4, 8]
+    assert in_distribution_lengths(
+        create_task("copy", train_lengths=[1, 8], eval_lengths=[16])
+    ) == [1, 4, 8]
     model = build_model("nope", task.vocab_size, 16, 1, 2)
     train(model, task, TrainConfig(steps=150, batch_size=16, warmup_steps=10), 0)
     mean, lower = validation_exact_match(model, task, EvalConfig(n_samples=64, batch_size=64))

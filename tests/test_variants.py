@@ -1,4 +1,5 @@
 """Evaluation-time variants: one trained model evaluated under other encoding options."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -8,38 +9,55 @@ from pathlib import Path
 import pytest
 from helpers import tiny_sweep
 from posbench.errors import ConfigError, OptionError
-from posbench.experiment.config import EncodingSpec, expand_runs, parse_variants
+from posbench.experiment.config import EncodingSpec, expand_runs
+from posbench.experiment.variants import parse_variants
 from posbench.experiment.runner import run_sweep
 from posbench.experiment.variants import variant_jobs
 from posbench.report.html import build_report
 from posbench.store import collect
 
-SCALINGS = "rope:scaling=linear,factor=4;rope:scaling=ntk,factor=4;rope:scaling=yarn,factor=4;rope:scaling=llama3,factor=4"
+SCALINGS = (
+    "rope:scaling=linear,factor=4;rope:scaling=ntk,factor=4;"
+    "rope:scaling=yarn,factor=4;rope:scaling=llama3,factor=4"
+)
 
 
 def test_variants_parse_from_the_command_line_form() -> None:
     specs = parse_variants("rope:scaling=yarn,factor=4; rope:scaling=ntk,factor=2.5,beta_fast=16")
-    assert specs == (EncodingSpec("rope", {"scaling": "yarn", "factor": 4}),
-                     EncodingSpec("rope", {"scaling": "ntk", "factor": 2.5, "beta_fast": 16}))
+    assert specs == (
+        EncodingSpec("rope", {"scaling": "yarn", "factor": 4}),
+        EncodingSpec("rope", {"scaling": "ntk", "factor": 2.5, "beta_fast": 16}),
+    )
     with pytest.raises(ConfigError, match="'factor' in 'rope:factor' is not key=value"):
         parse_variants("rope:factor")
 
 
 def test_a_trained_rope_model_evaluated_under_four_scalings(tmp_path: Path) -> None:
-    sweep = dataclasses.replace(tiny_sweep("nope", "rope", steps=5), eval_variants=parse_variants(SCALINGS))
+    sweep = dataclasses.replace(
+        tiny_sweep("nope", "rope", steps=5), eval_variants=parse_variants(SCALINGS)
+    )
     outcome = run_sweep(sweep, tmp_path / "sweep")
     assert not outcome.failures
     frame = collect(tmp_path / "sweep")
     labels = set(frame["encoding_label"])
-    assert {"rope [eval scaling=linear,factor=4]", "rope [eval scaling=ntk,factor=4]", "rope [eval scaling=yarn,factor=4]",
-            "rope [eval scaling=llama3,factor=4]"} <= labels
+    assert {
+        "rope [eval scaling=linear,factor=4]",
+        "rope [eval scaling=ntk,factor=4]",
+        "rope [eval scaling=yarn,factor=4]",
+        "rope [eval scaling=llama3,factor=4]",
+    } <= labels
     jobs = variant_jobs(sweep, expand_runs(sweep))
     yarn = next(j for j in jobs if j.variant.options["scaling"] == "yarn")
     stored = json.loads((tmp_path / "sweep" / yarn.run_id / "config.json").read_text())
     assert stored["kind"] == "variant" and stored["variant_of"] == yarn.base.run_id
-    assert not (tmp_path / "sweep" / yarn.run_id / "model.pt").exists()  # no retraining, no second model
-    variant_rows = frame[(frame["encoding_label"] == "rope [eval scaling=yarn,factor=4]") & (frame["metric"] == "loss")
-                         & frame["mem_len"].isna()]
+    assert not (
+        tmp_path / "sweep" / yarn.run_id / "model.pt"
+    ).exists()  # no retraining, no second model
+    variant_rows = frame[
+        (frame["encoding_label"] == "rope [eval scaling=yarn,factor=4]")
+        & (frame["metric"] == "loss")
+        & frame["mem_len"].isna()
+    ]
     assert len(variant_rows) == 3 and variant_rows["value"].notna().all()
     rerun = run_sweep(sweep, tmp_path / "sweep")
     assert yarn.run_id in rerun.skipped and not rerun.ran
@@ -49,9 +67,13 @@ def test_a_trained_rope_model_evaluated_under_four_scalings(tmp_path: Path) -> N
 
 
 def test_variants_must_name_a_trained_encoding_and_valid_options(tmp_path: Path) -> None:
-    sweep = dataclasses.replace(tiny_sweep("nope", "rope"), eval_variants=parse_variants("t5:num_buckets=8"))
+    sweep = dataclasses.replace(
+        tiny_sweep("nope", "rope"), eval_variants=parse_variants("t5:num_buckets=8")
+    )
     with pytest.raises(ConfigError, match="names no encoding this sweep trains, by name or label"):
         run_sweep(sweep, tmp_path / "a")
-    sweep = dataclasses.replace(tiny_sweep("nope", "rope"), eval_variants=parse_variants("rope:scaling=warp"))
+    sweep = dataclasses.replace(
+        tiny_sweep("nope", "rope"), eval_variants=parse_variants("rope:scaling=warp")
+    )
     with pytest.raises(OptionError, match="option 'scaling' must be one of"):
         run_sweep(sweep, tmp_path / "b")

@@ -1,4 +1,5 @@
 """ALiBi (Press et al. 2022): a per-head linear penalty on distance, no parameters."""
+
 from __future__ import annotations
 
 import math
@@ -43,11 +44,15 @@ class ALiBi(PositionalEncoding):
         self.symmetric = (not shape.causal) if symmetric is None else symmetric
         self.register_buffer("slopes", torch.tensor(alibi_slopes(shape.n_heads)), persistent=False)
 
-    def position_bias(self, q_span: Span, k_span: Span, layer: LayerContext, device: torch.device) -> Tensor:
+    def position_bias(
+        self, q_span: Span, k_span: Span, layer: LayerContext, device: torch.device
+    ) -> Tensor:
         slopes = self.slopes.to(device)
 
         def penalty(distance: Tensor) -> Tensor:  # distance i - j -> (n, H)
             distance = distance.abs() if self.symmetric else distance
             return -slopes * distance.float()[:, None]
 
-        return self.parameter_free_relative_bias("penalty", q_span, k_span, device, penalty)  # (H, Lq, Lk)
+        return self.parameter_free_relative_bias(
+            "penalty", q_span, k_span, device, penalty
+        )  # (H, Lq, Lk)

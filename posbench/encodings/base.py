@@ -9,7 +9,8 @@ The attention module calls an encoding's hooks in one fixed order and never name
 3. ``score(q, k, q_span, k_span, layer)`` returns :class:`Scores`: the (possibly augmented)
    q and k, an additive bias on the scaled logits, and the logit scale. The default asks
    ``position_bias`` for a static bias that depends on positions only (ALiBi, T5), read from
-   tables that grow by doubling; content-dependent encodings (Transformer-XL, DeBERTa) override ``score``.
+   tables that grow by doubling; content-dependent encodings (Transformer-XL, DeBERTa) override
+   ``score``.
 
 The attention logits are ``scale * q' @ k'^T + bias``, masked causally, fed to
 ``scaled_dot_product_attention``. Positions are absolute integers given as :class:`Span`s, so a
@@ -18,6 +19,7 @@ increasing positions (randomized positions); hooks read them through ``span.aran
 ``span.first``, ``span.last`` and the table helpers, and keep fast paths that assume
 ``start .. stop - 1`` behind ``span.contiguous``.
 """
+
 from __future__ import annotations
 
 import math
@@ -125,8 +127,10 @@ class PositionalEncoding(PositionTables, nn.Module):
         if span.contiguous and self.draws_positions:
             limit = self.random_positions.max_position  # type: ignore[union-attr]
             if len(span) > limit:
-                return (f"randomized positions place at most {limit} tokens (distinct positions "
-                        f"0..{limit - 1}), got {len(span)}")
+                return (
+                    f"randomized positions place at most {limit} tokens (distinct positions "
+                    f"0..{limit - 1}), got {len(span)}"
+                )
             return None
         if self.max_positions is not None and span.last >= self.max_positions:
             return (
@@ -147,17 +151,23 @@ class PositionalEncoding(PositionTables, nn.Module):
     def place(self, length: int) -> Tensor | None:
         """Positions for a stream of `length` tokens, (length,) int64: None means 0..length-1.
         Randomized positions draw them (in training, and at evaluation unless told not to)."""
-        return self.random_positions.draw(length) if self.draws_positions else None  # type: ignore[union-attr]
+        if not self.draws_positions:
+            return None
+        return self.random_positions.draw(length)  # type: ignore[union-attr]
 
     def embed(self, x: Tensor, span: Span) -> Tensor:
         """Add an absolute signal to token embeddings x (B, L, d_model)."""
         return x
 
-    def rotate(self, q: Tensor, k: Tensor, span: Span, layer: LayerContext) -> tuple[Tensor, Tensor]:
+    def rotate(
+        self, q: Tensor, k: Tensor, span: Span, layer: LayerContext
+    ) -> tuple[Tensor, Tensor]:
         """Transform new queries and keys (B, H, L, d) before the keys are cached."""
         return q, k
 
-    def score(self, q: Tensor, k: Tensor, q_span: Span, k_span: Span, layer: LayerContext) -> Scores:
+    def score(
+        self, q: Tensor, k: Tensor, q_span: Span, k_span: Span, layer: LayerContext
+    ) -> Scores:
         """Build the attention inputs from q (B, H, Lq, d) and all keys k (B, H, Lk, d)."""
         bias = self.position_bias(q_span, k_span, layer, q.device)
         return Scores(q, k, bias, 1.0 / math.sqrt(self.d_head))
@@ -175,7 +185,9 @@ class PositionalEncoding(PositionTables, nn.Module):
         return []
 
     # ---- diagnostics (never on the training path) ----------------------------------------
-    def score_terms(self, q: Tensor, k: Tensor, q_span: Span, k_span: Span, layer: LayerContext) -> dict[str, Tensor]:
+    def score_terms(
+        self, q: Tensor, k: Tensor, q_span: Span, k_span: Span, layer: LayerContext
+    ) -> dict[str, Tensor]:
         """The pre-mask logits split into named terms that sum to them, each broadcastable to
         (B, H, Lq, Lk), for the score-term probe. By default 'content' (the scaled q . k of the
         rotated queries and keys, so RoPE's and absolute encodings' positions live inside it)
@@ -183,7 +195,9 @@ class PositionalEncoding(PositionTables, nn.Module):
         logits have more named parts (Transformer-XL, DeBERTa) override this."""
         scores = self.score(q, k, q_span, k_span, layer)
         content = scores.scale * (q @ k.transpose(-1, -2))  # (B, H, Lq, Lk)
-        unchanged = scores.q.shape == q.shape and torch.equal(scores.q, q) and torch.equal(scores.k, k)
+        unchanged = (
+            scores.q.shape == q.shape and torch.equal(scores.q, q) and torch.equal(scores.k, k)
+        )
         if unchanged and scores.bias is None:
             return {"content": content}
         if unchanged:  # the bias alone, so its own gradient path is what the probe sees

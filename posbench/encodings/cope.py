@@ -1,4 +1,5 @@
 """CoPE (Golovneva et al. 2024): contextual positions, counted by gates the content opens."""
+
 from __future__ import annotations
 
 import math
@@ -15,7 +16,8 @@ from posbench.validation import Range
 
 @register_encoding("cope")
 class CoPE(PositionalEncoding):
-    """CoPE (Golovneva et al. 2024): positions are sums of gates sigmoid(q . k), so the bias depends on content.
+    """CoPE (Golovneva et al. 2024): positions are sums of gates sigmoid(q . k), so the bias depends
+    on content.
 
     With z_ij = q_i . k_j / sqrt(d) (future keys masked), g_ij = sigmoid(z_ij) and the position
     of key j for query i is p_ij = sum_{t=j..i} g_it, clamped to ``npos_max`` - 1. The added
@@ -27,14 +29,21 @@ class CoPE(PositionalEncoding):
 
     relative = False  # positions are counted in gated content, not in i - j
     pairwise = False  # p_ij counts the gates of every key between j and i
-    cost_note = "positions depend on content: dense (B, H, L, L) gates, a reverse cumulative sum and two gathers per pair"
+    cost_note = (
+        "positions depend on content: dense (B, H, L, L) gates, a reverse "
+        "cumulative sum and two gathers per pair"
+    )
 
-    def __init__(self, shape: AttentionShape, *, npos_max: Annotated[int, Range(ge=2)] = 64) -> None:
+    def __init__(
+        self, shape: AttentionShape, *, npos_max: Annotated[int, Range(ge=2)] = 64
+    ) -> None:
         super().__init__(shape)
         self.npos_max = npos_max
         self.pos_emb = nn.Parameter(torch.zeros(shape.n_layers, shape.d_head, npos_max))
 
-    def score(self, q: Tensor, k: Tensor, q_span: Span, k_span: Span, layer: LayerContext) -> Scores:
+    def score(
+        self, q: Tensor, k: Tensor, q_span: Span, k_span: Span, layer: LayerContext
+    ) -> Scores:
         scale = 1.0 / math.sqrt(self.d_head)
         logits = scale * (q @ k.transpose(-1, -2))  # (B, H, Lq, Lk)
         if self.causal:
@@ -42,7 +51,9 @@ class CoPE(PositionalEncoding):
             gates = torch.sigmoid(logits).masked_fill(~visible, 0.0)
         else:
             gates = torch.sigmoid(logits)
-        positions = gates.flip(-1).cumsum(-1).flip(-1).clamp(max=self.npos_max - 1)  # (B, H, Lq, Lk)
+        positions = (
+            gates.flip(-1).cumsum(-1).flip(-1).clamp(max=self.npos_max - 1)
+        )  # (B, H, Lq, Lk)
         floor = positions.floor()
         weight = positions - floor  # interpolation weight of the upper integer position
         at_integers = q @ self.pos_emb[layer.index].to(q.dtype)  # (B, H, Lq, npos_max)

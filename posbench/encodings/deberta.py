@@ -5,6 +5,7 @@ with δ(i, j) = clamp(i - j + k, 0, 2k - 1). The paper writes the p2c index as �
 code gathers it so that it ends up indexed by the same δ(i, j) as c2p, and so do we.
 The position-to-position term is dropped, as in the paper.
 """
+
 from __future__ import annotations
 
 import math
@@ -15,7 +16,13 @@ from torch import Tensor, nn
 
 from posbench.encodings.registry import register_encoding
 from posbench.errors import OptionError
-from posbench.encodings.base import AttentionShape, IndexedTable, LayerContext, PositionalEncoding, Span
+from posbench.encodings.base import (
+    AttentionShape,
+    IndexedTable,
+    LayerContext,
+    PositionalEncoding,
+    Span,
+)
 from posbench.kernels.bias_types import BandBias, Scores
 from posbench.validation import Range
 
@@ -30,14 +37,17 @@ def log_bucket_position(relative_pos: Tensor, bucket_size: int, max_position: in
         relative_pos.abs(),
     )
     log_pos = (
-        torch.ceil(torch.log(abs_pos.double() / mid) / math.log((max_position - 1) / mid) * (mid - 1))
+        torch.ceil(
+            torch.log(abs_pos.double() / mid) / math.log((max_position - 1) / mid) * (mid - 1)
+        )
         + mid
     )
     return torch.where(abs_pos <= mid, relative_pos.double(), log_pos * sign).long()
 
 
 class _KeyDiagonals(torch.autograd.Function):
-    """per_key (B, H, L, W), [j, c] = Qr_c . Kc_j  ->  (B, H, L, W), [i, c] = per_key[i - W + 1 + c, c]
+    """per_key (B, H, L, W), [j, c] = Qr_c . Kc_j  ->  (B, H, L, W), [i, c] = per_key[i - W + 1 + c,
+    c]
     (0 before key 0). A strided view of the rows padded with W - 1 zero rows in front: entry
     (i, c) is row i + c, column c, so no two entries share storage and the backward pass is
     the same view written into zeros."""
@@ -46,7 +56,9 @@ class _KeyDiagonals(torch.autograd.Function):
     def forward(ctx, per_key: Tensor) -> Tensor:  # type: ignore[override]
         B, H, L, W = per_key.shape
         padded = torch.nn.functional.pad(per_key, (0, 0, W - 1, 0))  # (B, H, W - 1 + L, W)
-        return padded.as_strided((B, H, L, W), (padded.stride(0), padded.stride(1), W, W + 1)).contiguous()
+        return padded.as_strided(
+            (B, H, L, W), (padded.stride(0), padded.stride(1), W, W + 1)
+        ).contiguous()
 
     @staticmethod
     def backward(ctx, grad: Tensor) -> Tensor:  # type: ignore[override]
@@ -78,7 +90,9 @@ class DeBERTa(PositionalEncoding):
     gradient_free = ("pos_key_proj.*.bias",)
 
     relative = True
-    cost_note = "c2p and p2c project a (2k, d) position table per layer and gather it twice per pair"
+    cost_note = (
+        "c2p and p2c project a (2k, d) position table per layer and gather it twice per pair"
+    )
 
     def __init__(
         self,
@@ -91,7 +105,8 @@ class DeBERTa(PositionalEncoding):
         super().__init__(shape)
         if position_buckets and (position_buckets < 2 or span <= position_buckets // 2 + 1):
             raise OptionError(
-                "encoding 'deberta': position_buckets must be 0 (off) or >= 2 with span > position_buckets/2 + 1, "
+                "encoding 'deberta': position_buckets must be 0 (off) or >= 2 with span > "
+                "position_buckets/2 + 1, "
                 f"got position_buckets={position_buckets}, span={span}."
             )
         self.span = span
@@ -101,8 +116,12 @@ class DeBERTa(PositionalEncoding):
         self.rel_embeddings = nn.Embedding(2 * self.att_span, self.d_model)
         nn.init.normal_(self.rel_embeddings.weight, std=0.02)
         if not share_att_key:
-            self.pos_key_proj = nn.ModuleList(nn.Linear(self.d_model, self.d_model) for _ in range(shape.n_layers))
-            self.pos_query_proj = nn.ModuleList(nn.Linear(self.d_model, self.d_model) for _ in range(shape.n_layers))
+            self.pos_key_proj = nn.ModuleList(
+                nn.Linear(self.d_model, self.d_model) for _ in range(shape.n_layers)
+            )
+            self.pos_query_proj = nn.ModuleList(
+                nn.Linear(self.d_model, self.d_model) for _ in range(shape.n_layers)
+            )
 
     def delta_of(self, distance: Tensor) -> Tensor:
         """δ = clamp(i - j + k, 0, 2k - 1) of each distance i - j (log-bucketed first with
@@ -117,8 +136,15 @@ class DeBERTa(PositionalEncoding):
 
     def indexed_tables(self) -> list[IndexedTable]:
         """The relative embeddings' rows are read by δ of each (query, key) pair."""
-        return [IndexedTable("rel_embeddings.weight", "relative embedding", 2 * self.att_span,
-                             lambda q, k: self.delta_of(q[:, None] - k[None, :]), fix=self.reaching_span)]
+        return [
+            IndexedTable(
+                "rel_embeddings.weight",
+                "relative embedding",
+                2 * self.att_span,
+                lambda q, k: self.delta_of(q[:, None] - k[None, :]),
+                fix=self.reaching_span,
+            )
+        ]
 
     def reaching_span(self, longest: int) -> str | None:
         """The span that lets training distances up to `longest` reach every row a causal
@@ -137,7 +163,9 @@ class DeBERTa(PositionalEncoding):
         qr = self.pos_query_proj[layer.index](p).view(-1, H, d).transpose(0, 1)
         return kr, qr
 
-    def score(self, q: Tensor, k: Tensor, q_span: Span, k_span: Span, layer: LayerContext) -> Scores:
+    def score(
+        self, q: Tensor, k: Tensor, q_span: Span, k_span: Span, layer: LayerContext
+    ) -> Scores:
         B, H, Lq, d = q.shape
         scale = 1.0 / math.sqrt(3 * d)
         kr, qr = self.projected_positions(layer, q.dtype)
@@ -146,13 +174,16 @@ class DeBERTa(PositionalEncoding):
             last_row = Span(Lq - 1, Lq), Span(0, Lq)  # the last query's keys: distances L - 1 .. 0
             width = BandBias.width_for(self.delta(*last_row, torch.device("cpu"))[0].flip(0), far)
             if Lq > width:
-                band_deltas = self.delta(*last_row, q.device)[0, Lq - width :]  # keys i - W + 1 .. i
+                band_deltas = self.delta(*last_row, q.device)[
+                    0, Lq - width :
+                ]  # keys i - W + 1 .. i
                 return self._band_scores(q, k, kr, qr, band_deltas, far, scale)
         c2p, p2c = self._relative_terms(q, k, q_span, k_span, kr, qr)
         return Scores(q, k, (c2p + p2c) * scale, scale)
 
-    def _relative_terms(self, q: Tensor, k: Tensor, q_span: Span, k_span: Span, kr: Tensor,
-                        qr: Tensor) -> tuple[Tensor, Tensor]:
+    def _relative_terms(
+        self, q: Tensor, k: Tensor, q_span: Span, k_span: Span, kr: Tensor, qr: Tensor
+    ) -> tuple[Tensor, Tensor]:
         """c2p = Qc_i . Kr_δ(i,j) and p2c = Qr_δ(i,j) . Kc_j, each (B, H, Lq, Lk), unscaled."""
         B, H, Lq, _ = q.shape
         Lk = k.shape[2]
@@ -165,7 +196,9 @@ class DeBERTa(PositionalEncoding):
             p2c = p2c_table.gather(-2, delta.expand(B, H, Lq, Lk))  # (B, H, Lq, Lk)
         return c2p, p2c
 
-    def score_terms(self, q: Tensor, k: Tensor, q_span: Span, k_span: Span, layer: LayerContext) -> dict[str, Tensor]:
+    def score_terms(
+        self, q: Tensor, k: Tensor, q_span: Span, k_span: Span, layer: LayerContext
+    ) -> dict[str, Tensor]:
         """DeBERTa's three terms, each scaled by 1/sqrt(3d): content-to-content, content-to-position
         and position-to-content (dense, for probes on short inputs)."""
         scale = 1.0 / math.sqrt(3 * self.d_head)
@@ -174,8 +207,9 @@ class DeBERTa(PositionalEncoding):
         return {"c2c": scale * (q @ k.transpose(-1, -2)), "c2p": scale * c2p, "p2c": scale * p2c}
 
     @staticmethod
-    def _band_scores(q: Tensor, k: Tensor, kr: Tensor, qr: Tensor, band_deltas: Tensor, far: int,
-                     scale: float) -> Scores:
+    def _band_scores(
+        q: Tensor, k: Tensor, kr: Tensor, qr: Tensor, band_deltas: Tensor, far: int, scale: float
+    ) -> Scores:
         """Causal square scores past the span: keys W or more back all read δ = far, so
         Qc_i . Kr_far is a row constant and Qr_far . Kc_j moves into the queries (q + Qr_far);
         what is left lives in a band of W keys. band_deltas (W,): δ of keys i - W + 1 .. i."""

@@ -1,5 +1,7 @@
 """KERPLE (Chi et al. 2022): learned conditionally positive definite kernels of the distance,
-as additive biases; chijames/KERPLE megatron/mpu/layers.py (ParallelKerpleLog, ParallelKerplePower)."""
+as additive biases; chijames/KERPLE megatron/mpu/layers.py (ParallelKerpleLog,
+ParallelKerplePower)."""
+
 from __future__ import annotations
 
 from typing import Annotated
@@ -23,7 +25,10 @@ class _Kerple(PositionalEncoding):
     are masked anyway; bidirectional attention uses |i - j|."""
 
     relative = True
-    cost_note = "the learned bias is recomputed densely every call (a log or a power per pair) and gets a gradient"
+    cost_note = (
+        "the learned bias is recomputed densely every call (a log or a power "
+        "per pair) and gets a gradient"
+    )
     #: Largest p (power kernel only): the reference clamps p to (0, 2].
     max_power: float | None = None
 
@@ -41,7 +46,11 @@ class _Kerple(PositionalEncoding):
     def parameters_clamped(self) -> tuple[Tensor, Tensor]:
         """a and p per head, (H, 1, 1), as the kernel reads them."""
         a = self.a.clamp(min=self.eps)
-        p = self.p.clamp(min=self.eps, max=self.max_power) if self.max_power else self.p.clamp(min=self.eps)
+        p = (
+            self.p.clamp(min=self.eps, max=self.max_power)
+            if self.max_power
+            else self.p.clamp(min=self.eps)
+        )
         return a[:, None, None], p[:, None, None]
 
 
@@ -49,7 +58,9 @@ class _Kerple(PositionalEncoding):
 class KerpleLog(_Kerple):
     """KERPLE-log (Chi et al. 2022): bias = -p * log(1 + a |i - j|), a and p learned per head."""
 
-    def position_bias(self, q_span: Span, k_span: Span, layer: LayerContext, device: torch.device) -> Tensor:
+    def position_bias(
+        self, q_span: Span, k_span: Span, layer: LayerContext, device: torch.device
+    ) -> Tensor:
         a, p = self.parameters_clamped()
         return -p * torch.log1p(a * self.distances(q_span, k_span, device))  # (H, Lq, Lk)
 
@@ -60,6 +71,8 @@ class KerplePower(_Kerple):
 
     max_power = 2.0
 
-    def position_bias(self, q_span: Span, k_span: Span, layer: LayerContext, device: torch.device) -> Tensor:
+    def position_bias(
+        self, q_span: Span, k_span: Span, layer: LayerContext, device: torch.device
+    ) -> Tensor:
         a, p = self.parameters_clamped()
         return -a * self.distances(q_span, k_span, device).pow(p)  # (H, Lq, Lk)

@@ -1,4 +1,5 @@
 """Learned absolute positions (GPT-2): an embedding table added at the input."""
+
 from __future__ import annotations
 
 from typing import Annotated
@@ -27,7 +28,15 @@ class Learned(PositionalEncoding):
     def indexed_tables(self) -> list[IndexedTable]:
         """Each token reads the row of its position: rows past the training length stay
         untrained, the expected limit of a learned table (no option fixes it)."""
-        return [IndexedTable("table.weight", "position", self.max_positions, lambda q, k: q[:, None], per_token=True)]
+        return [
+            IndexedTable(
+                "table.weight",
+                "position",
+                self.max_positions,
+                lambda q, k: q[:, None],
+                per_token=True,
+            )
+        ]
 
     def embed(self, x: Tensor, span: Span) -> Tensor:
         return x + self.table(span.arange(x.device))  # (B, L, d_model)

@@ -1,4 +1,5 @@
 """NoPE: no positional signal; causal masking alone (Kazemnejad et al. 2023)."""
+
 from __future__ import annotations
 
 from posbench.encodings.registry import register_encoding

@@ -5,6 +5,7 @@ unless the stream was placed elsewhere (randomized positions draw a sorted sampl
 range): then the span carries them explicitly, strictly increasing, one per token, so causal
 order and the cache stay in token order while encodings read the drawn positions.
 """
+
 from __future__ import annotations
 
 from contextlib import contextmanager
@@ -29,7 +30,10 @@ class Span:
 
     def __post_init__(self) -> None:
         if self.positions is not None and self.positions.shape != (self.stop - self.start,):
-            raise ValueError(f"a span of {self.stop - self.start} tokens got {tuple(self.positions.shape)} positions")
+            raise ValueError(
+                f"a span of {self.stop - self.start} tokens got {tuple(self.positions.shape)} "
+                "positions"
+            )
 
     def __len__(self) -> int:
         return self.stop - self.start
@@ -74,8 +78,10 @@ class RandomPositions:
         """Sorted distinct positions for n tokens, (n,) int64 on the CPU."""
         if n > self.max_position:
             raise PositionOutOfRangeError(
-                f"randomized positions place at most {self.max_position} tokens (distinct positions "
-                f"0..{self.max_position - 1}), got {n}; raise randomize_positions or use shorter sequences."
+                f"randomized positions place at most {self.max_position} tokens (distinct "
+                "positions "
+                f"0..{self.max_position - 1}), got {n}; raise randomize_positions or use shorter "
+                "sequences."
             )
         return torch.randperm(self.max_position)[:n].sort().values
 
@@ -90,8 +96,10 @@ def random_positions_from(
     draws them too ("random", as Ruoss et al.'s code does) or reads 0..n-1 ("plain")."""
     if randomize_positions is None:
         if eval_positions != "random":
-            raise OptionError("eval_positions chooses how randomized positions evaluate and needs "
-                              "randomize_positions = M as well; add it or drop eval_positions.")
+            raise OptionError(
+                "eval_positions chooses how randomized positions evaluate and needs "
+                "randomize_positions = M as well; add it or drop eval_positions."
+            )
         return None
     return RandomPositions(randomize_positions, at_evaluation=eval_positions == "random")
 

@@ -1,5 +1,7 @@
 """The encoding registry: built-ins register themselves on import, plugins through
-`register_encoding` (kept apart from the package's __init__ so no module imports its own package)."""
+`register_encoding` (kept apart from the package's __init__ so no module imports its own
+package)."""
+
 from __future__ import annotations
 
 from typing import Callable, TypeVar

@@ -1,6 +1,7 @@
 """Rotary position embedding (Su et al. 2021), half-split pairing as in HF Llama, with the
 context-extension scalings practitioners apply at evaluation time (linear, NTK-aware, dynamic
 NTK, YaRN, Llama 3), each as Hugging Face transformers' modeling_rope_utils computes it."""
+
 from __future__ import annotations
 
 import math
@@ -24,8 +25,15 @@ def rotate_half(x: Tensor) -> Tensor:
 
 
 def rope_frequencies(
-    dim: int, base: float = 10000.0, scaling: str = "none", factor: float = 1.0, original_length: int | None = None,
-    length: int | None = None, beta_fast: float = 32.0, beta_slow: float = 1.0, low_freq_factor: float = 1.0,
+    dim: int,
+    base: float = 10000.0,
+    scaling: str = "none",
+    factor: float = 1.0,
+    original_length: int | None = None,
+    length: int | None = None,
+    beta_fast: float = 32.0,
+    beta_slow: float = 1.0,
+    low_freq_factor: float = 1.0,
     high_freq_factor: float = 4.0,
 ) -> tuple[Tensor, float]:
     """The inverse frequencies theta_k (dim / 2,), float64, and the attention factor (cos and
@@ -56,7 +64,9 @@ def rope_frequencies(
         assert original_length is not None
 
         def correction_dim(rotations: float) -> float:
-            return dim * math.log(original_length / (rotations * 2 * math.pi)) / (2 * math.log(base))
+            return (
+                dim * math.log(original_length / (rotations * 2 * math.pi)) / (2 * math.log(base))
+            )
 
         low = max(math.floor(correction_dim(beta_fast)), 0)
         high = min(math.ceil(correction_dim(beta_slow)), dim - 1)
@@ -67,10 +77,15 @@ def rope_frequencies(
         attention = 0.1 * math.log(factor) + 1.0
     elif scaling == "llama3":
         assert original_length is not None
-        low_wavelength, high_wavelength = original_length / low_freq_factor, original_length / high_freq_factor
+        low_wavelength, high_wavelength = (
+            original_length / low_freq_factor,
+            original_length / high_freq_factor,
+        )
         wavelength = 2 * math.pi / inv_freq
         scaled = torch.where(wavelength > low_wavelength, inv_freq / factor, inv_freq)
-        smooth = (original_length / wavelength - low_freq_factor) / (high_freq_factor - low_freq_factor)
+        smooth = (original_length / wavelength - low_freq_factor) / (
+            high_freq_factor - low_freq_factor
+        )
         smoothed = (1 - smooth) * scaled / factor + smooth * scaled
         medium = (wavelength >= high_wavelength) & (wavelength <= low_wavelength)
         inv_freq = torch.where(medium, smoothed, scaled)
@@ -79,7 +94,8 @@ def rope_frequencies(
 
 @register_encoding("rope")
 class RoPE(PositionalEncoding):
-    """Rotary (Su et al. 2021; HF modeling_rope_utils for the scalings): q and k rotated by p * theta_k.
+    """Rotary (Su et al. 2021; HF modeling_rope_utils for the scalings): q and k rotated by p *
+    theta_k.
 
     Pairs (k, k + d/2) (half-split); GPT-J/NeoX pair (2k, 2k+1), a fixed permutation of the
     same rotation. Keys are rotated by their absolute positions before they are cached.
@@ -118,19 +134,37 @@ class RoPE(PositionalEncoding):
                 f"d_head={shape.d_head}; choose d_model and n_heads with an even d_model / n_heads."
             )
         if scaling in ("dynamic", "yarn", "llama3") and original_length is None:
-            raise OptionError(f"encoding 'rope': scaling {scaling!r} needs original_length, the length the model "
-                              "was trained on (in tokens); add original_length = N.")
+            raise OptionError(
+                f"encoding 'rope': scaling {scaling!r} needs original_length, the length the model "
+                "was trained on (in tokens); add original_length = N."
+            )
         if scaling == "llama3" and high_freq_factor <= low_freq_factor:
-            raise OptionError("encoding 'rope': llama3 scaling needs high_freq_factor > low_freq_factor, "
-                              f"got {high_freq_factor} and {low_freq_factor}.")
-        self.rotary_dim = 2 * int(shape.d_head * rotary_fraction // 2)  # HF: int(d * factor), kept even
+            raise OptionError(
+                "encoding 'rope': llama3 scaling needs high_freq_factor > low_freq_factor, "
+                f"got {high_freq_factor} and {low_freq_factor}."
+            )
+        self.rotary_dim = 2 * int(
+            shape.d_head * rotary_fraction // 2
+        )  # HF: int(d * factor), kept even
         if self.rotary_dim == 0:
-            raise OptionError(f"encoding 'rope': rotary_fraction {rotary_fraction} of d_head {shape.d_head} rotates no "
-                              "pair of dimensions; raise it.")
+            raise OptionError(
+                f"encoding 'rope': rotary_fraction {rotary_fraction} of d_head {shape.d_head} "
+                "rotates no "
+                "pair of dimensions; raise it."
+            )
         self.keep_frequencies = keep_frequencies
-        self.base, self.scaling, self.factor, self.original_length = base, scaling, factor, original_length
-        self.knobs = {"beta_fast": beta_fast, "beta_slow": beta_slow, "low_freq_factor": low_freq_factor,
-                      "high_freq_factor": high_freq_factor}
+        self.base, self.scaling, self.factor, self.original_length = (
+            base,
+            scaling,
+            factor,
+            original_length,
+        )
+        self.knobs = {
+            "beta_fast": beta_fast,
+            "beta_slow": beta_slow,
+            "low_freq_factor": low_freq_factor,
+            "high_freq_factor": high_freq_factor,
+        }
         if scaling == "dynamic":
             self.relative = False  # the base depends on the length read, not on i - j alone
             self.cache_consistent = False
@@ -138,8 +172,15 @@ class RoPE(PositionalEncoding):
     def frequencies(self, length: int | None = None) -> tuple[Tensor, float]:
         """theta_k (rotary_dim / 2,) float64 and the attention factor, at `length` for dynamic
         NTK; p-RoPE zeroes the lowest-frequency (last) 1 - p of them."""
-        inv_freq, attention = rope_frequencies(self.rotary_dim, self.base, self.scaling, self.factor,
-                                               self.original_length, length, **self.knobs)
+        inv_freq, attention = rope_frequencies(
+            self.rotary_dim,
+            self.base,
+            self.scaling,
+            self.factor,
+            self.original_length,
+            length,
+            **self.knobs,
+        )
         kept = round(self.keep_frequencies * len(inv_freq))
         inv_freq[kept:] = 0.0
         return inv_freq, attention
@@ -147,19 +188,31 @@ class RoPE(PositionalEncoding):
     def cos_sin(self, span: Span, device: torch.device) -> tuple[Tensor, Tensor]:
         """cos and sin for `span`, each (L, rotary_dim), repeated over both halves and multiplied
         by the attention factor (as Hugging Face applies YaRN's)."""
-        length = span.last + 1 if self.scaling == "dynamic" and span.last + 1 > (self.original_length or 0) else None
+        length = (
+            span.last + 1
+            if self.scaling == "dynamic" and span.last + 1 > (self.original_length or 0)
+            else None
+        )
 
         def build(n: int) -> Tensor:  # frequencies only when the table is (re)built, not per call
             inv_freq, attention = self.frequencies(length)
-            angles = torch.arange(n, dtype=torch.float64)[:, None] * inv_freq[None, :]  # (n, d_head / 2)
+            angles = (
+                torch.arange(n, dtype=torch.float64)[:, None] * inv_freq[None, :]
+            )  # (n, d_head / 2)
             cos, sin = (attention * angles.cos()).float(), (attention * angles.sin()).float()
-            return torch.stack((cos.repeat(1, 2), sin.repeat(1, 2)), dim=1).to(device)  # (n, 2, rotary_dim)
+            return torch.stack((cos.repeat(1, 2), sin.repeat(1, 2)), dim=1).to(
+                device
+            )  # (n, 2, rotary_dim)
 
-        name = "cos_sin" if length is None else f"cos_sin@{length}"  # dynamic: one table per length read
+        name = (
+            "cos_sin" if length is None else f"cos_sin@{length}"
+        )  # dynamic: one table per length read
         table = self.position_rows(name, span, device, build)
         return table[:, 0], table[:, 1]
 
-    def rotate(self, q: Tensor, k: Tensor, span: Span, layer: LayerContext) -> tuple[Tensor, Tensor]:
+    def rotate(
+        self, q: Tensor, k: Tensor, span: Span, layer: LayerContext
+    ) -> tuple[Tensor, Tensor]:
         cos, sin = self.cos_sin(span, q.device)
         cos, sin = cos.to(q.dtype), sin.to(q.dtype)
         r = self.rotary_dim

@@ -1,5 +1,6 @@
 """Sandwich (Chi et al. 2023): a parameter-free bias from the inner product of sinusoidal
 position embeddings; NVIDIA NeMo's sandwich_relative_position_embedding.py."""
+
 from __future__ import annotations
 
 from typing import Annotated, Optional
@@ -14,7 +15,8 @@ from posbench.validation import Range
 
 @register_encoding("sandwich")
 class Sandwich(PositionalEncoding):
-    """Sandwich (Chi et al. 2023; NeMo): bias = (sum_k cos(|i - j| w_k) - d'/2) / (8h / H), w_k = 10000^(-2k/d').
+    """Sandwich (Chi et al. 2023; NeMo): bias = (sum_k cos(|i - j| w_k) - d'/2) / (8h / H), w_k =
+    10000^(-2k/d').
 
     k runs 1..d'/2 (NeMo's inv_freq starts at k = 1), h = 1..H scales each head's bias like
     ALiBi's slopes; d' (``dim``, default the head size, as NeMo passes it) sets how many
@@ -24,12 +26,18 @@ class Sandwich(PositionalEncoding):
 
     relative = True
 
-    def __init__(self, shape: AttentionShape, *, dim: Annotated[Optional[int], Range(ge=2)] = None) -> None:
+    def __init__(
+        self, shape: AttentionShape, *, dim: Annotated[Optional[int], Range(ge=2)] = None
+    ) -> None:
         super().__init__(shape)
         self.dim = dim or shape.d_head
 
-    def position_bias(self, q_span: Span, k_span: Span, layer: LayerContext, device: torch.device) -> Tensor:
-        def bias(distance: Tensor) -> Tensor:  # distance i - j -> (n, H); only when the table is built
+    def position_bias(
+        self, q_span: Span, k_span: Span, layer: LayerContext, device: torch.device
+    ) -> Tensor:
+        def bias(
+            distance: Tensor,
+        ) -> Tensor:  # distance i - j -> (n, H); only when the table is built
             H = self.n_heads
             k = torch.arange(1, self.dim // 2 + 1, device=device, dtype=torch.float64)
             inv_freq = 1.0 / 10000 ** (2 * k / self.dim)  # (d'/2,)
@@ -37,4 +45,6 @@ class Sandwich(PositionalEncoding):
             total = torch.cos(distance.abs().double()[:, None] * inv_freq).sum(-1)  # (n,)
             return ((total - self.dim / 2)[:, None] / head_scale).float()
 
-        return self.parameter_free_relative_bias("sandwich", q_span, k_span, device, bias)  # (H, Lq, Lk)
+        return self.parameter_free_relative_bias(
+            "sandwich", q_span, k_span, device, bias
+        )  # (H, Lq, Lk)

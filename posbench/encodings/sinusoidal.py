@@ -1,4 +1,5 @@
 """Absolute sinusoidal positions added to the token embeddings (Vaswani et al. 2017)."""
+
 from __future__ import annotations
 
 from typing import Annotated

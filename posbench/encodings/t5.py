@@ -1,4 +1,5 @@
 """T5 relative position bias (Raffel et al.): a learned scalar per head and log bucket."""
+
 from __future__ import annotations
 
 import math
@@ -9,12 +10,20 @@ from torch import Tensor, nn
 
 from posbench.encodings.registry import register_encoding
 from posbench.errors import OptionError
-from posbench.encodings.base import AttentionShape, IndexedTable, LayerContext, PositionalEncoding, Span
+from posbench.encodings.base import (
+    AttentionShape,
+    IndexedTable,
+    LayerContext,
+    PositionalEncoding,
+    Span,
+)
 from posbench.kernels.bias_types import BandBias, toeplitz
 from posbench.validation import Range
 
 
-def t5_bucket(relative_position: Tensor, bidirectional: bool, num_buckets: int, max_distance: int) -> Tensor:
+def t5_bucket(
+    relative_position: Tensor, bidirectional: bool, num_buckets: int, max_distance: int
+) -> Tensor:
     """Bucket of relative_position = key - query, as in HF T5Attention._relative_position_bucket.
 
     Causal: n = max(i - j, 0) (future keys land in bucket 0). Bidirectional: half the buckets
@@ -29,11 +38,14 @@ def t5_bucket(relative_position: Tensor, bidirectional: bool, num_buckets: int, 
         n = (-relative_position).clamp(min=0)
     max_exact = num_buckets // 2
     is_small = n < max_exact
-    large = max_exact + (
-        torch.log(n.float().clamp(min=1) / max_exact)
-        / math.log(max_distance / max_exact)
-        * (num_buckets - max_exact)
-    ).long()
+    large = (
+        max_exact
+        + (
+            torch.log(n.float().clamp(min=1) / max_exact)
+            / math.log(max_distance / max_exact)
+            * (num_buckets - max_exact)
+        ).long()
+    )
     large = large.clamp(max=num_buckets - 1)
     return buckets + torch.where(is_small, n, large)
 
@@ -67,11 +79,14 @@ class T5Bias(PositionalEncoding):
         exact = num_buckets // (4 if self.bidirectional else 2)  # exact buckets per direction
         if exact < 1 or max_distance <= exact:
             raise OptionError(
-                f"encoding 't5': needs num_buckets >= {4 if self.bidirectional else 2} and max_distance > "
-                f"the {max(exact, 1)} exact buckets, got num_buckets={num_buckets}, max_distance={max_distance}."
+                f"encoding 't5': needs num_buckets >= {4 if self.bidirectional else 2} and "
+                "max_distance > "
+                f"the {max(exact, 1)} exact buckets, got num_buckets={num_buckets}, "
+                f"max_distance={max_distance}."
             )
         self.tables = nn.ModuleList(
-            nn.Embedding(num_buckets, shape.n_heads) for _ in range(shape.n_layers if per_layer else 1)
+            nn.Embedding(num_buckets, shape.n_heads)
+            for _ in range(shape.n_layers if per_layer else 1)
         )
         for table in self.tables:
             nn.init.normal_(table.weight, std=0.02)
@@ -82,9 +97,16 @@ class T5Bias(PositionalEncoding):
 
     def indexed_tables(self) -> list[IndexedTable]:
         """Each bias table's rows are buckets, read by the distance of each (query, key) pair."""
-        return [IndexedTable(f"tables.{i}.weight", "bucket", self.num_buckets,
-                             lambda q, k: self.bucket_of(q[:, None] - k[None, :]), fix=self.reaching_max_distance)
-                for i in range(len(self.tables))]
+        return [
+            IndexedTable(
+                f"tables.{i}.weight",
+                "bucket",
+                self.num_buckets,
+                lambda q, k: self.bucket_of(q[:, None] - k[None, :]),
+                fix=self.reaching_max_distance,
+            )
+            for i in range(len(self.tables))
+        ]
 
     def reaching_max_distance(self, longest: int) -> str:
         """The options that let training distances up to `longest` reach every bucket: the
@@ -93,28 +115,58 @@ class T5Bias(PositionalEncoding):
         per_side = 4 if self.bidirectional else 2
         for num_buckets in range(self.num_buckets, per_side - 1, -1):
             exact = num_buckets // per_side
-            for max_distance in range(self.max_distance - 1 if num_buckets == self.num_buckets else longest + 1, exact, -1):
-                if len(t5_bucket(-distances, self.bidirectional, num_buckets, max_distance).unique()) == num_buckets:
+            for max_distance in range(
+                self.max_distance - 1 if num_buckets == self.num_buckets else longest + 1, exact, -1
+            ):
+                if (
+                    len(
+                        t5_bucket(
+                            -distances, self.bidirectional, num_buckets, max_distance
+                        ).unique()
+                    )
+                    == num_buckets
+                ):
                     if num_buckets == self.num_buckets:
                         return f"max_distance = {max_distance} would reach them all"
-                    return f"no max_distance does with {self.num_buckets} buckets; num_buckets = {num_buckets} with max_distance = {max_distance} would"
+                    return (
+                        f"no max_distance does with {self.num_buckets} buckets; "
+                        f"num_buckets = {num_buckets} with max_distance = {max_distance} would"
+                    )
         return "no bucket layout reaches them: train on longer sequences"
 
     def buckets(self, q_span: Span, k_span: Span, device: torch.device) -> Tensor:
         """Bucket of each distance i - j from the spans' nearest to farthest reach, ascending,
         (Lq + Lk - 1,) for contiguous spans."""
-        return self.distance_values("buckets", q_span.first - k_span.last, q_span.last - k_span.first, device, self.bucket_of)
+        return self.distance_values(
+            "buckets",
+            q_span.first - k_span.last,
+            q_span.last - k_span.first,
+            device,
+            self.bucket_of,
+        )
 
-    def position_bias(self, q_span: Span, k_span: Span, layer: LayerContext, device: torch.device) -> Tensor | BandBias:
+    def position_bias(
+        self, q_span: Span, k_span: Span, layer: LayerContext, device: torch.device
+    ) -> Tensor | BandBias:
         table = self.tables[layer.index if len(self.tables) > 1 else 0]
         if not (q_span.contiguous and k_span.contiguous):  # drawn positions: not Toeplitz
-            return table(self.distance_lookup("buckets", q_span, k_span, device, self.bucket_of)).permute(2, 0, 1)  # (H, Lq, Lk)
-        if self.causal and not self.bidirectional and q_span == k_span and len(q_span) > self.max_distance:
+            return table(
+                self.distance_lookup("buckets", q_span, k_span, device, self.bucket_of)
+            ).permute(2, 0, 1)  # (H, Lq, Lk)
+        if (
+            self.causal
+            and not self.bidirectional
+            and q_span == k_span
+            and len(q_span) > self.max_distance
+        ):
             # every distance >= max_distance reads the last bucket (the log term reaches 1 before
             # the cap): the band holds the nearer buckets relative to it, the last is a constant
             D = self.max_distance
             buckets = self.buckets(Span(0, D), Span(0, D), device)[D - 1 :]  # distances 0 .. D - 1
-            W = BandBias.width_for(self.buckets(Span(0, D), Span(0, D), torch.device("cpu"))[D - 1 :], self.num_buckets - 1)
+            W = BandBias.width_for(
+                self.buckets(Span(0, D), Span(0, D), torch.device("cpu"))[D - 1 :],
+                self.num_buckets - 1,
+            )
             last = table.weight[self.num_buckets - 1]  # (H,)
             band = (table(buckets[:W].flip(0)) - last).T  # (H, W), column c is distance W - 1 - c
             return BandBias(band[None, :, None, :], last[None, :, None, None])

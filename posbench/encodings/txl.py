@@ -3,6 +3,7 @@
 score(i, j) = [ (q_i + u) . k_j  +  (q_i + v) . (W_kR R_{i-j}) ] * 1/sqrt(d)
 which expands into the four terms (a) q.k, (b) q.W_kR R, (c) u.k_j, (d) v.W_kR R.
 """
+
 from __future__ import annotations
 
 import math
@@ -33,7 +34,10 @@ class TransformerXL(PositionalEncoding):
     """
 
     relative = True
-    cost_note = "terms (b) and (d) widen q and k by d_model per head (the sin/cos identity), and u, v add two more"
+    cost_note = (
+        "terms (b) and (d) widen q and k by d_model per head (the sin/cos "
+        "identity), and u, v add two more"
+    )
 
     def __init__(
         self,
@@ -50,7 +54,9 @@ class TransformerXL(PositionalEncoding):
         n_uv = 1 if share_uv else shape.n_layers
         self.u = nn.Parameter(torch.randn(n_uv, shape.n_heads, shape.d_head) * 0.02)
         self.v = nn.Parameter(torch.randn(n_uv, shape.n_heads, shape.d_head) * 0.02)
-        self.w_kr = nn.ModuleList(nn.Linear(self.d_model, self.d_model, bias=False) for _ in range(shape.n_layers))
+        self.w_kr = nn.ModuleList(
+            nn.Linear(self.d_model, self.d_model, bias=False) for _ in range(shape.n_layers)
+        )
 
     def distance_embedding(self, distances: Tensor) -> Tensor:
         """R for each distance, (T, d_model) as [sin | cos], clamped to [0, clamp_len]."""
@@ -71,7 +77,9 @@ class TransformerXL(PositionalEncoding):
 
         return self.position_rows("key_positions", span, device, build)
 
-    def score(self, q: Tensor, k: Tensor, q_span: Span, k_span: Span, layer: LayerContext) -> Scores:
+    def score(
+        self, q: Tensor, k: Tensor, q_span: Span, k_span: Span, layer: LayerContext
+    ) -> Scores:
         uv = 0 if self.share_uv else layer.index
         u, v = self.u[uv][:, None, :], self.v[uv][:, None, :]  # (H, 1, d)
         scale = 1.0 / math.sqrt(self.d_head) if self.scale else 1.0
@@ -85,7 +93,9 @@ class TransformerXL(PositionalEncoding):
         w = self.w_kr[layer.index].weight.view(H, d, self.d_model)  # (H, d, d_model)
         ab = (q + v) @ w  # (B, H, Lq, d_model) = [alpha | beta]
         alpha, beta = ab[..., :half], ab[..., half:]
-        cos_i, sin_i = self.key_positions(q_span, q.device).to(q.dtype).split(half, dim=-1)  # (Lq, half)
+        cos_i, sin_i = (
+            self.key_positions(q_span, q.device).to(q.dtype).split(half, dim=-1)
+        )  # (Lq, half)
         q_pos = torch.cat((alpha * sin_i + beta * cos_i, beta * sin_i - alpha * cos_i), dim=-1)
         k_pos = self.key_positions(k_span, k.device).to(k.dtype)  # (Lk, d_model), one table for all
         if q.shape[2] == 1:
@@ -97,7 +107,9 @@ class TransformerXL(PositionalEncoding):
         k_wide = torch.cat((k, k_pos.expand(B, H, Lk, self.d_model)), dim=-1)
         return Scores(torch.cat((q + u, q_pos), dim=-1), k_wide, None, scale)
 
-    def score_terms(self, q: Tensor, k: Tensor, q_span: Span, k_span: Span, layer: LayerContext) -> dict[str, Tensor]:
+    def score_terms(
+        self, q: Tensor, k: Tensor, q_span: Span, k_span: Span, layer: LayerContext
+    ) -> dict[str, Tensor]:
         """The four terms of Dai et al.'s decomposition, each scaled as the score is: (a) q.k,
         (b) q.W_kR R_{i-j}, (c) u.k, (d) v.W_kR R_{i-j}; formed explicitly from the distance
         embeddings (dense in Lq x Lk, for probes on short inputs)."""
@@ -106,7 +118,9 @@ class TransformerXL(PositionalEncoding):
         scale = 1.0 / math.sqrt(self.d_head) if self.scale else 1.0
         H, d = self.n_heads, self.d_head
         rel = self.relative_positions(q_span, k_span, q.device)  # (Lq, Lk)
-        r = self.w_kr[layer.index](self.distance_embedding(rel.flatten()).to(q.dtype))  # (Lq Lk, d_model)
+        r = self.w_kr[layer.index](
+            self.distance_embedding(rel.flatten()).to(q.dtype)
+        )  # (Lq Lk, d_model)
         r = r.view(*rel.shape, H, d)  # (Lq, Lk, H, d)
         return {
             "a content": scale * (q @ k.transpose(-1, -2)),
@@ -116,7 +130,15 @@ class TransformerXL(PositionalEncoding):
         }
 
     def _score_gather(
-        self, q: Tensor, k: Tensor, q_span: Span, k_span: Span, layer: int, u: Tensor, v: Tensor, scale: float
+        self,
+        q: Tensor,
+        k: Tensor,
+        q_span: Span,
+        k_span: Span,
+        layer: int,
+        u: Tensor,
+        v: Tensor,
+        scale: float,
     ) -> Scores:
         """clamp_len breaks the dot-product identity: (q + v) against the projected table of
         the distinct distances the spans need (at most clamp_len + 1 of them when causal), one

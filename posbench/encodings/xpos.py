@@ -1,5 +1,6 @@
 """xPos (Sun et al. 2023): rotary with a per-dimension exponential decay; microsoft/torchscale,
 torchscale/component/xpos_relative_position.py."""
+
 from __future__ import annotations
 
 from typing import Annotated
@@ -20,7 +21,8 @@ def rotate_every_two(x: Tensor) -> Tensor:
 
 @register_encoding("xpos")
 class XPos(PositionalEncoding):
-    """xPos (Sun et al. 2023; torchscale): q at position n is rotated like RoPE and scaled by zeta_k^(n/gamma), k at m by
+    """xPos (Sun et al. 2023; torchscale): q at position n is rotated like RoPE and scaled by
+    zeta_k^(n/gamma), k at m by
     zeta_k^(-m/gamma), so q . k carries zeta_k^((n - m)/gamma): a decay with distance.
 
     zeta_k = (2k + 0.4 d) / (1.4 d) for the k-th pair, gamma = ``scale_base`` (512), pairs
@@ -31,11 +33,15 @@ class XPos(PositionalEncoding):
 
     relative = True
 
-    def __init__(self, shape: AttentionShape, *, scale_base: Annotated[float, Range(gt=0)] = 512.0) -> None:
+    def __init__(
+        self, shape: AttentionShape, *, scale_base: Annotated[float, Range(gt=0)] = 512.0
+    ) -> None:
         super().__init__(shape)
         if shape.d_head % 2:
-            raise OptionError(f"encoding 'xpos' rotates pairs of dimensions and needs an even head size, got "
-                              f"d_head={shape.d_head}; choose d_model and n_heads with an even d_model / n_heads.")
+            raise OptionError(
+                f"encoding 'xpos' rotates pairs of dimensions and needs an even head size, got "
+                f"d_head={shape.d_head}; choose d_model and n_heads with an even d_model / n_heads."
+            )
         self.scale_base = scale_base
 
     def tables(self, span: Span, device: torch.device) -> Tensor:
@@ -52,7 +58,11 @@ class XPos(PositionalEncoding):
 
         return self.position_rows("xpos", span, device, build)
 
-    def rotate(self, q: Tensor, k: Tensor, span: Span, layer: LayerContext) -> tuple[Tensor, Tensor]:
+    def rotate(
+        self, q: Tensor, k: Tensor, span: Span, layer: LayerContext
+    ) -> tuple[Tensor, Tensor]:
         table = self.tables(span, q.device).to(q.dtype)
         cos, sin, decay = table[:, 0], table[:, 1], table[:, 2]  # (L, d) each
-        return (q * cos + rotate_every_two(q) * sin) * decay, (k * cos + rotate_every_two(k) * sin) / decay
+        return (q * cos + rotate_every_two(q) * sin) * decay, (
+            k * cos + rotate_every_two(k) * sin
+        ) / decay

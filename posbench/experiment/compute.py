@@ -1,6 +1,7 @@
 """One run computed in whatever process an executor chose: train, evaluate, and hand back a
 RunOutput. Nothing here writes results; the sweep's driver alone stores them. Progress goes
 out as small events, so a worker process can forward them to the driver."""
+
 from __future__ import annotations
 
 import io
@@ -18,13 +19,25 @@ import torch
 from posbench.experiment import diagnostics, reachability
 from posbench.encodings.base import Span
 from posbench.experiment.diagnostics import positional_bias
-from posbench.experiment.config import UNDERTRAINED_BELOW, UNLEARNED_EXCESS, EncodingSpec, ModelSize, RunConfig
+from posbench.experiment.config import (
+    UNDERTRAINED_BELOW,
+    UNLEARNED_EXCESS,
+    EncodingSpec,
+    ModelSize,
+    RunConfig,
+)
 from posbench.kernels.cpu import compute_settings
 from posbench.experiment.evaluation import iter_evaluate, validation_exact_match, validation_excess
 from posbench.model import Decoder, ModelConfig, model_from_config
 from posbench.plugins import load_plugins
 from posbench.store import (
-    ANSWER_POSITIONS_FILE, BIAS_FILE, DISTANCE_FILE, REACHABILITY_FILE, TERMS_FILE, environment, state_from_bytes,
+    ANSWER_POSITIONS_FILE,
+    BIAS_FILE,
+    DISTANCE_FILE,
+    REACHABILITY_FILE,
+    TERMS_FILE,
+    environment,
+    state_from_bytes,
     state_to_bytes,
 )
 from posbench.tasks import create_task
@@ -36,7 +49,13 @@ ProgressSink = Callable[[str, str, Any], None]
 #: A worker sends a training-step event at most this often (seconds); the last step always.
 STEP_EVENT_INTERVAL = 0.5
 #: What a result keeps of training, so a retry after a failed evaluation can skip training.
-TRAINING_FIELDS = ("train_losses", "train_seconds", "train_loss_final", "steps_done", "steps_to_threshold")
+TRAINING_FIELDS = (
+    "train_losses",
+    "train_seconds",
+    "train_loss_final",
+    "steps_done",
+    "steps_to_threshold",
+)
 
 
 class Reporter(Protocol):
@@ -122,9 +141,17 @@ class RunOutput:
         return self.result["status"]
 
 
-def build_model(size: ModelSize, spec: EncodingSpec, task: Task) -> Decoder:
+def decoder_for(size: ModelSize, spec: EncodingSpec, task: Task) -> Decoder:
     """The decoder of a run: the sweep's size, the task's vocabulary, the encoding."""
-    config = ModelConfig(task.vocab_size, size.d_model, size.n_layers, size.n_heads, size.d_ff, spec.name, dict(spec.options))
+    config = ModelConfig(
+        task.vocab_size,
+        size.d_model,
+        size.n_layers,
+        size.n_heads,
+        size.d_ff,
+        spec.name,
+        dict(spec.options),
+    )
     return model_from_config(config)
 
 
@@ -151,25 +178,19 @@ def compute_run(
 
 
 def _compute(job: RunJob, progress: ProgressSink) -> RunOutput:
+    """The stages of one run: set up, train (or reuse a trained model), evaluate, judge whether
+    it learned its task, draw its pictures. A failure at any stage is recorded with the stage."""
     run = job.run
     log: list[str] = []
 
     def note(message: str) -> None:
         log.append(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {message}")
 
-    last_event = [0.0]
-    probes: list[dict[str, Any]] = []
-    probe_every = max(1, run.train.steps // PROBE_POINTS)
-
-    def on_step(step: int, loss: float) -> None:
-        now = time.perf_counter()
-        if now - last_event[0] >= STEP_EVENT_INTERVAL or step == run.train.steps - 1:
-            last_event[0] = now
-            progress(run.run_id, "step", (step, loss))
-        if step == 0 or (step + 1) % probe_every == 0:
-            probes.extend(diagnostics.term_rows(model, probe_tokens, step + 1))
-
-    result: dict[str, Any] = {"encoding_label": run.encoding.display(), "task_label": run.task.display(), "quick": run.quick}
+    result: dict[str, Any] = {
+        "encoding_label": run.encoding.display(),
+        "task_label": run.task.display(),
+        "quick": run.quick,
+    }
     measurements: list[dict[str, Any]] = []
     artifacts: dict[str, bytes] = {}
     state: bytes | None = None
@@ -179,80 +200,187 @@ def _compute(job: RunJob, progress: ProgressSink) -> RunOutput:
         task = create_task(run.task.name, **run.task.options)
         result["train_len_max"] = task.train_lengths[1]
         torch.manual_seed(run.seed)
-        model = build_model(run.model, run.encoding, task)
-        probe_tokens = task.batch(task.train_lengths[1], diagnostics.PROBE_SAMPLES,
-                                  torch.Generator().manual_seed(0)).tokens.to(run.device)
-        note(f"run {run.run_id}: {run.label}, {sum(p.numel() for p in model.parameters())} parameters, "
-             f"{torch.get_num_threads()} threads")
+        model = decoder_for(run.model, run.encoding, task)
+        note(
+            f"run {run.run_id}: {run.label}, {sum(p.numel() for p in model.parameters())} "
+            "parameters, "
+            f"{torch.get_num_threads()} threads"
+        )
         reach, reach_rows, result["unreached"] = _reachability(model, task, run)
         for message in result["unreached"]:
             note(message)
         if not reach.empty:
             artifacts[REACHABILITY_FILE] = reach.to_csv(index=False).encode()
+        probes: list[dict[str, Any]] = []
         if job.trained_state is not None:
             model.load_state_dict(state_from_bytes(job.trained_state))
             model.to(run.device)
             state = job.trained_state
-            result.update({k: job.trained_result[k] for k in TRAINING_FIELDS if k in job.trained_result})
+            result.update(
+                {k: job.trained_result[k] for k in TRAINING_FIELDS if k in job.trained_result}
+            )
             note(f"reusing the model {job.reused}; evaluating only")
         else:
             stage = "training"
-            progress(run.run_id, "started", run.train.steps)
-            trained = train(model, task, run.train, run.seed, run.device, on_step=on_step,
-                            should_stop=_stop_check(model, task, run, note))
-            note(f"trained {trained.steps_done} steps in {trained.seconds:.1f}s, final loss {trained.final_loss:.4f}")
+            result.update(_train(model, task, run, progress, note, probes))
             state = state_to_bytes(model)
-            result.update(train_losses=trained.losses, train_seconds=trained.seconds,
-                          train_loss_final=trained.final_loss, steps_done=trained.steps_done,
-                          steps_to_threshold=trained.steps_to_threshold)
         stage = "evaluation"
         progress(run.run_id, "evaluating", None)
         by_position: list[dict[str, float]] = []
         for m in iter_evaluate(model, task, run.eval, run.device, by_position):
             measurements.append(m.__dict__ | {"seq_len": None})
         if by_position:
-            artifacts[ANSWER_POSITIONS_FILE] = pd.DataFrame(by_position).to_csv(index=False).encode()
+            artifacts[ANSWER_POSITIONS_FILE] = (
+                pd.DataFrame(by_position).to_csv(index=False).encode()
+            )
         measurements += reach_rows + _training_rows(result, run)
-        in_dist = [m["value"] for m in measurements if m["metric"] == "exact_match" and m["mem_len"] is None
-                   and m["eval_len"] is not None and m["eval_len"] <= task.train_lengths[1] and not math.isnan(m["value"])]
-        result["in_distribution_exact_match"] = sum(in_dist) / len(in_dist) if in_dist else None
-        result["undertrained"] = bool(in_dist) and result["in_distribution_exact_match"] < UNDERTRAINED_BELOW
-        excess = [m["value"] for m in measurements if m["metric"] == "excess_loss" and m["mem_len"] is None
-                  and m["eval_len"] <= task.train_lengths[1] and not math.isnan(m["value"])]
-        if excess:
-            result["in_distribution_excess"] = sum(excess) / len(excess)
-            result["undertrained"] = result["in_distribution_excess"] > UNLEARNED_EXCESS
-            if result["undertrained"]:
-                note(f"did not learn the language: in-distribution loss {result['in_distribution_excess']:.3f} nats above "
-                     f"the floor (limit {UNLEARNED_EXCESS})")
-        try:
-            bias = _bias_artifact(model, task, run.device)
-            artifacts |= bias
-            result["bias_picture"] = next(iter(bias), "none")
-        except Exception as err:  # a picture is not worth a run: the report says it is missing
-            note(f"bias picture failed ({type(err).__name__}: {err}); the report will try the model")
-        try:
-            artifacts |= _diagnostic_artifacts(model, task, run, probes)
-            if probes:  # none when the job only evaluates a model trained before
-                result["health_flags"] = diagnostics.health_flags(
-                    pd.DataFrame(probes), run.encoding.display(), any(p.requires_grad for p in model.encoding.parameters()))
-        except Exception as err:  # diagnostics are not worth a run either
-            note(f"diagnostics failed ({type(err).__name__}: {err})")
+        result.update(_learned(measurements, task, note))
+        _draw_pictures(model, task, run, probes, result, artifacts, note)
         result["status"] = "ok"
     except Diverged as err:
         result["status"], result["error"] = "diverged", f"diverged: {err}"
         note(result["error"])
     except Exception as err:  # one run's failure must not stop the sweep
-        result["status"], result["error"], result["stage"] = "error", f"{type(err).__name__}: {err}", stage
+        result["status"], result["error"], result["stage"] = (
+            "error",
+            f"{type(err).__name__}: {err}",
+            stage,
+        )
         note(traceback.format_exc())
         if stage == "evaluation":
-            note(f"evaluation failed: the trained model and {len(measurements)} measurement(s) are kept; "
-                 "the next run of the same command evaluates again without retraining")
+            note(
+                f"evaluation failed: the trained model and {len(measurements)} measurement(s) are "
+                "kept; "
+                "the next run of the same command evaluates again without retraining"
+            )
     result["seconds"] = time.perf_counter() - start
-    return RunOutput(run.run_id, run.to_dict(), environment(run.device), log, measurements, state, result, artifacts)
+    return RunOutput(
+        run.run_id,
+        run.to_dict(),
+        environment(run.device),
+        log,
+        measurements,
+        state,
+        result,
+        artifacts,
+    )
 
 
-def _reachability(model: Decoder, task: Task, run: RunConfig) -> tuple[pd.DataFrame, list[dict[str, Any]], list[str]]:
+def _train(
+    model: Decoder,
+    task: Task,
+    run: RunConfig,
+    progress: ProgressSink,
+    note: Callable[[str], None],
+    probes: list[dict[str, Any]],
+) -> dict[str, Any]:
+    """Train `model`, sending progress events at most every STEP_EVENT_INTERVAL seconds and
+    appending score-term probes (PROBE_POINTS of them) to `probes`; returns the TRAINING_FIELDS."""
+    progress(run.run_id, "started", run.train.steps)
+    probe_tokens = task.batch(
+        task.train_lengths[1], diagnostics.PROBE_SAMPLES, torch.Generator().manual_seed(0)
+    ).tokens.to(run.device)
+    probe_every = max(1, run.train.steps // PROBE_POINTS)
+    last_event = [0.0]
+
+    def on_step(step: int, loss: float) -> None:
+        now = time.perf_counter()
+        if now - last_event[0] >= STEP_EVENT_INTERVAL or step == run.train.steps - 1:
+            last_event[0] = now
+            progress(run.run_id, "step", (step, loss))
+        if step == 0 or (step + 1) % probe_every == 0:
+            probes.extend(diagnostics.term_rows(model, probe_tokens, step + 1))
+
+    trained = train(
+        model,
+        task,
+        run.train,
+        run.seed,
+        run.device,
+        on_step=on_step,
+        should_stop=_stop_check(model, task, run, note),
+    )
+    note(
+        f"trained {trained.steps_done} steps in {trained.seconds:.1f}s, final loss "
+        f"{trained.final_loss:.4f}"
+    )
+    return {
+        "train_losses": trained.losses,
+        "train_seconds": trained.seconds,
+        "train_loss_final": trained.final_loss,
+        "steps_done": trained.steps_done,
+        "steps_to_threshold": trained.steps_to_threshold,
+    }
+
+
+def _learned(
+    measurements: list[dict[str, Any]], task: Task, note: Callable[[str], None]
+) -> dict[str, Any]:
+    """Whether the run learned its task in distribution: mean exact match at the lengths up to
+    the longest training length against UNDERTRAINED_BELOW, or, for a task with a loss floor,
+    the mean loss above the floor against UNLEARNED_EXCESS."""
+
+    def in_distribution(metric: str) -> list[float]:
+        return [
+            m["value"]
+            for m in measurements
+            if m["metric"] == metric
+            and m["mem_len"] is None
+            and m["eval_len"] is not None
+            and m["eval_len"] <= task.train_lengths[1]
+            and not math.isnan(m["value"])
+        ]
+
+    exact = in_distribution("exact_match")
+    out: dict[str, Any] = {
+        "in_distribution_exact_match": sum(exact) / len(exact) if exact else None
+    }
+    out["undertrained"] = bool(exact) and out["in_distribution_exact_match"] < UNDERTRAINED_BELOW
+    excess = in_distribution("excess_loss")
+    if excess:
+        out["in_distribution_excess"] = sum(excess) / len(excess)
+        out["undertrained"] = out["in_distribution_excess"] > UNLEARNED_EXCESS
+        if out["undertrained"]:
+            note(
+                "did not learn the language: in-distribution loss "
+                f"{out['in_distribution_excess']:.3f} nats above "
+                f"the floor (limit {UNLEARNED_EXCESS})"
+            )
+    return out
+
+
+def _draw_pictures(
+    model: Decoder,
+    task: Task,
+    run: RunConfig,
+    probes: list[dict[str, Any]],
+    result: dict[str, Any],
+    artifacts: dict[str, bytes],
+    note: Callable[[str], None],
+) -> None:
+    """The bias picture, score-term probes and attention mass by distance, into `artifacts`;
+    a picture that fails is noted, never worth the run."""
+    try:
+        bias = _bias_artifact(model, task, run.device)
+        artifacts |= bias
+        result["bias_picture"] = next(iter(bias), "none")
+    except Exception as err:
+        note(f"bias picture failed ({type(err).__name__}: {err}); the report shows none")
+    try:
+        artifacts |= _diagnostic_artifacts(model, task, run, probes)
+        if probes:  # none when the job only evaluates a model trained before
+            result["health_flags"] = diagnostics.health_flags(
+                pd.DataFrame(probes),
+                run.encoding.display(),
+                any(p.requires_grad for p in model.encoding.parameters()),
+            )
+    except Exception as err:
+        note(f"diagnostics failed ({type(err).__name__}: {err})")
+
+
+def _reachability(
+    model: Decoder, task: Task, run: RunConfig
+) -> tuple[pd.DataFrame, list[dict[str, Any]], list[str]]:
     """Which indexed rows training reaches and each evaluation length reads (the stored
     table), the share of pairs reading an untrained row per length (tidy rows, metric
     ``untrained_share``), and one message per table with rows read but never trained."""
@@ -260,16 +388,30 @@ def _reachability(model: Decoder, task: Task, run: RunConfig) -> tuple[pd.DataFr
     frame = reachability.reachability(model.encoding, task, segment, run.train.train_mem_len)
     if frame.empty:
         return frame, [], []
-    rows = [{"eval_len": n, "position": None, "mem_len": None, "seq_len": None, "metric": "untrained_share",
-             "value": share, "note": ""} for n, share in sorted(reachability.untrained_share(frame).items())]
-    missing = reachability.unreached(model.encoding, task, run.encoding.display(), frame, segment, run.train.train_mem_len)
+    rows = [
+        {
+            "eval_len": n,
+            "position": None,
+            "mem_len": None,
+            "seq_len": None,
+            "metric": "untrained_share",
+            "value": share,
+            "note": "",
+        }
+        for n, share in sorted(reachability.untrained_share(frame).items())
+    ]
+    missing = reachability.unreached(
+        model.encoding, task, run.encoding.display(), frame, segment, run.train.train_mem_len
+    )
     return frame, rows, [m.message() for m in missing]
 
 
 def _bias_artifact(model: Decoder, task: Task, device: str) -> dict[str, bytes]:
     """What the encoding adds to the first layer's logits at the longest training length, on
     16 fixed inputs, as a .npy file ({} for encodings that add no bias)."""
-    tokens = task.batch(task.train_lengths[1], 16, torch.Generator().manual_seed(0)).tokens.to(device)
+    tokens = task.batch(task.train_lengths[1], 16, torch.Generator().manual_seed(0)).tokens.to(
+        device
+    )
     bias = positional_bias(model, tokens)
     if bias is None:
         return {}
@@ -282,34 +424,58 @@ def _bias_artifact(model: Decoder, task: Task, device: str) -> dict[str, bytes]:
 PROBE_POINTS = 10
 
 
-def _diagnostic_artifacts(model: Decoder, task: Task, run: RunConfig, probes: list[dict[str, Any]]) -> dict[str, bytes]:
+def _diagnostic_artifacts(
+    model: Decoder, task: Task, run: RunConfig, probes: list[dict[str, Any]]
+) -> dict[str, bytes]:
     """The probes taken during training (none when only evaluating a stored model) and the
     attention mass by key distance at the longest training length and at the first evaluation
     length of at least twice it (or the longest the encoding can represent)."""
     files = {TERMS_FILE: pd.DataFrame(probes).to_csv(index=False).encode()} if probes else {}
     lo, hi = task.train_lengths
-    beyond = [n for n in task.eval_lengths if n >= 2 * hi and not model.encoding.supports(Span(0, task.sequence_length(n)))]
+    beyond = [
+        n
+        for n in task.eval_lengths
+        if n >= 2 * hi and not model.encoding.supports(Span(0, task.sequence_length(n)))
+    ]
     rows = []
-    for kind, length, source in (("in distribution", hi, task), ("beyond", beyond[0] if beyond else None, task.for_evaluation())):
+    for kind, length, source in (
+        ("in distribution", hi, task),
+        ("beyond", beyond[0] if beyond else None, task.for_evaluation()),
+    ):
         if length is None:
             continue
-        tokens = source.batch(length, diagnostics.PROBE_SAMPLES, torch.Generator().manual_seed(1)).tokens.to(run.device)
+        tokens = source.batch(
+            length, diagnostics.PROBE_SAMPLES, torch.Generator().manual_seed(1)
+        ).tokens.to(run.device)
         mass = diagnostics.attention_by_distance(model, tokens)
-        rows += [{"kind": kind, "length": length, "tokens": tokens.shape[1], "distance": d, "mass": float(m)}
-                 for d, m in enumerate(mass.tolist())]
+        rows += [
+            {
+                "kind": kind,
+                "length": length,
+                "tokens": tokens.shape[1],
+                "distance": d,
+                "mass": float(m),
+            }
+            for d, m in enumerate(mass.tolist())
+        ]
     files[DISTANCE_FILE] = pd.DataFrame(rows).to_csv(index=False).encode()
     return files
 
 
-def _stop_check(model: Decoder, task: Task, run: RunConfig, note: Callable[[str], None]) -> Callable[[int], bool] | None:
+def _stop_check(
+    model: Decoder, task: Task, run: RunConfig, note: Callable[[str], None]
+) -> Callable[[int], bool] | None:
     """Early stopping, when the run asks for it: on held-out in-distribution exact match at the
     lengths the evaluation reports (training stops once the score's 95% lower bound reaches
     stop_at), or, for a task with a loss floor, on held-out loss within stop_within nats of it."""
     if run.train.stop_within is not None and task.loss_floor(task.train_lengths[1]) is not None:
+
         def near_floor(steps: int) -> bool:
             excess = validation_excess(model, task, run.eval, run.device)
-            note(f"step {steps}: held-out in-distribution loss {excess:.3f} nats above the floor "
-                 f"(stop within {run.train.stop_within})")
+            note(
+                f"step {steps}: held-out in-distribution loss {excess:.3f} nats above the floor "
+                f"(stop within {run.train.stop_within})"
+            )
             return excess <= run.train.stop_within
 
         return near_floor
@@ -318,8 +484,11 @@ def _stop_check(model: Decoder, task: Task, run: RunConfig, note: Callable[[str]
 
     def check(steps: int) -> bool:
         score, lower = validation_exact_match(model, task, run.eval, run.device)
-        note(f"step {steps}: held-out in-distribution exact match {score:.3f} (95% lower bound {lower:.3f}; "
-             f"stop at {run.train.stop_at})")
+        note(
+            f"step {steps}: held-out in-distribution exact match {score:.3f} (95% lower bound "
+            f"{lower:.3f}; "
+            f"stop at {run.train.stop_at})"
+        )
         return lower >= run.train.stop_at
 
     return check
@@ -332,13 +501,32 @@ def _training_rows(result: dict[str, Any], run: RunConfig) -> list[dict[str, Any
     rows = [empty | {"metric": "train_loss_final", "value": result["train_loss_final"], "note": ""}]
     if run.train.stop_at is not None or run.train.stop_within is not None:
         reached = result.get("steps_to_threshold")
-        rows.append(empty | {"metric": "steps_to_threshold", "value": float("nan") if reached is None else reached,
-                             "note": "" if reached is not None else f"not reached within {run.train.steps} steps"})
+        rows.append(
+            empty
+            | {
+                "metric": "steps_to_threshold",
+                "value": float("nan") if reached is None else reached,
+                "note": ""
+                if reached is not None
+                else f"not reached within {run.train.steps} steps",
+            }
+        )
     return rows
 
 
 def failed_output(run: RunConfig, error: str) -> RunOutput:
     """The record of a run whose worker died or was lost."""
-    return RunOutput(run.run_id, run.to_dict(), {}, [error], [], None,
-                     {"encoding_label": run.encoding.display(), "task_label": run.task.display(), "status": "error", "error": error})
-
+    return RunOutput(
+        run.run_id,
+        run.to_dict(),
+        {},
+        [error],
+        [],
+        None,
+        {
+            "encoding_label": run.encoding.display(),
+            "task_label": run.task.display(),
+            "status": "error",
+            "error": error,
+        },
+    )

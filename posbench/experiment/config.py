@@ -1,5 +1,6 @@
 """Sweep configuration: frozen dataclasses, loaded from TOML with unknown keys rejected, and
 resolved into one RunConfig per (task, encoding, seed)."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -117,7 +118,8 @@ class TaskSpec:
 
 @dataclass(frozen=True)
 class SweepConfig:
-    """Everything a sweep runs; command-line flags override a TOML file, which overrides defaults."""
+    """Everything a sweep runs; command-line flags override a TOML file, which overrides
+    defaults."""
 
     tasks: tuple[TaskSpec, ...] = tuple(TaskSpec(t) for t in DEFAULT_TASKS)
     encodings: tuple[EncodingSpec, ...] = ()  # empty: every built-in encoding
@@ -126,7 +128,9 @@ class SweepConfig:
     train: TrainConfig = TrainConfig()
     eval: EvalConfig = EvalConfig()
     device: str = "cpu"
-    threads: Annotated[int | None, Range(ge=1)] = None  # torch threads per run (None: torch's default)
+    threads: Annotated[int | None, Range(ge=1)] = (
+        None  # torch threads per run (None: torch's default)
+    )
     quick: bool = False
     profile: bool = True
     #: What the sweep is for, in a sentence; reports show it at the top.
@@ -165,9 +169,17 @@ class RunConfig:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "RunConfig":
         return cls(
-            task=TaskSpec(data["task"]["name"], dict(data["task"]["options"]), dict(data["task"].get("train", {})),
-                          data["task"].get("label", "")),
-            encoding=EncodingSpec(data["encoding"]["name"], dict(data["encoding"]["options"]), data["encoding"].get("label", "")),
+            task=TaskSpec(
+                data["task"]["name"],
+                dict(data["task"]["options"]),
+                dict(data["task"].get("train", {})),
+                data["task"].get("label", ""),
+            ),
+            encoding=EncodingSpec(
+                data["encoding"]["name"],
+                dict(data["encoding"]["options"]),
+                data["encoding"].get("label", ""),
+            ),
             seed=int(data["seed"]),
             model=ModelSize(**data["model"]),
             train=TrainConfig(**data["train"]),
@@ -187,10 +199,13 @@ def run_label(task: str | None, encoding: str, seed: int | None = None) -> str:
 
 
 def _eval_values(data: Mapping[str, Any]) -> dict[str, Any]:
-    """[eval] values as EvalConfig takes them: lists as tuples, "inf" or -1 as an unbounded cache."""
+    """[eval] values as EvalConfig takes them: lists as tuples, "inf" or -1 as an unbounded
+    cache."""
     values = dict(data)
     if isinstance(values.get("mem_len_factors"), (list, tuple)):
-        values["mem_len_factors"] = tuple(math.inf if f in ("inf", -1, None) else f for f in values["mem_len_factors"])
+        values["mem_len_factors"] = tuple(
+            math.inf if f in ("inf", -1, None) else f for f in values["mem_len_factors"]
+        )
     if isinstance(values.get("cache_eval_lengths"), list):
         values["cache_eval_lengths"] = tuple(values["cache_eval_lengths"])
     return values
@@ -206,8 +221,14 @@ def _eval_from(data: Mapping[str, Any]) -> EvalConfig:
 def config_id(data: dict[str, Any]) -> str:
     """The 12-hex-digit id of a stored run config: a hash of everything in it that changes
     the numbers, the encoding's and the task's display labels left out."""
-    data = dict(data, **{part: {k: v for k, v in data[part].items() if k != "label"}
-                         for part in ("encoding", "task") if isinstance(data.get(part), Mapping)})
+    data = dict(
+        data,
+        **{
+            part: {k: v for k, v in data[part].items() if k != "label"}
+            for part in ("encoding", "task")
+            if isinstance(data.get(part), Mapping)
+        },
+    )
     blob = json.dumps(data, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
@@ -244,7 +265,9 @@ def resolve_tied_options(spec: EncodingSpec, longest: int) -> EncodingSpec:
     tied = {k: m for k, m in tied.items() if m}
     if not tied:
         return spec
-    options = dict(spec.options) | {k: max(1, longest // int(m.group(1) or 1)) for k, m in tied.items()}
+    options = dict(spec.options) | {
+        k: max(1, longest // int(m.group(1) or 1)) for k, m in tied.items()
+    }
     return EncodingSpec(spec.name, options, spec.display())
 
 
@@ -256,14 +279,37 @@ def expand_runs(sweep: SweepConfig) -> list[RunConfig]:
         longest = longest_training_sequence(task)
         for enc in sweep.encodings:
             for seed in sweep.seeds:
-                runs.append(RunConfig(task, resolve_tied_options(enc, longest), seed, sweep.model,
-                                      dataclasses.replace(sweep.train, **task.train), sweep.eval, sweep.device, sweep.quick))
+                runs.append(
+                    RunConfig(
+                        task,
+                        resolve_tied_options(enc, longest),
+                        seed,
+                        sweep.model,
+                        dataclasses.replace(sweep.train, **task.train),
+                        sweep.eval,
+                        sweep.device,
+                        sweep.quick,
+                    )
+                )
     return runs
 
 
 # ---- loading TOML --------------------------------------------------------------------------
-_TOP_KEYS = {"name", "about", "tasks", "encodings", "seeds", "model", "train", "eval", "device", "threads", "quick", "profile",
-             "eval_variants"}
+_TOP_KEYS = {
+    "name",
+    "about",
+    "tasks",
+    "encodings",
+    "seeds",
+    "model",
+    "train",
+    "eval",
+    "device",
+    "threads",
+    "quick",
+    "profile",
+    "eval_variants",
+}
 
 
 def load_config_file(path: Path) -> tuple[SweepConfig, str | None]:
@@ -271,9 +317,13 @@ def load_config_file(path: Path) -> tuple[SweepConfig, str | None]:
     try:
         data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise ConfigError(f"Config file {path} does not exist; check the path given to --config.") from None
+        raise ConfigError(
+            f"Config file {path} does not exist; check the path given to --config."
+        ) from None
     except tomllib.TOMLDecodeError as err:
-        raise ConfigError(f"Config file {path} is not valid TOML ({err}); fix the syntax and rerun.") from None
+        raise ConfigError(
+            f"Config file {path} is not valid TOML ({err}); fix the syntax and rerun."
+        ) from None
     return config_from_mapping(data, str(path)), data.get("name")
 
 
@@ -283,11 +333,17 @@ def config_from_mapping(data: Mapping[str, Any], source: str = "config") -> Swee
     _reject_unknown(data, _TOP_KEYS, source)
     kwargs: dict[str, Any] = {}
     if "tasks" in data:
-        kwargs["tasks"] = tuple(_spec(entry, TaskSpec, source, "tasks") for entry in _as_list(data["tasks"]))
+        kwargs["tasks"] = tuple(
+            _spec(entry, TaskSpec, source, "tasks") for entry in _as_list(data["tasks"])
+        )
     if "encodings" in data:
-        kwargs["encodings"] = tuple(_spec(entry, EncodingSpec, source, "encodings") for entry in _as_list(data["encodings"]))
+        kwargs["encodings"] = tuple(
+            _spec(entry, EncodingSpec, source, "encodings") for entry in _as_list(data["encodings"])
+        )
     if "eval_variants" in data:
-        kwargs["eval_variants"] = tuple(_spec(e, EncodingSpec, source, "eval_variants") for e in _as_list(data["eval_variants"]))
+        kwargs["eval_variants"] = tuple(
+            _spec(e, EncodingSpec, source, "eval_variants") for e in _as_list(data["eval_variants"])
+        )
     for key, cls in (("model", ModelSize), ("train", TrainConfig), ("eval", EvalConfig)):
         if key in data:
             section = f"{source} [{key}]"
@@ -295,8 +351,11 @@ def config_from_mapping(data: Mapping[str, Any], source: str = "config") -> Swee
             values = _eval_values(data[key]) if cls is EvalConfig else dict(data[key])
             check_dataclass(cls, values, section)
             kwargs[key] = cls(**values)
-    top = {k: (tuple(_as_list(v)) if k == "seeds" else v) for k, v in data.items()
-           if k in ("seeds", "device", "threads", "quick", "profile", "about")}
+    top = {
+        k: (tuple(_as_list(v)) if k == "seeds" else v)
+        for k, v in data.items()
+        if k in ("seeds", "device", "threads", "quick", "profile", "about")
+    }
     check_dataclass(SweepConfig, top, source)
     return SweepConfig(**kwargs, **top)
 
@@ -318,9 +377,14 @@ def _spec(entry: Any, cls: type, source: str, key: str) -> Any:
         check_dataclass(TrainConfig, train, where)
         label = entry.get("label", "")
         if not isinstance(label, str):
-            raise ConfigError(f"{source}: the label of task {entry['name']!r} must be a string, got {label!r}.")
+            raise ConfigError(
+                f"{source}: the label of task {entry['name']!r} must be a string, got {label!r}."
+            )
         return TaskSpec(entry["name"], options, dict(train), label)
-    raise ConfigError(f"{source}: each entry of '{key}' must be a name or a table with a 'name' key, got {entry!r}.")
+    raise ConfigError(
+        f"{source}: each entry of '{key}' must be a name or a table with a 'name' key, got "
+        f"{entry!r}."
+    )
 
 
 def _reject_unknown(data: Any, allowed: set[str], where: str) -> None:
@@ -329,7 +393,8 @@ def _reject_unknown(data: Any, allowed: set[str], where: str) -> None:
     unknown = sorted(set(data) - allowed)
     if unknown:
         raise ConfigError(
-            f"Unknown key {', '.join(repr(u) for u in unknown)} in {where}; allowed: {', '.join(sorted(allowed))}."
+            f"Unknown key {', '.join(repr(u) for u in unknown)} in {where}; allowed: "
+            f"{', '.join(sorted(allowed))}."
         )
 
 
@@ -360,7 +425,7 @@ def apply_overrides(
     threads: int | None = None,
     quick: bool = False,
     profile: bool | None = None,
-    eval_variants: str | None = None,
+    eval_variants: tuple[EncodingSpec, ...] | None = None,
 ) -> SweepConfig:
     """Command-line flags over a config: names (commas, wildcards) replace the lists, keeping
     any options the config gave a name; --quick shrinks steps and the evaluation sample."""
@@ -370,9 +435,13 @@ def apply_overrides(
     changes: dict[str, Any] = {}
     if encodings is not None:
         known = {spec.name: spec for spec in sweep.encodings}
-        changes["encodings"] = tuple(known.get(n, EncodingSpec(n)) for n in ENCODINGS.select(encodings))
+        changes["encodings"] = tuple(
+            known.get(n, EncodingSpec(n)) for n in ENCODINGS.select(encodings)
+        )
         if not changes["encodings"]:
-            raise ConfigError("--encodings names no encoding; give at least one, e.g. --encodings txl,t5.")
+            raise ConfigError(
+                "--encodings names no encoding; give at least one, e.g. --encodings txl,t5."
+            )
     if tasks is not None:
         known_tasks = {spec.name: spec for spec in sweep.tasks}
         changes["tasks"] = tuple(known_tasks.get(n, TaskSpec(n)) for n in TASKS.select(tasks))
@@ -384,13 +453,21 @@ def apply_overrides(
     task_specs = changes.get("tasks", sweep.tasks)
     if quick:
         changes["quick"] = True
-        train = dataclasses.replace(train, steps=min(train.steps, QUICK_STEPS), warmup_steps=min(train.warmup_steps, QUICK_STEPS // 10))
-        changes["eval"] = dataclasses.replace(sweep.eval, n_samples=min(sweep.eval.n_samples, QUICK_SAMPLES))
+        train = dataclasses.replace(
+            train,
+            steps=min(train.steps, QUICK_STEPS),
+            warmup_steps=min(train.warmup_steps, QUICK_STEPS // 10),
+        )
+        changes["eval"] = dataclasses.replace(
+            sweep.eval, n_samples=min(sweep.eval.n_samples, QUICK_SAMPLES)
+        )
         task_specs = tuple(_task_steps(t, lambda n: min(n, QUICK_STEPS)) for t in task_specs)
     if steps is not None:
         if steps < 1:
             raise ConfigError(f"--steps must be at least 1, got {steps}.")
-        train = dataclasses.replace(train, steps=steps, warmup_steps=min(train.warmup_steps, max(1, steps // 10)))
+        train = dataclasses.replace(
+            train, steps=steps, warmup_steps=min(train.warmup_steps, max(1, steps // 10))
+        )
         task_specs = tuple(_task_steps(t, lambda n: steps) for t in task_specs)
     changes["tasks"] = task_specs
     if train_mem_len is not None:
@@ -405,42 +482,5 @@ def apply_overrides(
     if profile is not None:
         changes["profile"] = profile
     if eval_variants is not None:
-        changes["eval_variants"] = parse_variants(eval_variants)
+        changes["eval_variants"] = eval_variants
     return dataclasses.replace(sweep, **changes)
-
-
-def parse_variants(text: str) -> tuple[EncodingSpec, ...]:
-    """``'rope:scaling=yarn,factor=4;rope:scaling=ntk,factor=4'`` as encoding specs; values
-    are read as TOML (numbers, true/false), anything else as a string."""
-    specs = []
-    for part in (p.strip() for p in text.split(";")):
-        if not part:
-            continue
-        name, _, rest = part.partition(":")
-        options: dict[str, Any] = {}
-        for item in (i.strip() for i in rest.split(",") if i.strip()):
-            key, sep, value = item.partition("=")
-            if not sep or not key.strip():
-                raise ConfigError(f"--eval-variants: {item!r} in {part!r} is not key=value; write e.g. 'rope:scaling=yarn,factor=4'.")
-            try:
-                options[key.strip()] = tomllib.loads(f"v = {value.strip()}")["v"]
-            except tomllib.TOMLDecodeError:
-                options[key.strip()] = value.strip()
-        specs.append(EncodingSpec(name.strip(), options))
-    if not specs:
-        raise ConfigError("--eval-variants names no variant; write e.g. 'rope:scaling=yarn,factor=4'.")
-    return tuple(specs)
-
-
-def variant_applies(variant: EncodingSpec, spec: EncodingSpec) -> bool:
-    """A variant names the encodings it re-evaluates by name (every entry of it) or by label."""
-    return variant.name in (spec.name, spec.label)
-
-
-def variant_label(base: EncodingSpec, variant: EncodingSpec) -> str:
-    """How a run evaluated under a variant is named: the variant's label, or the base's label
-    with the variant's options, e.g. ``rope [eval scaling=yarn,factor=4]``."""
-    if variant.label:
-        return variant.label
-    options = ",".join(f"{k}={v}" for k, v in variant.options.items())
-    return f"{base.display()} [eval {options}]"

@@ -6,6 +6,7 @@ of the logits (Transformer-XL's a, b, c, d; DeBERTa's c2c, c2p, p2c; a bias enco
 and position) should be within about 10x of the others and non-zero. A term that is all zero,
 or that no gradient can reach, means broken gradient flow; one orders of magnitude below the
 largest means a bad projection init or learning rate."""
+
 from __future__ import annotations
 
 from typing import Any, Iterator
@@ -25,7 +26,9 @@ TERM_RATIO_LIMIT = 100.0
 PROBE_SAMPLES = 8
 
 
-def layer_queries_and_keys(model: Decoder, tokens: Tensor) -> Iterator[tuple[int, Tensor, Tensor, Span, LayerContext]]:
+def layer_queries_and_keys(
+    model: Decoder, tokens: Tensor
+) -> Iterator[tuple[int, Tensor, Tensor, Span, LayerContext]]:
     """Replay the forward pass over whole sequences (B, L), yielding each layer's index, its
     rotated queries and keys (B, H, L, d), the span and the layer context, as attention sees them.
     Randomized positions are drawn as the model's mode draws them, from a fixed seed."""
@@ -88,12 +91,17 @@ def term_rows(model: Decoder, tokens: Tensor, step: int) -> list[dict[str, Any]]
                 values = term.detach().expand_as(total)
                 without = (total.detach() - values).masked_fill(~mask, float("-inf")).softmax(-1)
                 seen = values[..., mask]  # (B, H, pairs)
-                rows.append({
-                    "step": step, "layer": layer, "term": name, "mean": float(seen.mean()),
-                    "std": float(seen.std()) if seen.numel() > 1 else 0.0,
-                    "mass_moved": float(0.5 * (weights - without).abs().sum(-1).mean()),
-                    "learns": bool(term.requires_grad),
-                })
+                rows.append(
+                    {
+                        "step": step,
+                        "layer": layer,
+                        "term": name,
+                        "mean": float(seen.mean()),
+                        "std": float(seen.std()) if seen.numel() > 1 else 0.0,
+                        "mass_moved": float(0.5 * (weights - without).abs().sum(-1).mean()),
+                        "learns": bool(term.requires_grad),
+                    }
+                )
     model.train(was_training)
     return rows
 
@@ -108,13 +116,23 @@ def health_flags(terms: pd.DataFrame, label: str, has_parameters: bool) -> list[
         for row in group.itertuples():
             where = f"{label} layer {layer}: term '{row.term}'"
             if row.mean == 0 and row.std == 0:
-                flags.setdefault((layer, row.term, "zero"), f"{where} is all zero at step {step}: its gradient flow is broken")
+                flags.setdefault(
+                    (layer, row.term, "zero"),
+                    f"{where} is all zero at step {step}: its gradient flow is broken",
+                )
             elif has_parameters and not row.learns:
-                flags.setdefault((layer, row.term, "grad"), f"{where} receives no gradient at step {step} although the "
-                                                            "encoding has trainable parameters: its gradient flow is broken")
+                flags.setdefault(
+                    (layer, row.term, "grad"),
+                    f"{where} receives no gradient at step {step} although the "
+                    "encoding has trainable parameters: its gradient flow is broken",
+                )
             if row.std > 0 and largest["std"] / row.std >= TERM_RATIO_LIMIT:
-                flags.setdefault((layer, row.term, "ratio"), f"{where} is {largest['std'] / row.std:.0f}x below "
-                                                             f"'{largest['term']}' at step {step}: check its projection's init or the learning rate")
+                flags.setdefault(
+                    (layer, row.term, "ratio"),
+                    f"{where} is {largest['std'] / row.std:.0f}x below "
+                    f"'{largest['term']}' at step {step}: check its projection's init or the "
+                    "learning rate",
+                )
     return list(flags.values())
 
 
@@ -131,8 +149,12 @@ def attention_by_distance(model: Decoder, tokens: Tensor) -> Tensor:
     for _, q, k, span, ctx in layer_queries_and_keys(model, tokens):
         logits = model.encoding.score(q, k, span, span, ctx).logits()
         mask = _mask(model, L, q.device)
-        weights = logits.masked_fill(~mask, float("-inf")).softmax(-1).mean(dim=(0, 1)).cpu()  # (L, L)
+        weights = (
+            logits.masked_fill(~mask, float("-inf")).softmax(-1).mean(dim=(0, 1)).cpu()
+        )  # (L, L)
         seen = (distance >= 0) if model.config.causal else torch.ones_like(mask.cpu())
-        total += torch.zeros(L, dtype=torch.float64).index_add_(0, distance.abs()[seen], weights[seen].double())
+        total += torch.zeros(L, dtype=torch.float64).index_add_(
+            0, distance.abs()[seen], weights[seen].double()
+        )
         layers += 1
     return (total / (layers * L)).float()

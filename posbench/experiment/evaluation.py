@@ -3,6 +3,7 @@ sizes (Transformer-XL style). Teacher-forced argmax: for whole-answer exact matc
 greedy decoding. Full-context evaluation also decodes greedily (free running), so token
 accuracy can be read both ways: teacher-forced token accuracy credits a token read after the
 model's first mistake; greedy token accuracy does not."""
+
 from __future__ import annotations
 
 import math
@@ -28,14 +29,18 @@ class Measurement:
     """One tidy measurement; value is NaN with a note when it is not applicable."""
 
     eval_len: int  # the task length evaluated, in the task's own unit
-    mem_len: float | None  # None: no cache (the whole sequence at once); math.inf: an unbounded cache
+    mem_len: (
+        float | None
+    )  # None: no cache (the whole sequence at once); math.inf: an unbounded cache
     metric: str
     value: float
     note: str = ""
     position: int | None = None  # loss-by-position rows: the last token position of the bin
 
 
-def held_out(task: Task, length: int, config: EvalConfig, seed: int = HELD_OUT_SEED) -> Iterator[Batch]:
+def held_out(
+    task: Task, length: int, config: EvalConfig, seed: int = HELD_OUT_SEED
+) -> Iterator[Batch]:
     """The fixed evaluation sample for `length`, in batches."""
     generator = torch.Generator().manual_seed(seed + length)
     sampled = task.for_evaluation()
@@ -63,11 +68,19 @@ def mem_lens(task: Task, config: EvalConfig) -> list[float]:
 
 
 @torch.no_grad()
-def _logits(model: Decoder, tokens: torch.Tensor, segment: int | None, mem_len: float) -> torch.Tensor:
+def _logits(
+    model: Decoder, tokens: torch.Tensor, segment: int | None, mem_len: float
+) -> torch.Tensor:
     if segment is None:
         return model(tokens)
     cache = model.new_cache(mem_len=mem_len, length=tokens.shape[1])
-    return torch.cat([model(tokens[:, s : s + segment], cache=cache) for s in range(0, tokens.shape[1], segment)], dim=1)
+    return torch.cat(
+        [
+            model(tokens[:, s : s + segment], cache=cache)
+            for s in range(0, tokens.shape[1], segment)
+        ],
+        dim=1,
+    )
 
 
 @torch.no_grad()
@@ -101,7 +114,9 @@ def greedy_predictions(model: Decoder, tokens: torch.Tensor, answer: torch.Tenso
     return predictions
 
 
-def chance_hits(task: Task, length: int, config: EvalConfig, answers: dict[int, torch.Tensor]) -> float:
+def chance_hits(
+    task: Task, length: int, config: EvalConfig, answers: dict[int, torch.Tensor]
+) -> float:
     """Hits of answering, at each answer position, the token most frequent there in an
     independent sample of the same size (the validation sample; ties split evenly), scored on
     `answers` (answer position -> the evaluation sample's answer tokens there): the chance level
@@ -110,8 +125,12 @@ def chance_hits(task: Task, length: int, config: EvalConfig, answers: dict[int, 
     for batch in held_out(task, length, config, VALIDATION_SEED):
         answer = batch.targets != IGNORE
         for column in answer.any(dim=0).nonzero().flatten().tolist():
-            reference[column] = torch.cat((reference.get(column, torch.zeros(0, dtype=torch.long)),
-                                           batch.targets[answer[:, column], column]))
+            reference[column] = torch.cat(
+                (
+                    reference.get(column, torch.zeros(0, dtype=torch.long)),
+                    batch.targets[answer[:, column], column],
+                )
+            )
     hits = 0.0
     for column, tokens in answers.items():
         if column not in reference:
@@ -130,9 +149,16 @@ def correct_prefix(hit: torch.Tensor, answer: torch.Tensor) -> torch.Tensor:
 
 
 def _accuracy(
-    model: Decoder, task: Task, length: int, config: EvalConfig, device: torch.device | str,
-    segment: int | None = None, mem_len: float = math.inf, seed: int = HELD_OUT_SEED,
-    free_running: bool = False, by_position: list[dict[str, float]] | None = None,
+    model: Decoder,
+    task: Task,
+    length: int,
+    config: EvalConfig,
+    device: torch.device | str,
+    segment: int | None = None,
+    mem_len: float = math.inf,
+    seed: int = HELD_OUT_SEED,
+    free_running: bool = False,
+    by_position: list[dict[str, float]] | None = None,
 ) -> dict[str, float]:
     """Exact match, teacher-forced token accuracy and loss on the held-out sample of `length`;
     with `free_running`, also greedy token accuracy (the model reads its own answers), the mean
@@ -143,7 +169,9 @@ def _accuracy(
     exact = correct = answers = sequences = greedy = prefix = 0
     loss_sum = 0.0
     counts: dict[int, torch.Tensor] = {}
-    position_hits: dict[int, list[int]] = {}  # answer column -> [answers, teacher-forced hits, greedy hits]
+    position_hits: dict[
+        int, list[int]
+    ] = {}  # answer column -> [answers, teacher-forced hits, greedy hits]
     with seeded_draws(seed + length):  # drawn positions, if any: a function of the sample alone
         for batch in held_out(task, length, config, seed):
             batch = batch.to(device)
@@ -161,29 +189,49 @@ def _accuracy(
                 prefix += int(correct_prefix(free_hit, mask).sum())
                 for column in mask.any(dim=0).nonzero().flatten().tolist():
                     rows = mask[:, column]
-                    counts[column] = torch.cat((counts.get(column, torch.zeros(0, dtype=torch.long)),
-                                                batch.targets[rows, column].cpu()))
+                    counts[column] = torch.cat(
+                        (
+                            counts.get(column, torch.zeros(0, dtype=torch.long)),
+                            batch.targets[rows, column].cpu(),
+                        )
+                    )
                     tally = position_hits.setdefault(column, [0, 0, 0])
                     tally[0] += int(rows.sum())
                     tally[1] += int(hit[rows, column].sum())
                     tally[2] += int(free_hit[rows, column].sum())
-    scores = {"exact_match": exact / sequences, "token_accuracy": correct / answers, "loss": loss_sum / answers}
+    scores = {
+        "exact_match": exact / sequences,
+        "token_accuracy": correct / answers,
+        "loss": loss_sum / answers,
+    }
     if free_running:
         scores["greedy_token_accuracy"] = greedy / answers
         scores["correct_prefix"] = prefix / sequences
         scores["chance_token_accuracy"] = chance_hits(task, length, config, counts) / answers
         if by_position is not None and position_hits:
             first = min(position_hits)
-            by_position += [{"eval_len": length, "answer_position": column - first, "answers": n,
-                             "token_accuracy": forced / n, "greedy_token_accuracy": free / n}
-                            for column, (n, forced, free) in sorted(position_hits.items())]
+            by_position += [
+                {
+                    "eval_len": length,
+                    "answer_position": column - first,
+                    "answers": n,
+                    "token_accuracy": forced / n,
+                    "greedy_token_accuracy": free / n,
+                }
+                for column, (n, forced, free) in sorted(position_hits.items())
+            ]
     if not task.exact_match_meaningful:
         del scores["exact_match"]
     return scores
 
 
-def _not_applicable_rows(length: int, mem_len: float | None, reason: str, metrics: tuple[str, ...],
-                         position: int | None = None) -> list[Measurement]:
+def _not_applicable_rows(
+    length: int,
+    mem_len: float | None,
+    reason: str,
+    metrics: tuple[str, ...],
+    position: int | None = None,
+) -> list[Measurement]:
     """NaN rows with the reason a length cannot be evaluated, one per metric."""
     return [Measurement(length, mem_len, m, float("nan"), reason, position) for m in metrics]
 
@@ -195,12 +243,15 @@ FREE_RUNNING_METRICS = ("greedy_token_accuracy", "correct_prefix", "chance_token
 def _metrics(task: Task, free_running: bool = False) -> tuple[str, ...]:
     if not task.exact_match_meaningful:
         return ("token_accuracy", "loss")
-    return ("exact_match", "token_accuracy", "loss") + (FREE_RUNNING_METRICS if free_running else ())
+    return ("exact_match", "token_accuracy", "loss") + (
+        FREE_RUNNING_METRICS if free_running else ()
+    )
 
 
 def in_distribution_lengths(task: Task) -> list[int]:
     """The evaluation lengths that reports call in distribution (at most the longest training
-    length); a task evaluated at none of them uses its shortest, middle and longest training length."""
+    length); a task evaluated at none of them uses its shortest, middle and longest training
+    length."""
     lo, hi = task.train_lengths
     return [n for n in task.eval_lengths if n <= hi] or sorted({lo, (lo + hi) // 2, hi})
 
@@ -209,7 +260,9 @@ def in_distribution_lengths(task: Task) -> list[int]:
 STOP_CONFIDENCE_Z = 1.645
 
 
-def validation_exact_match(model: Decoder, task: Task, config: EvalConfig, device: torch.device | str = "cpu") -> tuple[float, float]:
+def validation_exact_match(
+    model: Decoder, task: Task, config: EvalConfig, device: torch.device | str = "cpu"
+) -> tuple[float, float]:
     """Exact match over the lengths the evaluation reports as in distribution, on a sample of
     its own (disjoint from the evaluation sample, as large): the early-stopping signal. Returns
     the mean and its one-sided 95% lower bound (normal approximation over the sequences), so a
@@ -217,23 +270,36 @@ def validation_exact_match(model: Decoder, task: Task, config: EvalConfig, devic
     different draw, meets it too."""
     lengths = in_distribution_lengths(task)
     model.eval()
-    scores = [_accuracy(model, task, n, config, device, seed=VALIDATION_SEED)["exact_match"] for n in lengths]
+    scores = [
+        _accuracy(model, task, n, config, device, seed=VALIDATION_SEED)["exact_match"]
+        for n in lengths
+    ]
     mean = sum(scores) / len(scores)
     sequences = config.n_samples * len(lengths)
     return mean, mean - STOP_CONFIDENCE_Z * math.sqrt(mean * (1 - mean) / sequences)
 
 
-def validation_excess(model: Decoder, task: Task, config: EvalConfig, device: torch.device | str = "cpu") -> float:
+def validation_excess(
+    model: Decoder, task: Task, config: EvalConfig, device: torch.device | str = "cpu"
+) -> float:
     """Held-out loss above the task's floor, averaged over the lengths the evaluation reports as
     in distribution, on the validation sample: the early-stopping signal of a language task."""
     lengths = in_distribution_lengths(task)
     model.eval()
-    excess = [_accuracy(model, task, n, config, device, seed=VALIDATION_SEED)["loss"] - task.loss_floor(n) for n in lengths]
+    excess = [
+        _accuracy(model, task, n, config, device, seed=VALIDATION_SEED)["loss"] - task.loss_floor(n)
+        for n in lengths
+    ]
     return sum(excess) / len(excess)
 
 
-def iter_evaluate(model: Decoder, task: Task, config: EvalConfig, device: torch.device | str = "cpu",
-                  by_position: list[dict[str, float]] | None = None) -> Iterator[Measurement]:
+def iter_evaluate(
+    model: Decoder,
+    task: Task,
+    config: EvalConfig,
+    device: torch.device | str = "cpu",
+    by_position: list[dict[str, float]] | None = None,
+) -> Iterator[Measurement]:
     """Every measurement of a trained model, one length at a time (so a failure at a long
     length keeps the shorter ones): full context at each evaluation length, then through
     caches of each memory size at the cache-evaluation lengths. `by_position` receives the
@@ -244,8 +310,15 @@ def iter_evaluate(model: Decoder, task: Task, config: EvalConfig, device: torch.
         if reason:
             yield from _not_applicable_rows(length, None, reason, _metrics(task, free_running=True))
             continue
-        scores = _accuracy(model, task, length, config, device, free_running=task.exact_match_meaningful,
-                           by_position=by_position)
+        scores = _accuracy(
+            model,
+            task,
+            length,
+            config,
+            device,
+            free_running=task.exact_match_meaningful,
+            by_position=by_position,
+        )
         for k, v in scores.items():
             yield Measurement(length, None, k, v)
         floor = task.loss_floor(length)
@@ -272,10 +345,13 @@ POSITION_METRICS = ("lm_loss", "lm_loss_window", "lm_penalty")
 
 
 @torch.no_grad()
-def position_rows(model: Decoder, task: Task, config: EvalConfig, device: torch.device | str = "cpu") -> list[Measurement]:
+def position_rows(
+    model: Decoder, task: Task, config: EvalConfig, device: torch.device | str = "cpu"
+) -> list[Measurement]:
     """Next-token loss by position at the longest evaluation length E, in bins of L/4 positions
     (L the longest training length; each row's eval_len is E and its position the bin's last
-    position, counted in tokens of context). Full context sees every earlier token. The sliding window re-reads the sequence
+    position, counted in tokens of context). Full context sees every earlier token. The sliding
+    window re-reads the sequence
     in windows of L tokens every L/2, each scoring its last L/2 tokens (the first window all
     of them), with positions restarting in every window, so no token is ever seen at a
     position the model was not trained on. lm_penalty = full - window at the same tokens: the
@@ -284,8 +360,13 @@ def position_rows(model: Decoder, task: Task, config: EvalConfig, device: torch.
     reason = model.encoding.supports(Span(0, E))
     bins = list(range(0, E, max(1, L // 4)))
     if reason:
-        return [m for start in bins
-                for m in _not_applicable_rows(E, None, reason, POSITION_METRICS, min(start + max(1, L // 4), E))]
+        return [
+            m
+            for start in bins
+            for m in _not_applicable_rows(
+                E, None, reason, POSITION_METRICS, min(start + max(1, L // 4), E)
+            )
+        ]
     stride = max(1, L // 2)
     starts = list(range(0, max(E - L, 0) + 1, stride))
     if starts[-1] + L < E:
@@ -300,8 +381,12 @@ def position_rows(model: Decoder, task: Task, config: EvalConfig, device: torch.
             scored = torch.zeros(E, dtype=torch.float64)
             for i, s in enumerate(starts):
                 w = min(L, E - s)
-                losses = _token_losses(model(tokens[:, s : s + w]), targets[:, s : s + w]).sum(0).cpu()  # (w,)
-                first = 0 if i == 0 else max(0, (starts[i - 1] + L) - s)  # score what no earlier window scored
+                losses = (
+                    _token_losses(model(tokens[:, s : s + w]), targets[:, s : s + w]).sum(0).cpu()
+                )  # (w,)
+                first = (
+                    0 if i == 0 else max(0, (starts[i - 1] + L) - s)
+                )  # score what no earlier window scored
                 window[s + first : s + w] += losses[first:]
                 scored[s + first : s + w] += 1
             assert bool((scored == 1).all()), "every position is scored by exactly one window"
@@ -312,18 +397,25 @@ def position_rows(model: Decoder, task: Task, config: EvalConfig, device: torch.
     for start in bins:
         stop = min(start + width, E)
         f, w = float(full[start:stop].mean()), float(window[start:stop].mean())
-        rows += [Measurement(E, None, "lm_loss", f, position=stop), Measurement(E, None, "lm_loss_window", w, position=stop),
-                 Measurement(E, None, "lm_penalty", f - w, position=stop)]
+        rows += [
+            Measurement(E, None, "lm_loss", f, position=stop),
+            Measurement(E, None, "lm_loss_window", w, position=stop),
+            Measurement(E, None, "lm_penalty", f - w, position=stop),
+        ]
     return rows
 
 
 def _token_losses(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Per-token cross-entropy (B, T), 0 where the target is IGNORE."""
-    losses = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=IGNORE, reduction="none")
+    losses = F.cross_entropy(
+        logits.flatten(0, 1).float(), targets.flatten(), ignore_index=IGNORE, reduction="none"
+    )
     return losses.view(targets.shape).double()
 
 
-def evaluate(model: Decoder, task: Task, config: EvalConfig, device: torch.device | str = "cpu") -> list[Measurement]:
+def evaluate(
+    model: Decoder, task: Task, config: EvalConfig, device: torch.device | str = "cpu"
+) -> list[Measurement]:
     """All of iter_evaluate's measurements as a list."""
     return list(iter_evaluate(model, task, config, device))
 

@@ -2,6 +2,7 @@
 driver (runner.run_sweep) alone writes results. `local` runs in this process, `processes`
 in a pool on this machine, `ray` as Ray tasks on a local runtime or an existing cluster.
 Workers forward their progress events to the driver, and die with it."""
+
 from __future__ import annotations
 
 import ctypes
@@ -16,7 +17,15 @@ from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wai
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any, Iterator, Protocol
 
-from posbench.experiment.compute import ProgressSink, Reporter, RunJob, RunOutput, compute_run, failed_output, relay
+from posbench.experiment.compute import (
+    ProgressSink,
+    Reporter,
+    RunJob,
+    RunOutput,
+    compute_run,
+    failed_output,
+    relay,
+)
 from posbench.errors import ConfigError
 
 EXECUTORS = ("local", "processes", "ray")
@@ -28,15 +37,25 @@ _PR_SET_PDEATHSIG = 1
 class Executor(Protocol):
     """Computes RunJobs and yields their outputs in completion order."""
 
-    def map(self, jobs: list[RunJob], threads: int | None, reporter: Reporter,
-            plugin_dirs: tuple[str, ...]) -> Iterator[RunOutput]: ...
+    def map(
+        self,
+        jobs: list[RunJob],
+        threads: int | None,
+        reporter: Reporter,
+        plugin_dirs: tuple[str, ...],
+    ) -> Iterator[RunOutput]: ...
 
 
 class LocalExecutor:
     """One run after another in this process, with per-step progress."""
 
-    def map(self, jobs: list[RunJob], threads: int | None, reporter: Reporter,
-            plugin_dirs: tuple[str, ...]) -> Iterator[RunOutput]:
+    def map(
+        self,
+        jobs: list[RunJob],
+        threads: int | None,
+        reporter: Reporter,
+        plugin_dirs: tuple[str, ...],
+    ) -> Iterator[RunOutput]:
         sink = relay(reporter, [job.run for job in jobs])
         for job in jobs:
             yield compute_run(job, threads, sink)
@@ -124,18 +143,27 @@ class ProcessExecutor:
         self.jobs = jobs
         self.max_retries = max_retries
 
-    def map(self, jobs: list[RunJob], threads: int | None, reporter: Reporter,
-            plugin_dirs: tuple[str, ...]) -> Iterator[RunOutput]:
+    def map(
+        self,
+        jobs: list[RunJob],
+        threads: int | None,
+        reporter: Reporter,
+        plugin_dirs: tuple[str, ...],
+    ) -> Iterator[RunOutput]:
         per_job = threads or max(1, (os.cpu_count() or 1) // self.jobs)
         context = multiprocessing.get_context("spawn")
         events = context.Queue()
         sink = relay(reporter, [job.run for job in jobs])
-        reporter.note(f"{len(jobs)} run(s) on {self.jobs} worker processes, {per_job} thread(s) each")
+        reporter.note(
+            f"{len(jobs)} run(s) on {self.jobs} worker processes, {per_job} thread(s) each"
+        )
         unfinished: list[RunJob] = []
         try:
             pool = self._pool(self.jobs, context, events)
             try:
-                futures = {pool.submit(_compute_in_worker, job, per_job, plugin_dirs): job for job in jobs}
+                futures = {
+                    pool.submit(_compute_in_worker, job, per_job, plugin_dirs): job for job in jobs
+                }
                 for future in self._completed(futures, events, sink):
                     try:
                         output = future.result()
@@ -155,11 +183,17 @@ class ProcessExecutor:
 
     @staticmethod
     def _pool(workers: int, context: Any, events: Any) -> ProcessPoolExecutor:
-        return ProcessPoolExecutor(max_workers=workers, mp_context=context, initializer=_worker_init,
-                                   initargs=(os.getpid(), events))
+        return ProcessPoolExecutor(
+            max_workers=workers,
+            mp_context=context,
+            initializer=_worker_init,
+            initargs=(os.getpid(), events),
+        )
 
     @staticmethod
-    def _completed(futures: dict[Future, RunJob], events: Any, sink: ProgressSink) -> Iterator[Future]:
+    def _completed(
+        futures: dict[Future, RunJob], events: Any, sink: ProgressSink
+    ) -> Iterator[Future]:
         """Futures as they complete, forwarding progress events while waiting."""
         pending = set(futures)
         while pending:
@@ -167,8 +201,15 @@ class ProcessExecutor:
             _drain(events, sink)
             yield from sorted(done, key=list(futures).index)
 
-    def _isolated(self, job: RunJob, threads: int, plugin_dirs: tuple[str, ...], context: Any,
-                  events: Any, sink: ProgressSink) -> RunOutput:
+    def _isolated(
+        self,
+        job: RunJob,
+        threads: int,
+        plugin_dirs: tuple[str, ...],
+        context: Any,
+        events: Any,
+        sink: ProgressSink,
+    ) -> RunOutput:
         for _ in range(1 + self.max_retries):
             pool = self._pool(1, context, events)
             try:
@@ -182,24 +223,35 @@ class ProcessExecutor:
                 raise
             finally:
                 pool.shutdown(wait=True)
-        return failed_output(job.run, f"worker process died on each of {1 + self.max_retries} tries")
+        return failed_output(
+            job.run, f"worker process died on each of {1 + self.max_retries} tries"
+        )
 
 
 # ---- Ray ------------------------------------------------------------------------------------
-def _compute_on_ray(job: RunJob, threads: int, plugin_dirs: tuple[str, ...], events: Any) -> RunOutput:
+def _compute_on_ray(
+    job: RunJob, threads: int, plugin_dirs: tuple[str, ...], events: Any
+) -> RunOutput:
     return compute_run(job, threads, queue_sink(events), plugin_dirs)
 
 
 class RayExecutor:
     """Each run a Ray task with its resource request, retried when its worker dies."""
 
-    def __init__(self, address: str | None = None, cpus_per_run: float = 1, gpus_per_run: float = 0,
-                 max_retries: int = 2, num_cpus: int | None = None) -> None:
+    def __init__(
+        self,
+        address: str | None = None,
+        cpus_per_run: float = 1,
+        gpus_per_run: float = 0,
+        max_retries: int = 2,
+        num_cpus: int | None = None,
+    ) -> None:
         try:
             import ray  # noqa: F401
         except ImportError:
             raise ConfigError(
-                "--executor ray needs Ray, which is not installed; run `pip install 'posbench[ray]'`."
+                "--executor ray needs Ray, which is not installed; run `pip install "
+                "'posbench[ray]'`."
             ) from None
         self.address, self.cpus_per_run, self.gpus_per_run = address, cpus_per_run, gpus_per_run
         self.max_retries, self.num_cpus = max_retries, num_cpus
@@ -214,8 +266,13 @@ class RayExecutor:
         else:
             ray.init(num_cpus=self.num_cpus, include_dashboard=False, log_to_driver=False)
 
-    def map(self, jobs: list[RunJob], threads: int | None, reporter: Reporter,
-            plugin_dirs: tuple[str, ...]) -> Iterator[RunOutput]:
+    def map(
+        self,
+        jobs: list[RunJob],
+        threads: int | None,
+        reporter: Reporter,
+        plugin_dirs: tuple[str, ...],
+    ) -> Iterator[RunOutput]:
         import ray
         from ray.exceptions import RayError
         from ray.util.queue import Empty, Queue
@@ -223,11 +280,18 @@ class RayExecutor:
         self._start()
         events = Queue(actor_options={"num_cpus": 0})
         sink = relay(reporter, [job.run for job in jobs])
-        remote = ray.remote(num_cpus=self.cpus_per_run, num_gpus=self.gpus_per_run,
-                            max_retries=self.max_retries, retry_exceptions=False)(_compute_on_ray)
+        remote = ray.remote(
+            num_cpus=self.cpus_per_run,
+            num_gpus=self.gpus_per_run,
+            max_retries=self.max_retries,
+            retry_exceptions=False,
+        )(_compute_on_ray)
         per_run = threads or max(1, int(self.cpus_per_run))
         refs = {remote.remote(job, per_run, plugin_dirs, events): job for job in jobs}
-        reporter.note(f"{len(jobs)} run(s) submitted to Ray ({self.cpus_per_run} CPU, {self.gpus_per_run} GPU each)")
+        reporter.note(
+            f"{len(jobs)} run(s) submitted to Ray ({self.cpus_per_run} CPU, {self.gpus_per_run} "
+            "GPU each)"
+        )
 
         def forward() -> None:
             while True:
@@ -245,8 +309,15 @@ class RayExecutor:
                     try:
                         yield ray.get(ref)
                     except RayError as err:  # the worker died on every try
-                        first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-                        yield failed_output(refs[ref].run, f"{type(err).__name__} after {self.max_retries} retries: {first_line}")
+                        first_line = (
+                            str(err).strip().splitlines()[0]
+                            if str(err).strip()
+                            else type(err).__name__
+                        )
+                        yield failed_output(
+                            refs[ref].run,
+                            f"{type(err).__name__} after {self.max_retries} retries: {first_line}",
+                        )
             forward()
         except BaseException:
             for ref in pending:
@@ -256,8 +327,13 @@ class RayExecutor:
             ray.kill(events.actor)
 
 
-def make_executor(name: str, jobs: int = 2, ray_address: str | None = None,
-                  cpus_per_run: float = 1, gpus_per_run: float = 0) -> Executor:
+def make_executor(
+    name: str,
+    jobs: int = 2,
+    ray_address: str | None = None,
+    cpus_per_run: float = 1,
+    gpus_per_run: float = 0,
+) -> Executor:
     """The executor a command line asks for."""
     if name == "local":
         return LocalExecutor()

@@ -1,5 +1,6 @@
 """Memory: what is free on a device now, the peak a computation adds (measured, never
 estimated), and whether a longer measurement would fit."""
+
 from __future__ import annotations
 
 from typing import Any, Callable
@@ -11,7 +12,8 @@ import torch
 MEMORY_METHOD = (
     "CPU: peak resident set (VmHWM) of a fresh child process, reset through /proc/self/clear_refs "
     "before each forward+backward, minus the resident set before it, with glibc's mmap threshold "
-    "fixed at 64 KiB so freed tensors leave the resident set. CUDA: torch.cuda.max_memory_allocated "
+    "fixed at 64 KiB so freed tensors leave the resident set. CUDA: "
+    "torch.cuda.max_memory_allocated "
     "minus the memory allocated before the measurement."
 )
 
@@ -40,8 +42,11 @@ def too_big(measured: tuple[int, float] | None, length: int, device: str) -> str
     predicted = peak * (length / shorter) ** 2
     if predicted <= MEMORY_HEADROOM * available:
         return None
-    return (f"would need about {predicted / 1024:.1f} GiB (grown quadratically from {peak:.0f} MiB at L={shorter}), "
-            f"more than the {available / 1024:.1f} GiB available; measure shorter lengths")
+    return (
+        f"would need about {predicted / 1024:.1f} GiB (grown quadratically from {peak:.0f} MiB at "
+        f"L={shorter}), "
+        f"more than the {available / 1024:.1f} GiB available; measure shorter lengths"
+    )
 
 
 def peak_or_none(fn: Callable[[], Any], device: str) -> float | None:
@@ -80,7 +85,9 @@ def measure_peak_mb(fn: Callable[[], Any], device: str = "cpu") -> float:
         torch.cuda.synchronize()
         return (torch.cuda.max_memory_allocated() - base) / 2**20
     if not reset_peak_rss():
-        raise OSError("this system cannot reset the resident high-water mark (/proc/self/clear_refs)")
+        raise OSError(
+            "this system cannot reset the resident high-water mark (/proc/self/clear_refs)"
+        )
     base = _proc_kb("VmRSS")
     fn()
     return (_proc_kb("VmHWM") - base) / 1024

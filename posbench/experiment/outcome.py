@@ -1,5 +1,6 @@
 """What a sweep did, as the runner hands it to the terminal: kept apart from the runner so
 that showing it needs nothing that computes."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field

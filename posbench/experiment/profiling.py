@@ -4,10 +4,12 @@ with the `nope` baseline so ratios come from one run.
 
 Timing uses torch.utils.benchmark (warm-up, blocked autorange; median and IQR) with a fixed,
 recorded thread count, the encoding and the baseline alternating over LATENCY_ROUNDS rounds
-(the fastest round's median counts: on a shared machine interference only adds time). Peak memory is measured, not estimated: on CUDA the allocator's peak;
+(the fastest round's median counts: on a shared machine interference only adds time). Peak memory is
+measured, not estimated: on CUDA the allocator's peak;
 on CPU each encoding runs in a fresh child process that resets its resident high-water mark
 (/proc/self/clear_refs) before each measurement and reads VmHWM after it, with glibc's mmap
 threshold fixed so freed tensors leave the resident set."""
+
 from __future__ import annotations
 
 import json
@@ -44,7 +46,14 @@ class BenchConfig:
     """What `posbench bench` measures, and at which sizes."""
 
     seq_lens: tuple[int, ...] = (128, 256, 512, 1024, 2048, 4096)
-    mem_lens: tuple[int, ...] = (0, 128, 512, 1024, 2048, 4096)  # decoding through a memory of M positions
+    mem_lens: tuple[int, ...] = (
+        0,
+        128,
+        512,
+        1024,
+        2048,
+        4096,
+    )  # decoding through a memory of M positions
     window_lens: tuple[int, ...] = (512, 1024, 2048)  # segment-with-cache vs sliding window
     window: int = 128  # segment length S and sliding-window size W for that comparison
     batch_size: int = 8
@@ -58,10 +67,20 @@ class BenchConfig:
 
 
 SMALL_PROFILE = BenchConfig(
-    seq_lens=(64, 128, 256), mem_lens=(0, 64, 256), window_lens=(256,), window=32, batch_size=4, min_run_time=0.05
+    seq_lens=(64, 128, 256),
+    mem_lens=(0, 64, 256),
+    window_lens=(256,),
+    window=32,
+    batch_size=4,
+    min_run_time=0.05,
 )
 QUICK_PROFILE = BenchConfig(
-    seq_lens=(64, 128), mem_lens=(0, 64), window_lens=(128,), window=32, batch_size=4, min_run_time=0.02
+    seq_lens=(64, 128),
+    mem_lens=(0, 64),
+    window_lens=(128,),
+    window=32,
+    batch_size=4,
+    min_run_time=0.02,
 )
 
 
@@ -82,7 +101,9 @@ class AttentionUnderTest(nn.Module):
 
 def interleaved(runs: dict[Hashable, Callable[[], Any]], config: BenchConfig) -> Guarded:
     """The runs timed in alternation (see posbench.experiment.timing), under the noise guard."""
-    return guarded(lambda: interleaved_times(runs, config.threads, config.min_run_time, LATENCY_ROUNDS))
+    return guarded(
+        lambda: interleaved_times(runs, config.threads, config.min_run_time, LATENCY_ROUNDS)
+    )
 
 
 def _sync(device: str) -> None:
@@ -95,11 +116,23 @@ def _layer(spec: EncodingSpec, config: BenchConfig) -> AttentionUnderTest:
     return AttentionUnderTest(spec, config.n_heads, config.d_head).to(config.device)
 
 
-def _row(metric: str, value: float, seq_len: int | None = None, mem_len: int | None = None,
-         note: str = "") -> dict[str, Any]:
+def _row(
+    metric: str,
+    value: float,
+    seq_len: int | None = None,
+    mem_len: int | None = None,
+    note: str = "",
+) -> dict[str, Any]:
     """A tidy profile row: at a sequence length and/or through a memory of `mem_len` positions."""
-    return {"eval_len": None, "position": None, "mem_len": mem_len, "seq_len": seq_len,
-            "metric": metric, "value": value, "note": note}
+    return {
+        "eval_len": None,
+        "position": None,
+        "mem_len": mem_len,
+        "seq_len": seq_len,
+        "metric": metric,
+        "value": value,
+        "note": note,
+    }
 
 
 def _unsupported_reason(layer: AttentionUnderTest, stop: int) -> str | None:
@@ -115,7 +148,9 @@ def latency_rows(spec: EncodingSpec, config: BenchConfig) -> list[dict[str, Any]
     for L in config.seq_lens:
         reason = _unsupported_reason(layers["enc"], L) or too_big(measured, L, config.device)
         if reason:
-            rows += [_row(m, math.nan, L, note=reason) for m in ("latency_fwd_ms", "latency_fwdbwd_ms")]
+            rows += [
+                _row(m, math.nan, L, note=reason) for m in ("latency_fwd_ms", "latency_fwdbwd_ms")
+            ]
             continue
         x = torch.randn(config.batch_size, L, d_model, device=config.device)
         runs: dict[tuple[str, str], Callable[[], Any]] = {}
@@ -141,7 +176,13 @@ def latency_rows(spec: EncodingSpec, config: BenchConfig) -> list[dict[str, Any]
                 _row(f"latency_{kind}_iqr_ms", iqr, L, note=note),
                 _row(f"latency_{kind}_ratio", median / times[("base", kind)][0], L, note=note),
             ]
-        rows.append(_row("attention_tensor_mb", attention_tensor_bytes(layers["enc"].encoding, config.batch_size, L) / 2**20, L))
+        rows.append(
+            _row(
+                "attention_tensor_mb",
+                attention_tensor_bytes(layers["enc"].encoding, config.batch_size, L) / 2**20,
+                L,
+            )
+        )
         peak = peak_or_none(runs[("enc", "fwdbwd")], config.device)
         measured = (L, peak) if peak is not None else measured
     return rows
@@ -151,11 +192,17 @@ def decode_rows(spec: EncodingSpec, config: BenchConfig) -> list[dict[str, Any]]
     """Per-token decoding latency through a memory holding `mem_len` positions."""
     rows = []
     d_model = config.n_heads * config.d_head
-    for name, layer in (("enc", _layer(spec, config)), ("base", _layer(EncodingSpec(BASELINE), config))):
+    for name, layer in (
+        ("enc", _layer(spec, config)),
+        ("base", _layer(EncodingSpec(BASELINE), config)),
+    ):
         for M in config.mem_lens:
             reason = _unsupported_reason(layer, M + 64)
             if layer.encoding.draws_positions:
-                reason = "drawn positions need the stream's length up front; open-ended decoding is not timed"
+                reason = (
+                    "drawn positions need the stream's length up front; "
+                    "open-ended decoding is not timed"
+                )
             if reason:
                 if name == "enc":
                     rows.append(_row("latency_decode_ms", math.nan, mem_len=M, note=reason))
@@ -163,7 +210,12 @@ def decode_rows(spec: EncodingSpec, config: BenchConfig) -> list[dict[str, Any]]
             cache = layer.new_cache(mem_len=M)
             with torch.no_grad():
                 for start in range(0, M, 512):  # prefill in chunks through the cache
-                    layer(torch.randn(config.batch_size, min(512, M - start), d_model, device=config.device), cache)
+                    layer(
+                        torch.randn(
+                            config.batch_size, min(512, M - start), d_model, device=config.device
+                        ),
+                        cache,
+                    )
             token = torch.randn(config.batch_size, 1, d_model, device=config.device)
 
             def step() -> None:
@@ -175,13 +227,23 @@ def decode_rows(spec: EncodingSpec, config: BenchConfig) -> list[dict[str, Any]]
             median, iqr = guard.value
             note = noise_note(guard, (median, iqr))
             if name == "enc":
-                rows += [_row("latency_decode_ms", median, mem_len=M, note=note),
-                         _row("latency_decode_iqr_ms", iqr, mem_len=M, note=note)]
+                rows += [
+                    _row("latency_decode_ms", median, mem_len=M, note=note),
+                    _row("latency_decode_iqr_ms", iqr, mem_len=M, note=note),
+                ]
             else:
                 for row in rows:
-                    if row["metric"] == "latency_decode_ms" and row["mem_len"] == M and not math.isnan(row["value"]):
+                    if (
+                        row["metric"] == "latency_decode_ms"
+                        and row["mem_len"] == M
+                        and not math.isnan(row["value"])
+                    ):
                         both = "; ".join(dict.fromkeys(filter(None, (row["note"], note))))
-                        rows.append(_row("latency_decode_ratio", row["value"] / median, mem_len=M, note=both))
+                        rows.append(
+                            _row(
+                                "latency_decode_ratio", row["value"] / median, mem_len=M, note=both
+                            )
+                        )
     return rows
 
 
@@ -265,7 +327,10 @@ def memory_rows(spec: EncodingSpec, config: BenchConfig) -> list[dict[str, Any]]
     payload = json.dumps({"spec": asdict(spec), "config": asdict(config)})
     env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536", MALLOC_TRIM_THRESHOLD_="0")
     proc = subprocess.run(
-        [sys.executable, "-m", "posbench.experiment.profiling", payload], capture_output=True, text=True, env=env
+        [sys.executable, "-m", "posbench.experiment.profiling", payload],
+        capture_output=True,
+        text=True,
+        env=env,
     )
     if proc.returncode != 0:
         reason = (proc.stderr.strip().splitlines() or ["memory probe failed"])[-1]
@@ -273,10 +338,19 @@ def memory_rows(spec: EncodingSpec, config: BenchConfig) -> list[dict[str, Any]]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def profile_encoding(spec: EncodingSpec, config: BenchConfig, parts: Iterable[str] = ("latency", "decode", "window", "memory")) -> list[dict[str, Any]]:
+def profile_encoding(
+    spec: EncodingSpec,
+    config: BenchConfig,
+    parts: Iterable[str] = ("latency", "decode", "window", "memory"),
+) -> list[dict[str, Any]]:
     """Every profile row for one encoding."""
     configure_cpu(config.threads)
-    producers = {"latency": latency_rows, "decode": decode_rows, "window": window_rows, "memory": memory_rows}
+    producers = {
+        "latency": latency_rows,
+        "decode": decode_rows,
+        "window": window_rows,
+        "memory": memory_rows,
+    }
     rows: list[dict[str, Any]] = []
     for part in parts:
         if part == "memory" and not config.memory:
@@ -290,9 +364,13 @@ def _child_main(payload: str) -> None:
 
     data = json.loads(payload)
     config_data = data["config"]
-    config = BenchConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in config_data.items()})
+    config = BenchConfig(
+        **{k: tuple(v) if isinstance(v, list) else v for k, v in config_data.items()}
+    )
     load_plugins([Path(p) for p in config.plugin_dirs])
-    spec = EncodingSpec(data["spec"]["name"], data["spec"]["options"], data["spec"].get("label", ""))
+    spec = EncodingSpec(
+        data["spec"]["name"], data["spec"]["options"], data["spec"].get("label", "")
+    )
     print(json.dumps(memory_rows_here(spec, config)))
 
 
@@ -307,7 +385,11 @@ class ProfileRun:
     def to_dict(self) -> dict[str, Any]:
         bench = asdict(self.bench)
         bench.pop("plugin_dirs")
-        return {"kind": "profile", "encoding": to_jsonable(asdict(self.encoding)), "bench": to_jsonable(bench)}
+        return {
+            "kind": "profile",
+            "encoding": to_jsonable(asdict(self.encoding)),
+            "bench": to_jsonable(bench),
+        }
 
     @property
     def run_id(self) -> str:
@@ -319,12 +401,16 @@ class ProfileRun:
 
 
 def run_profile(job: ProfileRun, out_dir: Path, force: bool = False) -> tuple[str, bool]:
-    """Profile one encoding into out_dir/<id>/ unless already there; returns (run id, whether it ran)."""
+    """Profile one encoding into out_dir/<id>/ unless already there; returns (run id, whether it
+    ran)."""
     folder = RunFolder(out_dir / job.run_id)
     if folder.is_finished() and not force:
         return job.run_id, False
     config = job.bench
-    env = environment(config.device) | {"torch_threads": config.threads, "memory_method": MEMORY_METHOD}
+    env = environment(config.device) | {
+        "torch_threads": config.threads,
+        "memory_method": MEMORY_METHOD,
+    }
     result: dict[str, Any] = {"encoding_label": job.encoding.display(), "kind": "profile"}
     rows: list[dict[str, Any]] | None = None
     start = time.perf_counter()

@@ -1,6 +1,7 @@
 """Runs a sweep: validates every run up front, holds the sweep folder's lock, sets damaged
 runs aside, skips finished runs, records failures and carries on, and rebuilds results.csv
 from the sweep's own runs after each run."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -18,14 +19,28 @@ from posbench.experiment.compute import (
     RunJob,
     RunOutput,
     SilentReporter,
-    build_model,
+    decoder_for,
     rng_devices,
 )
 from posbench.experiment.config import (
-    DEVICE_PATTERN, EncodingSpec, EvalConfig, ModelSize, RunConfig, SweepConfig, TrainConfig, expand_runs,
-    longest_training_sequence, resolve_tied_options, to_jsonable, variant_applies, variant_label,
+    DEVICE_PATTERN,
+    EncodingSpec,
+    EvalConfig,
+    ModelSize,
+    RunConfig,
+    SweepConfig,
+    TrainConfig,
+    expand_runs,
+    longest_training_sequence,
+    resolve_tied_options,
+    to_jsonable,
 )
-from posbench.experiment.variants import evaluate_variant, variant_jobs
+from posbench.experiment.variants import (
+    evaluate_variant,
+    variant_applies,
+    variant_jobs,
+    variant_label,
+)
 from posbench.kernels.cpu import compute_settings
 from posbench.encodings import BUILTINS, check_encoding_options
 from posbench.encodings.base import Span
@@ -60,62 +75,100 @@ def resolve_sweep(sweep: SweepConfig) -> SweepConfig:
         raise ConfigError("The sweep has no tasks; name at least one with --tasks.")
     if not sweep.seeds:
         raise ConfigError("The sweep has no seeds; give at least one with --seeds.")
-    for section, cls, values in (("[model]", ModelSize, sweep.model), ("[train]", TrainConfig, sweep.train),
-                                 ("[eval]", EvalConfig, sweep.eval)):
-        check_dataclass(cls, {f.name: getattr(values, f.name) for f in dataclasses.fields(cls)}, f"sweep {section}")
+    for section, cls, values in (
+        ("[model]", ModelSize, sweep.model),
+        ("[train]", TrainConfig, sweep.train),
+        ("[eval]", EvalConfig, sweep.eval),
+    ):
+        check_dataclass(
+            cls,
+            {f.name: getattr(values, f.name) for f in dataclasses.fields(cls)},
+            f"sweep {section}",
+        )
     check_dataclass(SweepConfig, {"seeds": tuple(sweep.seeds), "threads": sweep.threads}, "sweep")
     sweep = replace(sweep, seeds=tuple(dict.fromkeys(sweep.seeds)))  # --seeds 0,0 trains once
-    for kind, labels in (("task", [t.display() for t in sweep.tasks]), ("encoding", [e.display() for e in sweep.encodings])):
+    for kind, labels in (
+        ("task", [t.display() for t in sweep.tasks]),
+        ("encoding", [e.display() for e in sweep.encodings]),
+    ):
         repeated = sorted({label for label in labels if labels.count(label) > 1})
         if repeated:
-            raise ConfigError(f"The sweep lists {kind} {', '.join(map(repr, repeated))} more than once with the same "
-                              f"label; give each entry its own 'label' (or drop the repeat).")
+            raise ConfigError(
+                f"The sweep lists {kind} {', '.join(map(repr, repeated))} more than once with the "
+                "same "
+                f"label; give each entry its own 'label' (or drop the repeat)."
+            )
     for task_spec in sweep.tasks:
         train = replace(sweep.train, **task_spec.train)
         if train.train_mem_len == 0 and not train.train_segment_len:
-            raise ConfigError(f"task {task_spec.display()!r}: train_mem_len 0 needs a train_segment_len to cut sequences into.")
+            raise ConfigError(
+                f"task {task_spec.display()!r}: train_mem_len 0 needs a train_segment_len to cut "
+                "sequences into."
+            )
     if sweep.model.d_model % sweep.model.n_heads:
-        raise ConfigError(f"d_model={sweep.model.d_model} must be divisible by n_heads={sweep.model.n_heads}.")
+        raise ConfigError(
+            f"d_model={sweep.model.d_model} must be divisible by n_heads={sweep.model.n_heads}."
+        )
     _check_device(sweep.device)
-    names = {spec.name for spec in sweep.encodings} | {spec.label for spec in sweep.encodings if spec.label}
+    names = {spec.name for spec in sweep.encodings} | {
+        spec.label for spec in sweep.encodings if spec.label
+    }
     for variant in sweep.eval_variants:
         if variant.name not in names:
-            raise ConfigError(f"evaluation variant {variant.name!r} names no encoding this sweep trains, by name or "
-                              f"label ({', '.join(sorted(names))}); add it to the encodings or drop the variant.")
+            raise ConfigError(
+                f"evaluation variant {variant.name!r} names no encoding this sweep trains, by name "
+                "or "
+                f"label ({', '.join(sorted(names))}); add it to the encodings or drop the variant."
+            )
     available = available_bytes(sweep.device)
     for task_spec in sweep.tasks:
         task = create_task(task_spec.name, **task_spec.options)
         longest_eval = max(task.eval_lengths + tuple(sweep.eval.cache_eval_lengths or ()))
-        specs = [resolve_tied_options(spec, longest_training_sequence(task_spec)) for spec in sweep.encodings]
+        specs = [
+            resolve_tied_options(spec, longest_training_sequence(task_spec))
+            for spec in sweep.encodings
+        ]
         for given, spec in zip(sweep.encodings, specs):
-            tied = f" (options tied to the training length of task {task_spec.display()!r})" if spec != given else ""
+            tied = (
+                f" (options tied to the training length of task {task_spec.display()!r})"
+                if spec != given
+                else ""
+            )
             check_encoding_options(spec.name, spec.options, f"encoding {spec.name!r}{tied}")
             for variant in (v for v in sweep.eval_variants if variant_applies(v, spec)):
-                check_encoding_options(spec.name, {**spec.options, **variant.options},
-                                       f"evaluation variant {variant_label(spec, variant)!r}")
+                check_encoding_options(
+                    spec.name,
+                    {**spec.options, **variant.options},
+                    f"evaluation variant {variant_label(spec, variant)!r}",
+                )
         for spec in specs:
             try:
-                probe = build_model(sweep.model, spec, task)
+                probe = decoder_for(sweep.model, spec, task)
             except PosbenchError:
                 raise
             except Exception as err:  # a plugin or option combination that cannot be built
                 raise ConfigError(
-                    f"encoding {spec.display()!r} cannot be built for d_model={sweep.model.d_model}, "
-                    f"n_heads={sweep.model.n_heads} ({type(err).__name__}: {err}); change its options or the model size."
+                    f"encoding {spec.display()!r} cannot be built for "
+                    f"d_model={sweep.model.d_model}, "
+                    f"n_heads={sweep.model.n_heads} ({type(err).__name__}: {err}); change its "
+                    "options or the model size."
                 ) from None
             longest = Span(0, task.sequence_length(task.train_lengths[1]))
             reason = probe.encoding.supports(longest)
             if reason:
                 raise ConfigError(
-                    f"task {task_spec.name!r} trains on sequences of {len(longest)} tokens but {reason}; "
+                    f"task {task_spec.name!r} trains on sequences of {len(longest)} tokens but "
+                    f"{reason}; "
                     "shorten train_lengths or enlarge the encoding."
                 )
             needed = evaluation_memory_bytes(probe, task, sweep.eval, longest_eval)
             if available is not None and needed > available:
                 raise ConfigError(
                     f"evaluating task {task_spec.name!r} at length {longest_eval} "
-                    f"({task.sequence_length(longest_eval)} tokens, batches of {min(sweep.eval.batch_size, sweep.eval.n_samples)}) "
-                    f"with {spec.display()!r} needs about {needed / 2**30:.1f} GiB, more than the {available / 2**30:.1f} GiB "
+                    f"({task.sequence_length(longest_eval)} tokens, batches of "
+                    f"{min(sweep.eval.batch_size, sweep.eval.n_samples)}) "
+                    f"with {spec.display()!r} needs about {needed / 2**30:.1f} GiB, more than the "
+                    f"{available / 2**30:.1f} GiB "
                     "available; lower eval_lengths or [eval] batch_size."
                 )
     return sweep
@@ -130,8 +183,12 @@ def reachability_warnings(sweep: SweepConfig) -> list[str]:
         train = replace(sweep.train, **task_spec.train)
         segment = train.train_segment_len or train.train_mem_len
         for spec in sweep.encodings:
-            encoding = build_model(sweep.model, resolve_tied_options(spec, longest_training_sequence(task_spec)), task).encoding
-            for missing in unreached(encoding, task, spec.display(), None, segment, train.train_mem_len):
+            encoding = decoder_for(
+                sweep.model, resolve_tied_options(spec, longest_training_sequence(task_spec)), task
+            ).encoding
+            for missing in unreached(
+                encoding, task, spec.display(), None, segment, train.train_mem_len
+            ):
                 warnings.append(f"task {task_spec.display()!r}: {missing.message()}")
     return warnings
 
@@ -140,11 +197,17 @@ def _check_device(device: str) -> None:
     if not isinstance(device, str) or not re.fullmatch(DEVICE_PATTERN, device):
         raise ConfigError(f"--device must be cpu, cuda, cuda:N or mps, got {device!r}.")
     if device.startswith("cuda") and not torch.cuda.is_available():
-        raise ConfigError(f"--device {device} was asked for but CUDA is not available here; use --device cpu.")
+        raise ConfigError(
+            f"--device {device} was asked for but CUDA is not available here; use --device cpu."
+        )
     if device.startswith("cuda:") and int(device.split(":")[1]) >= torch.cuda.device_count():
-        raise ConfigError(f"--device {device}: this machine has {torch.cuda.device_count()} CUDA device(s).")
+        raise ConfigError(
+            f"--device {device}: this machine has {torch.cuda.device_count()} CUDA device(s)."
+        )
     if device == "mps" and not torch.backends.mps.is_available():
-        raise ConfigError("--device mps was asked for but MPS is not available here; use --device cpu.")
+        raise ConfigError(
+            "--device mps was asked for but MPS is not available here; use --device cpu."
+        )
 
 
 def profile_jobs(sweep: SweepConfig) -> list["ProfileRun"]:
@@ -154,9 +217,15 @@ def profile_jobs(sweep: SweepConfig) -> list["ProfileRun"]:
     if not sweep.profile:
         return []
     base = QUICK_PROFILE if sweep.quick else SMALL_PROFILE
-    config = dataclasses.replace(base, device=sweep.device, threads=sweep.threads or torch.get_num_threads(),
-                                 plugin_dirs=loaded_plugin_dirs())
-    longest = longest_training_sequence(sweep.tasks[0])  # options tied to the training length: the first task's
+    config = dataclasses.replace(
+        base,
+        device=sweep.device,
+        threads=sweep.threads or torch.get_num_threads(),
+        plugin_dirs=loaded_plugin_dirs(),
+    )
+    longest = longest_training_sequence(
+        sweep.tasks[0]
+    )  # options tied to the training length: the first task's
     return [ProfileRun(resolve_tied_options(spec, longest), config) for spec in sweep.encodings]
 
 
@@ -175,10 +244,14 @@ def run_sweep(
     from posbench.experiment.executors import LocalExecutor
 
     with torch.random.fork_rng(devices=rng_devices(sweep.device)):  # probe models draw weights too
-        return _run_sweep(sweep, Path(out_dir), force, reporter or SilentReporter(), executor or LocalExecutor())
+        return _run_sweep(
+            sweep, Path(out_dir), force, reporter or SilentReporter(), executor or LocalExecutor()
+        )
 
 
-def _run_sweep(sweep: SweepConfig, out_dir: Path, force: bool, reporter: Reporter, executor: "Executor") -> SweepOutcome:
+def _run_sweep(
+    sweep: SweepConfig, out_dir: Path, force: bool, reporter: Reporter, executor: "Executor"
+) -> SweepOutcome:
     sweep = resolve_sweep(sweep)
     runs = expand_runs(sweep)
     profiles = profile_jobs(sweep)
@@ -204,11 +277,15 @@ def _run_sweep(sweep: SweepConfig, out_dir: Path, force: bool, reporter: Reporte
         outcome.skipped = [run.run_id for run, job in zip(runs, jobs) if job is None]
         reporter.sweep_started(len(runs), len(pending))
         by_id = {job.run.run_id: job.run for job in pending}
-        with closing(executor.map(pending, sweep.threads, reporter, loaded_plugin_dirs())) as outputs:
+        with closing(
+            executor.map(pending, sweep.threads, reporter, loaded_plugin_dirs())
+        ) as outputs:
             for output in outputs:
                 store_run(RunFolder(out_dir / output.run_id), output)
                 outcome.ran.append(output.run_id)
-                reporter.run_finished(by_id[output.run_id], output.status, output.result.get("seconds", 0.0))
+                reporter.run_finished(
+                    by_id[output.run_id], output.status, output.result.get("seconds", 0.0)
+                )
                 write_results_csv(out_dir, outcome.problems)
         for job in variants:
             reporter.note(f"evaluating {job.label} (the trained model, no retraining)")
@@ -246,7 +323,9 @@ def _job(folder: RunFolder, run: RunConfig, force: bool) -> RunJob | None:
     return RunJob(run)
 
 
-def _profile_encodings(jobs: list["ProfileRun"], out_dir: Path, force: bool, reporter: Reporter, outcome: SweepOutcome) -> None:
+def _profile_encodings(
+    jobs: list["ProfileRun"], out_dir: Path, force: bool, reporter: Reporter, outcome: SweepOutcome
+) -> None:
     """The small default latency/memory profile, one stored folder per encoding."""
     from posbench.experiment.profiling import run_profile
 
@@ -259,8 +338,13 @@ def _profile_encodings(jobs: list["ProfileRun"], out_dir: Path, force: bool, rep
             outcome.failures[job.label] = result.get("error", "unknown error")
 
 
-def run_bench(config: "BenchConfig", names: list[str], out_dir: Path, force: bool = False,
-              on_profile: Callable[[str], None] = lambda label: None) -> list[str]:
+def run_bench(
+    config: "BenchConfig",
+    names: list[str],
+    out_dir: Path,
+    force: bool = False,
+    on_profile: Callable[[str], None] = lambda label: None,
+) -> list[str]:
     """`posbench bench`: profile each encoding of `names` into its own folder of the sweep
     folder `out_dir` (locked while written), skipping finished ones; results.csv is rebuilt
     after each. Returns the run ids; `on_profile` hears each encoding's label as it starts."""
@@ -269,8 +353,11 @@ def run_bench(config: "BenchConfig", names: list[str], out_dir: Path, force: boo
     jobs = [ProfileRun(EncodingSpec(name), config) for name in names]
     prepare_sweep_dir(out_dir)
     with sweep_lock(out_dir):
-        write_sweep_marker(out_dir, {"bench": jobs[0].to_dict()["bench"] if jobs else {}},
-                           {job.run_id: job.label for job in jobs})
+        write_sweep_marker(
+            out_dir,
+            {"bench": jobs[0].to_dict()["bench"] if jobs else {}},
+            {job.run_id: job.label for job in jobs},
+        )
         for job in jobs:
             on_profile(job.label)
             run_profile(job, out_dir, force)
@@ -282,9 +369,15 @@ def store_run(folder: RunFolder, output: RunOutput) -> str:
     """Write a run's files atomically, result.json last (the mark of a finished run). A run
     whose evaluation failed keeps its trained model and the measurements taken so far."""
     keep = output.status == "ok" or output.result.get("stage") == "evaluation"
-    folder.store(output.config, output.env, output.log, output.result,
-                 output.measurements if keep else None, output.model_state if keep else None,
-                 output.artifacts if output.status == "ok" else None)
+    folder.store(
+        output.config,
+        output.env,
+        output.log,
+        output.result,
+        output.measurements if keep else None,
+        output.model_state if keep else None,
+        output.artifacts if output.status == "ok" else None,
+    )
     return output.status
 
 
@@ -293,6 +386,6 @@ def load_run(folder: Path) -> tuple[RunConfig, Any]:
     stored = RunFolder(folder)
     run = RunConfig.from_dict(stored.config())
     task = create_task(run.task.name, **run.task.options)
-    model = build_model(run.model, run.encoding, task)
+    model = decoder_for(run.model, run.encoding, task)
     model.load_state_dict(stored.model_state())
     return run, model

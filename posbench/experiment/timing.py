@@ -7,6 +7,7 @@ CPU time *other* processes used (all CPUs' busy time in /proc/stat minus this pr
 children included), repeats the measurement while that exceeds CONTENTION_LIMIT cores, and
 reports what stayed noisy, so a busy machine's numbers are marked rather than printed as
 findings."""
+
 from __future__ import annotations
 
 import os
@@ -32,8 +33,9 @@ def time_ms(fn: Callable[[], Any], threads: int, min_run_time: float) -> tuple[f
     return measurement.median * 1e3, measurement.iqr * 1e3
 
 
-def interleaved_times(runs: dict[Hashable, Callable[[], Any]], threads: int, min_run_time: float,
-                      rounds: int = 2) -> dict[Hashable, tuple[float, float]]:
+def interleaved_times(
+    runs: dict[Hashable, Callable[[], Any]], threads: int, min_run_time: float, rounds: int = 2
+) -> dict[Hashable, tuple[float, float]]:
     """Median and IQR in ms of each run, timed in turn over `rounds` rounds that share
     min_run_time; the fastest round's median counts."""
     times: dict[Hashable, tuple[float, float]] = {}
@@ -63,10 +65,14 @@ def cpu_sample() -> CpuSample | None:
             fields = own.read().rsplit(")", 1)[1].split()
     except OSError:
         return None
-    ticks = [int(v) for v in lines[0].split()[1:9]]  # user nice system idle iowait irq softirq steal
+    ticks = [
+        int(v) for v in lines[0].split()[1:9]
+    ]  # user nice system idle iowait irq softirq steal
     cpus = sum(1 for line in lines if line.startswith("cpu") and line[3:4].isdigit())
     own = sum(int(v) for v in fields[11:15])  # utime stime cutime cstime
-    return CpuSample(busy=sum(ticks) - ticks[3] - ticks[4], total=sum(ticks), own=own, cpus=max(cpus, 1))
+    return CpuSample(
+        busy=sum(ticks) - ticks[3] - ticks[4], total=sum(ticks), own=own, cpus=max(cpus, 1)
+    )
 
 
 def foreign_cores(before: CpuSample, after: CpuSample) -> float:
@@ -94,12 +100,17 @@ class Guarded:
         """The row note for a contended measurement ("" when it was quiet)."""
         if not self.contended:
             return ""
-        return (f"noisy: other processes used {self.contention:.1f} cores during this timing "
-                f"({self.tries} tries)")
+        return (
+            f"noisy: other processes used {self.contention:.1f} cores during this timing "
+            f"({self.tries} tries)"
+        )
 
 
-def guarded(measure: Callable[[], T], tries: int = NOISE_TRIES,
-            sample: Callable[[], CpuSample | None] = cpu_sample) -> Guarded:
+def guarded(
+    measure: Callable[[], T],
+    tries: int = NOISE_TRIES,
+    sample: Callable[[], CpuSample | None] = cpu_sample,
+) -> Guarded:
     """Run `measure`, repeating it (up to `tries` times in all) while other processes used
     more than CONTENTION_LIMIT cores during it; keeps the least contended try."""
     best: Guarded | None = None
@@ -108,7 +119,9 @@ def guarded(measure: Callable[[], T], tries: int = NOISE_TRIES,
         value = measure()
         after = sample()
         contention = foreign_cores(before, after) if before and after else None
-        if best is None or (contention is not None and best.contention is not None and contention < best.contention):
+        if best is None or (
+            contention is not None and best.contention is not None and contention < best.contention
+        ):
             best = Guarded(value, contention, attempt)
         best.tries = attempt
         if not best.contended:
@@ -130,10 +143,15 @@ def noise_note(guard: Guarded, *timings: tuple[float, float]) -> str:
 def describe_method() -> str:
     """How noise was controlled, for reports."""
     return (
-        f"Medians of torch.utils.benchmark's blocked autorange on a fixed thread count; each encoding "
-        f"alternates with the baseline over rounds and the fastest round counts. Around each measurement the "
-        f"CPU time of other processes is read from /proc/stat (minus this process's own); a measurement during "
-        f"which they used more than {CONTENTION_LIMIT} cores is repeated up to {NOISE_TRIES} times, and one that "
-        f"stays contended, or whose IQR exceeds {IQR_LIMIT:.0%} of its median, is marked noisy (cpu count "
+        "Medians of torch.utils.benchmark's blocked autorange on a fixed thread count; each "
+        "encoding "
+        "alternates with the baseline over rounds and the fastest round counts. Around each "
+        "measurement the "
+        "CPU time of other processes is read from /proc/stat (minus this process's own); a "
+        "measurement during "
+        f"which they used more than {CONTENTION_LIMIT} cores is repeated up to {NOISE_TRIES} "
+        "times, and one that "
+        f"stays contended, or whose IQR exceeds {IQR_LIMIT:.0%} of its median, is marked noisy "
+        "(cpu count "
         f"{os.cpu_count()})."
     )

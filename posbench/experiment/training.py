@@ -1,5 +1,6 @@
 """One training loop for every encoding: AdamW, linear warmup then cosine decay, clipping,
 a fixed number of steps, one length drawn per batch from the task's training range."""
+
 from __future__ import annotations
 
 import math
@@ -59,7 +60,9 @@ def recurrent_loss(model: Decoder, batch: Batch, segment_len: int, mem_len: int)
         logits = model(tokens, cache=cache)
         n = int((targets != IGNORE).sum())
         if n:
-            total = total + F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=IGNORE, reduction="sum")
+            total = total + F.cross_entropy(
+                logits.flatten(0, 1), targets.flatten(), ignore_index=IGNORE, reduction="sum"
+            )
             count += n
     return total / max(count, 1)
 
@@ -77,7 +80,9 @@ def train(
     """Train `model` on `task` for config.steps steps, or until `should_stop` (asked every
     config.check_every steps) says so; raises Diverged on a non-finite loss."""
     model.to(device).train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+    optimizer = torch.optim.AdamW(
+        model.parameters(), lr=config.lr, weight_decay=config.weight_decay
+    )
     generator = torch.Generator().manual_seed(seed)
     lo, hi = task.train_lengths
     segment = config.train_segment_len or config.train_mem_len

@@ -13,6 +13,7 @@ decoding merges key blocks:
 The backward pass reuses the merged output and log-sum-exp: the flash backward given the total
 (out, lse) forms exactly the far part's share of dq, dk, dv, and the near blocks form theirs and
 the band's gradient. Nothing of size L x L is allocated."""
+
 from __future__ import annotations
 
 import functools
@@ -45,7 +46,9 @@ def _near_blocks(q: Tensor, k_padded: Tensor, band: Tensor, scale: float):
         r1 = min(r0 + ROWS, L)
         rows, keys = r1 - r0, r1 - r0 + W - 1
         mask = _additive_mask(rows, W, max(0, W - 1 - r0), q.device, q.dtype)  # (rows, keys)
-        logits = torch.baddbmm(mask, q_rows[:, r0:r1], k_rows[:, r0 : r0 + keys].transpose(-1, -2), alpha=scale)
+        logits = torch.baddbmm(
+            mask, q_rows[:, r0:r1], k_rows[:, r0 : r0 + keys].transpose(-1, -2), alpha=scale
+        )
         logits = logits.view(B, H, rows, keys)
         diagonal = _band_of(logits, W)  # row a's band: columns a .. a + W - 1
         diagonal += band[:, :, r0:r1] if band.shape[2] > 1 else band
@@ -53,12 +56,16 @@ def _near_blocks(q: Tensor, k_padded: Tensor, band: Tensor, scale: float):
 
 
 @functools.lru_cache(maxsize=16)
-def _additive_mask(rows: int, W: int, before_key_0: int, device: torch.device, dtype: torch.dtype) -> Tensor:
+def _additive_mask(
+    rows: int, W: int, before_key_0: int, device: torch.device, dtype: torch.dtype
+) -> Tensor:
     """(rows, rows + W - 1): 0 on each row's band of W keys from key 0 on, -inf elsewhere."""
     column = torch.arange(rows + W - 1, device=device)
     row = torch.arange(rows, device=device)[:, None]
     outside = (column < row) | (column >= row + W) | (column < before_key_0)
-    return torch.zeros(outside.shape, device=device, dtype=dtype).masked_fill_(outside, float("-inf"))
+    return torch.zeros(outside.shape, device=device, dtype=dtype).masked_fill_(
+        outside, float("-inf")
+    )
 
 
 def _probabilities(logits: Tensor, lse: Tensor) -> Tensor:
@@ -81,7 +88,9 @@ def _band_of(blocked: Tensor, W: int) -> Tensor:
 
 class _BandAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, band: Tensor, scale: float) -> Tensor:  # type: ignore[override]
+    def forward(  # type: ignore[override]
+        ctx, q: Tensor, k: Tensor, v: Tensor, band: Tensor, scale: float
+    ) -> Tensor:
         B, H, L, _ = q.shape
         W = band.shape[-1]
         k_padded, v_padded = (F.pad(t, (0, 0, W - 1, 0)) for t in (k, v))  # key -W+1 .. L-1
@@ -92,12 +101,18 @@ class _BandAttention(torch.autograd.Function):
             weights = _probabilities(logits, peak)
             total = weights.sum(-1)
             lse[:, :, r0:r1] = peak + total.log()
-            out[:, :, r0:r1] = (weights @ v_padded[:, :, r0 : r0 + weights.shape[-1]]).div_(total[..., None])
+            out[:, :, r0:r1] = (weights @ v_padded[:, :, r0 : r0 + weights.shape[-1]]).div_(
+                total[..., None]
+            )
         if L > W:
-            out_far, lse_far = flash_ops.forward(q[:, :, W:], k[:, :, : L - W], v[:, :, : L - W], True, None, scale)
+            out_far, lse_far = flash_ops.forward(
+                q[:, :, W:], k[:, :, : L - W], v[:, :, : L - W], True, None, scale
+            )
             total = torch.logaddexp(lse[:, :, W:], lse_far)
-            out[:, :, W:] = (out[:, :, W:] * (lse[:, :, W:] - total).exp()[..., None]
-                             + out_far * (lse_far - total).exp()[..., None])
+            out[:, :, W:] = (
+                out[:, :, W:] * (lse[:, :, W:] - total).exp()[..., None]
+                + out_far * (lse_far - total).exp()[..., None]
+            )
             lse[:, :, W:] = total
         ctx.save_for_backward(q, k, v, band, out, lse)
         ctx.scale = scale
@@ -114,9 +129,15 @@ class _BandAttention(torch.autograd.Function):
         if L > W:  # far keys 0 .. L - W - 1 sit at rows W - 1 .. L - 2 of the padded keys
             dq[:, :, W:], dk_padded[:, :, W - 1 : L - 1], dv_padded[:, :, W - 1 : L - 1] = (
                 flash_ops.backward(
-                    grad_out[:, :, W:].contiguous(), q[:, :, W:].contiguous(), k[:, :, : L - W].contiguous(),
-                    v[:, :, : L - W].contiguous(), out[:, :, W:].contiguous(), _lse_layout(lse[:, :, W:]),
-                    True, None, scale,
+                    grad_out[:, :, W:].contiguous(),
+                    q[:, :, W:].contiguous(),
+                    k[:, :, : L - W].contiguous(),
+                    v[:, :, : L - W].contiguous(),
+                    out[:, :, W:].contiguous(),
+                    _lse_layout(lse[:, :, W:]),
+                    True,
+                    None,
+                    scale,
                 )
             )
         q3, k3, v3, grad3 = _flat(q), _flat(k_padded), _flat(v_padded), _flat(grad_out)
@@ -124,13 +145,20 @@ class _BandAttention(torch.autograd.Function):
         minus_delta = _flat((grad_out * out).sum(-1, keepdim=True).neg_())  # (B * H, L, 1)
         per_row = band.shape[2] > 1
         reduce = [dim for dim, size in ((0, band.shape[0]), (2, band.shape[2])) if size == 1]
-        dband = torch.zeros(band.shape, dtype=q.dtype, device=q.device) if ctx.needs_input_grad[3] else None
+        dband = (
+            torch.zeros(band.shape, dtype=q.dtype, device=q.device)
+            if ctx.needs_input_grad[3]
+            else None
+        )
         for r0, r1, logits in _near_blocks(q, k_padded, band, scale):
             keys = logits.shape[-1]
             probs = _flat(_probabilities(logits, lse[:, :, r0:r1]))  # (B * H, rows, keys)
-            ds = torch.baddbmm(minus_delta[:, r0:r1], grad3[:, r0:r1], v3[:, r0 : r0 + keys].transpose(-1, -2))
+            ds = torch.baddbmm(
+                minus_delta[:, r0:r1], grad3[:, r0:r1], v3[:, r0 : r0 + keys].transpose(-1, -2)
+            )
             ds.mul_(probs)  # dS = P * (dP - rowsum(dO * O))
-            # (slices of the gradients are not contiguous: an in-place baddbmm_ would loop per matrix)
+            # (slices of the gradients are not contiguous: an in-place baddbmm_ would loop per
+            # matrix)
             dv3[:, r0 : r0 + keys] += torch.bmm(probs.transpose(-1, -2), grad3[:, r0:r1])
             dq3[:, r0:r1].add_(torch.bmm(ds, k3[:, r0 : r0 + keys]), alpha=scale)
             dk3[:, r0 : r0 + keys].add_(torch.bmm(ds.transpose(-1, -2), q3[:, r0:r1]), alpha=scale)

@@ -4,6 +4,7 @@ A bias is either a tensor broadcastable to (B, H, Lq, Lk) or a :class:`BandBias`
 band of W keys plus a row constant), which the band kernel runs in O(L * W) memory. Toeplitz
 expansion of per-distance values, with a backward pass that sums diagonals, lives here too.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -76,9 +77,12 @@ class _Toeplitz(torch.autograd.Function):
     @staticmethod
     def forward(ctx, values: Tensor, q_len: int, k_len: int) -> Tensor:  # type: ignore[override]
         ctx.shape = (q_len, k_len)
-        # rows reversed, the matrix is a Hankel view of the reversed values: [h, Lq-1-a, b] = w[h, a + b]
+        # rows reversed, the matrix is a Hankel view of the reversed values: [h, Lq-1-a, b] = w[h, a
+        # + b]
         reversed_values = values.flip(-1).contiguous()  # (H, Lq + Lk - 1)
-        hankel = reversed_values.as_strided((values.shape[0], q_len, k_len), (reversed_values.stride(0), 1, 1))
+        hankel = reversed_values.as_strided(
+            (values.shape[0], q_len, k_len), (reversed_values.stride(0), 1, 1)
+        )
         return hankel.flip(-2)
 
     @staticmethod

@@ -9,6 +9,7 @@ so blocks above the diagonal are skipped, and the backward pass runs the flash b
 k and v and, when the bias needs a gradient, forms dS = P * (dP - rowsum(dO * O)) one block
 of query rows at a time, P = exp(S - logsumexp), over the keys those rows can see. A
 BandBias (T5, DeBERTa) goes to posbench.kernels.band_attention instead."""
+
 from __future__ import annotations
 
 import torch
@@ -23,7 +24,9 @@ FLASH_MIN_PAIRS = 128 * 128
 ROW_BLOCK = 64
 
 
-def _bias_gradient(saved: tuple[Tensor, ...], grad_out: Tensor, scale: float, causal_mask: Tensor | None) -> Tensor:
+def _bias_gradient(
+    saved: tuple[Tensor, ...], grad_out: Tensor, scale: float, causal_mask: Tensor | None
+) -> Tensor:
     """dL/dbias for a bias (Bb, Hb, L, Lk) broadcast against (B, H, L, Lk): dS one block of
     query rows at a time. With the kernel's causal masking (causal_mask (L, L)) only the keys
     each block sees; otherwise every key, masked ones already -inf in the bias."""
@@ -36,11 +39,15 @@ def _bias_gradient(saved: tuple[Tensor, ...], grad_out: Tensor, scale: float, ca
     for r0 in range(0, q_len, ROW_BLOCK):
         r1 = min(r0 + ROW_BLOCK, q_len)
         keys = k_len if future is None else r1
-        scores = torch.matmul(q[:, :, r0:r1], k[:, :, :keys].transpose(-1, -2)).mul_(scale)  # (B, H, rows, keys)
+        scores = torch.matmul(q[:, :, r0:r1], k[:, :, :keys].transpose(-1, -2)).mul_(
+            scale
+        )  # (B, H, rows, keys)
         scores += bias[:, :, r0:r1, :keys]
         if future is not None:  # the kernel's own masking left the bias unmasked above the diagonal
             scores.masked_fill_(future[r0:r1, :keys], float("-inf"))
-        probs = scores.sub_(lse[:, :, r0:r1, None]).clamp_(min=EXP_FLOOR).exp_()  # masked: exp(-87) ~ 0
+        probs = (
+            scores.sub_(lse[:, :, r0:r1, None]).clamp_(min=EXP_FLOOR).exp_()
+        )  # masked: exp(-87) ~ 0
         dprobs = torch.matmul(grad_out[:, :, r0:r1], v[:, :, :keys].transpose(-1, -2))
         ds = probs.mul_(dprobs.sub_(delta[:, :, r0:r1]))  # dS = P * (dP - rowsum(dO * O))
         dbias[:, :, r0:r1, :keys] += ds.sum(reduce, keepdim=True) if reduce else ds
@@ -49,8 +56,15 @@ def _bias_gradient(saved: tuple[Tensor, ...], grad_out: Tensor, scale: float, ca
 
 class _FlashBiasedAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, bias: Tensor, scale: float,  # type: ignore[override]
-                causal_mask: Tensor | None) -> Tensor:
+    def forward(
+        ctx,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        bias: Tensor,
+        scale: float,  # type: ignore[override]
+        causal_mask: Tensor | None,
+    ) -> Tensor:
         """causal_mask (L, L) for square scores the kernel masks itself, else None (any
         masking is already -inf in the bias)."""
         mask = bias.detach()
@@ -64,13 +78,25 @@ class _FlashBiasedAttention(torch.autograd.Function):
         grad_out = grad_out.contiguous()
         saved = ctx.saved_tensors
         q, k, v, mask, out, lse = saved
-        dq, dk, dv = flash_ops.backward(grad_out, q, k, v, out, lse, ctx.causal_mask is not None, mask, ctx.scale)
-        dbias = _bias_gradient(saved, grad_out, ctx.scale, ctx.causal_mask) if ctx.needs_input_grad[3] else None
+        dq, dk, dv = flash_ops.backward(
+            grad_out, q, k, v, out, lse, ctx.causal_mask is not None, mask, ctx.scale
+        )
+        dbias = (
+            _bias_gradient(saved, grad_out, ctx.scale, ctx.causal_mask)
+            if ctx.needs_input_grad[3]
+            else None
+        )
         return dq, dk, dv, dbias, None, None
 
 
-def biased_attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | BandBias, scale: float,
-                     causal_mask: Tensor | None) -> Tensor:
+def biased_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    bias: Tensor | BandBias,
+    scale: float,
+    causal_mask: Tensor | None,
+) -> Tensor:
     """softmax(scale * q k^T + bias) v for q, k (B, H, Lq|Lk, d), v (B, H, Lk, d) and a bias
     broadcastable to (B, H, Lq, Lk); causal_mask (Lq, Lk) is True where attention is allowed
     (None: no mask). A causal mask over a square score matrix uses the kernel's own causal
@@ -78,7 +104,9 @@ def biased_attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | BandBias, s
     q_len, k_len = q.shape[-2], k.shape[-2]
     fused_causal = causal_mask is not None and q_len == k_len
     flash = (
-        q.device.type == "cpu" and q.dtype == torch.float32 and q.shape[-1] == v.shape[-1]
+        q.device.type == "cpu"
+        and q.dtype == torch.float32
+        and q.shape[-1] == v.shape[-1]
         and q_len * k_len >= FLASH_MIN_PAIRS  # below, the math path's few ops win
         and flash_ops.available()
     )
@@ -94,6 +122,8 @@ def biased_attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | BandBias, s
         return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=scale)
     q, k, v, bias = q.contiguous(), k.contiguous(), v.contiguous(), bias.contiguous()
     if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, bias)):
-        return _FlashBiasedAttention.apply(q, k, v, bias, scale, causal_mask if fused_causal else None)
+        return _FlashBiasedAttention.apply(
+            q, k, v, bias, scale, causal_mask if fused_causal else None
+        )
     out, _ = flash_ops.forward(q, k, v, fused_causal, bias, scale)
     return out

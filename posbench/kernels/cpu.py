@@ -3,11 +3,13 @@ CPU thread torch computes on.
 
 Softmax over long rows produces probabilities such as exp(-100) that are denormal in float32;
 x86 cores process those tens of times slower, and ALiBi's linear penalty makes them common
-(they make its forward and backward pass about twice as slow as attention without positions). ``torch.set_flush_denormal`` sets
+(they make its forward and backward pass about twice as slow as attention without positions).
+``torch.set_flush_denormal`` sets
 FTZ/DAZ for the calling thread only, while torch's kernels run on OpenMP worker threads, so
 this runs it once inside an OpenMP parallel region of the runtime torch itself loaded.
 TensorFlow flushes denormals on its compute threads by default for the same reason; the effect
 on results is below 1e-38 in absolute value."""
+
 from __future__ import annotations
 
 import ctypes
@@ -63,8 +65,12 @@ def flush_denormals() -> bool:
     if not torch.set_flush_denormal(True):
         return False
     key = (os.getpid(), threading.get_ident(), torch.get_num_threads())
-    if key not in _applied and (torch.get_num_threads() == 1 or _set_on_openmp_workers(torch.get_num_threads(), True)):
-        _applied.add(key)  # without a reachable OpenMP runtime only this thread flushes: not recorded
+    if key not in _applied and (
+        torch.get_num_threads() == 1 or _set_on_openmp_workers(torch.get_num_threads(), True)
+    ):
+        _applied.add(
+            key
+        )  # without a reachable OpenMP runtime only this thread flushes: not recorded
     return True
 
 

@@ -6,6 +6,7 @@ kernel underneath takes both, which keeps causal block skipping for biased atten
 aten ops are private and may change with a torch release, so posbench probes them once (a
 tiny forward and backward); where they are missing or changed, `available()` is False and
 attention falls back to SDPA's public math path: slower, the same numbers."""
+
 from __future__ import annotations
 
 import functools
@@ -27,13 +28,26 @@ def available() -> bool:
     return True
 
 
-def forward(q: Tensor, k: Tensor, v: Tensor, is_causal: bool, mask: Tensor | None, scale: float) -> tuple[Tensor, Tensor]:
+def forward(
+    q: Tensor, k: Tensor, v: Tensor, is_causal: bool, mask: Tensor | None, scale: float
+) -> tuple[Tensor, Tensor]:
     """(out (B, H, Lq, d), logsumexp (B, H, Lq)) of softmax(scale q k^T + mask) v."""
-    return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, is_causal, attn_mask=mask, scale=scale)
+    return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+        q, k, v, 0.0, is_causal, attn_mask=mask, scale=scale
+    )
 
 
-def backward(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, is_causal: bool,
-             mask: Tensor | None, scale: float) -> tuple[Tensor, Tensor, Tensor]:
+def backward(
+    grad_out: Tensor,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    out: Tensor,
+    lse: Tensor,
+    is_causal: bool,
+    mask: Tensor | None,
+    scale: float,
+) -> tuple[Tensor, Tensor, Tensor]:
     """(dq, dk, dv) of `forward`, given its output and log-sum-exp."""
     return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
         grad_out, q, k, v, out, lse, 0.0, is_causal, attn_mask=mask, scale=scale

@@ -1,4 +1,5 @@
 """Attention masks, cached per shape and device."""
+
 from __future__ import annotations
 
 import torch

@@ -1,5 +1,6 @@
 """`posbench report`: results.csv, summary.csv and one self-contained report.html, built only
 from the stored results (so it can be regenerated any time, also from a partial sweep)."""
+
 from __future__ import annotations
 
 import base64
@@ -31,10 +32,19 @@ from posbench.store import (
     sweep_marker,
     sweep_members,
 )
-from posbench.report.stats import GENERALISES_AT, Interval, mean_interval
+from posbench.report.stats import GENERALISES_AT, Interval
 from posbench.report.summary import (
-    EFFECTIVE_AT, EFFECTIVE_PENALTY, HEADLINE_COLUMNS, LM_COLUMNS, comparison_kind, cross_task_ranking, headline,
-    learned_in_distribution, lm_headline,
+    EFFECTIVE_AT,
+    EFFECTIVE_PENALTY,
+    HEADLINE_COLUMNS,
+    LM_COLUMNS,
+    comparison_kind,
+    cost_columns,
+    cross_task_ranking,
+    headline,
+    learned_in_distribution,
+    lm_headline,
+    summarise,
 )
 from posbench.experiment.timing import describe_method
 
@@ -66,47 +76,6 @@ def default_report_dir(sweep_dir: Path) -> Path:
     return sweep_dir / "report"
 
 
-def summarise(frame: pd.DataFrame) -> pd.DataFrame:
-    """One row per task x encoding x length, position or memory length x metric: mean, std, the 95%
-    t interval of the mean over seeds (NaN with one seed), the best seed's value, seeds."""
-    keys = ["task", "encoding_label", "metric", "eval_len", "position", "mem_len", "seq_len"]
-    grouped = frame.groupby(keys, dropna=False)
-    summary = grouped["value"].agg(mean="mean", std="std", best="max").reset_index()
-    intervals = [mean_interval(group.values) for _, group in grouped["value"]]
-    summary["ci95_low"] = [i.low for i in intervals]
-    summary["ci95_high"] = [i.high for i in intervals]
-    summary["n_seeds"] = grouped["seed"].nunique(dropna=False).values
-    summary["n"] = grouped["value"].count().values
-    return summary
-
-
-def cost_columns(frame: pd.DataFrame) -> pd.DataFrame:
-    """Per encoding: fwd+bwd latency ratio to nope and peak memory ratio to nope, at the
-    longest sequence length profiled for both."""
-    rows = frame[frame["seq_len"].notna() & frame["value"].notna()]
-    out = []
-    for label, group in rows.groupby("encoding_label"):
-        entry: dict[str, Any] = {"encoding_label": label}
-        ratio = group[group["metric"] == "latency_fwdbwd_ratio"]
-        if not ratio.empty:
-            longest = ratio["seq_len"].max()
-            at_longest = ratio[ratio["seq_len"] == longest]
-            entry["latency_ratio"] = at_longest["value"].median()
-            entry["latency_at"] = int(longest)
-            entry["latency_noisy"] = bool(at_longest["note"].str.startswith("noisy").any())
-        memory = group[group["metric"] == "peak_mem_mb"]
-        base = rows[(rows["encoding"] == "nope") & (rows["metric"] == "peak_mem_mb")]
-        common = sorted(set(memory["seq_len"]) & set(base["seq_len"]))
-        if common:
-            L = common[-1]
-            denominator = base[base["seq_len"] == L]["value"].median()
-            if denominator > 0:
-                entry["memory_ratio"] = memory[memory["seq_len"] == L]["value"].median() / denominator
-                entry["memory_at"] = int(L)
-        out.append(entry)
-    return pd.DataFrame(out, columns=["encoding_label", "latency_ratio", "latency_at", "latency_noisy", "memory_ratio", "memory_at"])
-
-
 def _headline_rows(frame: pd.DataFrame) -> tuple[list[dict[str, Any]], dict[str, str]]:
     table = headline(frame)
     comparisons = comparison_kind(frame)
@@ -116,14 +85,25 @@ def _headline_rows(frame: pd.DataFrame) -> tuple[list[dict[str, Any]], dict[str,
     for column in COST_COLUMNS:
         if column not in table:
             table[column] = math.nan
-    noisy = table["latency_noisy"].fillna(False).astype(bool) if "latency_noisy" in table else pd.Series(False, index=table.index)
+    noisy = (
+        table["latency_noisy"].fillna(False).astype(bool)
+        if "latency_noisy" in table
+        else pd.Series(False, index=table.index)
+    )
     learned = learned_in_distribution(frame)
-    ranked = pd.Series([bool(learned.get((t, e), True)) for t, e in zip(table["task"], table["encoding_label"])],
-                       index=table.index, dtype=bool)  # a model that did not learn its task is never "best"
+    ranked = pd.Series(
+        [bool(learned.get((t, e), True)) for t, e in zip(table["task"], table["encoding_label"])],
+        index=table.index,
+        dtype=bool,
+    )  # a model that did not learn its task is never "best"
     best: dict[tuple[str, str], float] = {}
     for task, group in table.groupby("task"):
         for column in ACCURACY_COLUMNS + COST_COLUMNS:
-            values = group[column][~noisy[group.index]] if column == "latency_ratio" else group[column][ranked[group.index]]
+            values = (
+                group[column][~noisy[group.index]]
+                if column == "latency_ratio"
+                else group[column][ranked[group.index]]
+            )
             values = values.dropna()
             if values.nunique() > 1:  # a tie everywhere marks nothing
                 best[(task, column)] = values.max() if column in ACCURACY_COLUMNS else values.min()
@@ -134,33 +114,68 @@ def _headline_rows(frame: pd.DataFrame) -> tuple[list[dict[str, Any]], dict[str,
             value = record.get(column)
             missing = value is None or (isinstance(value, float) and math.isnan(value))
             if column in ACCURACY_COLUMNS:
-                text = Interval(value if not missing else math.nan, record[f"{column}_low"], record[f"{column}_high"], 0).text()
+                text = Interval(
+                    value if not missing else math.nan,
+                    record[f"{column}_low"],
+                    record[f"{column}_high"],
+                    0,
+                ).text()
             else:
                 text = "n/a" if missing else f"{value:.2f}x"
-            flagged = column == "latency_ratio" and bool(record.get("latency_noisy")) and not missing
+            flagged = (
+                column == "latency_ratio" and bool(record.get("latency_noisy")) and not missing
+            )
             untrained = _reads_untrained(record, column) and not missing
-            cells[column] = {"text": text + (" (noisy)" if flagged else "") + (" †" if untrained else ""),
-                             "best": not missing and not flagged and best.get((record["task"], column)) == value}
+            cells[column] = {
+                "text": text + (" (noisy)" if flagged else "") + (" †" if untrained else ""),
+                "best": not missing and not flagged and best.get((record["task"], column)) == value,
+            }
         effective = record.get("effective_length")
-        cells["effective_length"] = {"text": "n/a" if effective is None or math.isnan(effective) else Interval(
-            effective, record["effective_length_low"], record["effective_length_high"], 0).text(1), "best": False}
+        cells["effective_length"] = {
+            "text": "n/a"
+            if effective is None or math.isnan(effective)
+            else Interval(
+                effective, record["effective_length_low"], record["effective_length_high"], 0
+            ).text(1),
+            "best": False,
+        }
         chance = record.get("chance_at_2x")
-        cells["chance_at_2x"] = {"text": "n/a" if chance is None or math.isnan(chance) else f"{chance:.2f}", "best": False}
-        rows.append({
-            "task": record["task"], "comparison": comparisons.get(record["task"], ""),
-            "label": record["encoding_label"], "seeds": int(record["seeds"]),
-            "best_at_2x": "n/a" if math.isnan(record["best_at_2x"]) else f"{record['best_at_2x']:.2f}",
-            "generalising": "n/a" if math.isnan(record["generalising"]) else f"{record['generalising']:.0%}",
-            "steps": "" if not isinstance(record.get("reached_threshold"), str) else (
-                f"{record['steps_to_threshold']:.0f} ({record['reached_threshold']})"
-                if not math.isnan(record["steps_to_threshold"]) else f"not reached (0/{record['reached_threshold'].split('/')[1]})"),
-            "undertrained": not learned.get((record["task"], record["encoding_label"]), True),
-            "cells": cells,
-        })
-    notes = {"interval": "mean over seeds ± the half-width of its 95% Student-t interval"
-                         if (table["seeds"] > 1).any() else "one seed per encoding: no interval can be given (run --seeds 0,1,2)",
-             "generalises": f"{GENERALISES_AT:.0%}", "unlearned_excess": f"{UNLEARNED_EXCESS}",
-             "effective_at": f"{EFFECTIVE_AT}", "effective_penalty": f"{EFFECTIVE_PENALTY}"}
+        cells["chance_at_2x"] = {
+            "text": "n/a" if chance is None or math.isnan(chance) else f"{chance:.2f}",
+            "best": False,
+        }
+        rows.append(
+            {
+                "task": record["task"],
+                "comparison": comparisons.get(record["task"], ""),
+                "label": record["encoding_label"],
+                "seeds": int(record["seeds"]),
+                "best_at_2x": "n/a"
+                if math.isnan(record["best_at_2x"])
+                else f"{record['best_at_2x']:.2f}",
+                "generalising": "n/a"
+                if math.isnan(record["generalising"])
+                else f"{record['generalising']:.0%}",
+                "steps": ""
+                if not isinstance(record.get("reached_threshold"), str)
+                else (
+                    f"{record['steps_to_threshold']:.0f} ({record['reached_threshold']})"
+                    if not math.isnan(record["steps_to_threshold"])
+                    else f"not reached (0/{record['reached_threshold'].split('/')[1]})"
+                ),
+                "undertrained": not learned.get((record["task"], record["encoding_label"]), True),
+                "cells": cells,
+            }
+        )
+    notes = {
+        "interval": "mean over seeds ± the half-width of its 95% Student-t interval"
+        if (table["seeds"] > 1).any()
+        else "one seed per encoding: no interval can be given (run --seeds 0,1,2)",
+        "generalises": f"{GENERALISES_AT:.0%}",
+        "unlearned_excess": f"{UNLEARNED_EXCESS}",
+        "effective_at": f"{EFFECTIVE_AT}",
+        "effective_penalty": f"{EFFECTIVE_PENALTY}",
+    }
     if costs["latency_at"].notna().any():
         notes["latency"] = f"fwd+bwd latency / nope at L={int(costs['latency_at'].max())}"
     if costs["memory_at"].notna().any():
@@ -182,24 +197,41 @@ def _lm_rows(frame: pd.DataFrame) -> list[dict[str, Any]]:
     table = lm_headline(frame)
     rows = []
     for record in table.to_dict("records"):
-        cells = {c: Interval(record[c], record[f"{c}_low"], record[f"{c}_high"], 0).text(3)
-                 for c in [c for c, _, _ in LM_COLUMNS] + ["excess_in_distribution"]}
-        cells["effective_length"] = Interval(record["effective_length"], record["effective_length_low"],
-                                             record["effective_length_high"], 0).text(0)
-        rows.append({"task": record["task"], "label": record["encoding_label"], "seeds": int(record["seeds"]), "cells": cells,
-                     "unlearned": record["learned"] is False})
+        cells = {
+            c: Interval(record[c], record[f"{c}_low"], record[f"{c}_high"], 0).text(3)
+            for c in [c for c, _, _ in LM_COLUMNS] + ["excess_in_distribution"]
+        }
+        cells["effective_length"] = Interval(
+            record["effective_length"],
+            record["effective_length_low"],
+            record["effective_length_high"],
+            0,
+        ).text(0)
+        rows.append(
+            {
+                "task": record["task"],
+                "label": record["encoding_label"],
+                "seeds": int(record["seeds"]),
+                "cells": cells,
+                "unlearned": record["learned"] is False,
+            }
+        )
     return rows
 
 
 def _representative_runs(frame: pd.DataFrame, colours: dict[str, str]) -> list[Any]:
     """Each encoding's first run (first task, lowest seed), in the report's encoding order:
     the run whose stored pictures stand for the encoding."""
-    trained = frame[frame["task"].notna()].sort_values(["task", "seed"]).drop_duplicates("encoding_label")
+    trained = (
+        frame[frame["task"].notna()].sort_values(["task", "seed"]).drop_duplicates("encoding_label")
+    )
     order = list(colours)
     return sorted(trained.itertuples(), key=lambda r: order.index(r.encoding_label))
 
 
-def _bias_pictures(sweep_dir: Path, frame: pd.DataFrame, colours: dict[str, str], problems: list[str]) -> list[dict[str, Any]]:
+def _bias_pictures(
+    sweep_dir: Path, frame: pd.DataFrame, colours: dict[str, str], problems: list[str]
+) -> list[dict[str, Any]]:
     """One heatmap per encoding (first task, lowest seed) from the bias picture its run stored,
     so no model, plugin or torch computation is needed."""
     pictures = []
@@ -212,18 +244,26 @@ def _bias_pictures(sweep_dir: Path, frame: pd.DataFrame, colours: dict[str, str]
             problems.append(f"bias picture for {record.encoding_label}: {err}")
             continue
         if stored is None:
-            problems.append(f"bias picture for {record.encoding_label}: its run stored none; "
-                            f"redo it with `posbench run --force` to draw one")
+            problems.append(
+                f"bias picture for {record.encoding_label}: its run stored none; "
+                f"redo it with `posbench run --force` to draw one"
+            )
             continue
-        pictures.append({
-            "label": record.encoding_label,
-            "task": record.task,
-            "png": plots.bias_heatmap(bias, record.encoding_label) if bias is not None else None,
-        })
+        pictures.append(
+            {
+                "label": record.encoding_label,
+                "task": record.task,
+                "png": plots.bias_heatmap(bias, record.encoding_label)
+                if bias is not None
+                else None,
+            }
+        )
     return pictures
 
 
-def _diagnostics(sweep_dir: Path, frame: pd.DataFrame, colours: dict[str, str], problems: list[str]) -> dict[str, Any]:
+def _diagnostics(
+    sweep_dir: Path, frame: pd.DataFrame, colours: dict[str, str], problems: list[str]
+) -> dict[str, Any]:
     """The score-term curves with their health flags, and attention mass by distance, from the
     files each encoding's first run (first task, lowest seed) stored; a run that stored none
     (it only evaluated a model trained before) is skipped."""
@@ -236,15 +276,24 @@ def _diagnostics(sweep_dir: Path, frame: pd.DataFrame, colours: dict[str, str], 
             result = folder.result() or {}
             probes = folder.table(TERMS_FILE)
             if probes is not None:
-                terms.append({"label": record.encoding_label, "task": record.task,
-                              "png": plots.term_curves(probes, record.encoding_label),
-                              "flags": result.get("health_flags", [])})
+                terms.append(
+                    {
+                        "label": record.encoding_label,
+                        "task": record.task,
+                        "png": plots.term_curves(probes, record.encoding_label),
+                        "flags": result.get("health_flags", []),
+                    }
+                )
             distance = folder.table(DISTANCE_FILE) if record.task == first_task else None
             if distance is not None:
                 distances[record.encoding_label] = distance
         except ResultsError as err:  # a corrupt file costs its picture, not the report
             problems.append(f"diagnostics for {record.encoding_label}: {err}")
-    return {"terms": terms, "distance_plot": plots.attention_distance(distances, colours), "distance_task": first_task}
+    return {
+        "terms": terms,
+        "distance_plot": plots.attention_distance(distances, colours),
+        "distance_task": first_task,
+    }
 
 
 def _environment(sweep_dir: Path) -> dict[str, Any]:
@@ -277,16 +326,27 @@ def _failures_and_missing(sweep_dir: Path) -> tuple[list[dict[str, str]], list[s
             failures.append({"run": label, "error": result.get("error", "")})
         elif folder.is_finished():
             finished.add(folder.run_id)
-    missing = [label for run_id, label in (members or {}).items()
-               if run_id not in finished and not any(f["run"] == label for f in failures)]
+    missing = [
+        label
+        for run_id, label in (members or {}).items()
+        if run_id not in finished and not any(f["run"] == label for f in failures)
+    ]
     return failures, missing
 
 
 def _write_figures(out_dir: Path, context: dict[str, Any]) -> None:
     """The plots as PNG files too (figures/), for papers and READMEs."""
     figures = {f"accuracy_vs_length_{t['name']}": t["length_plot"] for t in context["tasks"]}
-    figures |= {f"accuracy_vs_cache_{t['name']}": t["cache_plot"] for t in context["tasks"] if t["cache_plot"]}
-    figures |= {f"loss_vs_position_{t['name']}": t["position_plot"] for t in context["tasks"] if t["position_plot"]}
+    figures |= {
+        f"accuracy_vs_cache_{t['name']}": t["cache_plot"]
+        for t in context["tasks"]
+        if t["cache_plot"]
+    }
+    figures |= {
+        f"loss_vs_position_{t['name']}": t["position_plot"]
+        for t in context["tasks"]
+        if t["position_plot"]
+    }
     figures |= {f"cost_{name}": png for name, png in context["costs"].items()}
     if context["diagnostics"].get("distance_plot"):
         figures["attention_distance"] = context["diagnostics"]["distance_plot"]
@@ -299,13 +359,17 @@ def build_report(sweep_dir: Path, out_dir: Path) -> Report:
     """Write results.csv, summary.csv and report.html for the sweep in `sweep_dir`."""
     sweep_dir = Path(sweep_dir)
     if not sweep_dir.is_dir():
-        raise ResultsError(f"{sweep_dir} is not a folder; pass the folder `posbench run` wrote (e.g. results/default).")
+        raise ResultsError(
+            f"{sweep_dir} is not a folder; pass the folder `posbench run` wrote (e.g. "
+            "results/default)."
+        )
     problems: list[str] = []
     frame = collect(sweep_dir, problems)
     if frame.empty:
         detail = f" ({'; '.join(problems)})" if problems else ""
         raise ResultsError(
-            f"{sweep_dir} holds no finished posbench runs{detail}; run `posbench run --out {sweep_dir}` first."
+            f"{sweep_dir} holds no finished posbench runs{detail}; run `posbench run --out "
+            f"{sweep_dir}` first."
         )
     results_csv, summary_csv = out_dir / RESULTS_FILE, out_dir / "summary.csv"
     atomic_write_text(results_csv, frame.to_csv(index=False))
@@ -315,10 +379,33 @@ def build_report(sweep_dir: Path, out_dir: Path) -> Report:
     tasks = sorted(frame["task"].dropna().unique())
     headline_rows, headline_notes = _headline_rows(frame)
     costs = {
-        "latency_fwdbwd": plots.cost_plot(frame, "latency_fwdbwd_ms", "seq_len", colours, "median latency (ms)", "forward+backward latency"),
-        "latency_fwd": plots.cost_plot(frame, "latency_fwd_ms", "seq_len", colours, "median latency (ms)", "forward latency"),
-        "memory": plots.cost_plot(frame, "peak_mem_mb", "seq_len", colours, "peak memory (MiB)", "peak memory, forward+backward"),
-        "decode": plots.cost_plot(frame, "latency_decode_ms", "mem_len", colours, "median latency per token (ms)", "decoding through the cache"),
+        "latency_fwdbwd": plots.cost_plot(
+            frame,
+            "latency_fwdbwd_ms",
+            "seq_len",
+            colours,
+            "median latency (ms)",
+            "forward+backward latency",
+        ),
+        "latency_fwd": plots.cost_plot(
+            frame, "latency_fwd_ms", "seq_len", colours, "median latency (ms)", "forward latency"
+        ),
+        "memory": plots.cost_plot(
+            frame,
+            "peak_mem_mb",
+            "seq_len",
+            colours,
+            "peak memory (MiB)",
+            "peak memory, forward+backward",
+        ),
+        "decode": plots.cost_plot(
+            frame,
+            "latency_decode_ms",
+            "mem_len",
+            colours,
+            "median latency per token (ms)",
+            "decoding through the cache",
+        ),
     }
     failures, missing = _failures_and_missing(sweep_dir)
     config = sweep_marker(sweep_dir).get("config", {})
@@ -329,9 +416,14 @@ def build_report(sweep_dir: Path, out_dir: Path) -> Report:
         "headline": headline_rows,
         "headline_notes": headline_notes,
         "tasks": [
-            {"name": t, "length_plot": plots.accuracy_vs_length(frame, t, colours),
-             "position_plot": plots.loss_vs_position(frame, t, colours),
-             "cache_plot": plots.accuracy_vs_cache(frame, t, colours) if frame[(frame["task"] == t) & frame["mem_len"].notna()].shape[0] else None}
+            {
+                "name": t,
+                "length_plot": plots.accuracy_vs_length(frame, t, colours),
+                "position_plot": plots.loss_vs_position(frame, t, colours),
+                "cache_plot": plots.accuracy_vs_cache(frame, t, colours)
+                if frame[(frame["task"] == t) & frame["mem_len"].notna()].shape[0]
+                else None,
+            }
             for t in tasks
         ],
         "costs": {k: v for k, v in costs.items() if v is not None},
@@ -339,12 +431,20 @@ def build_report(sweep_dir: Path, out_dir: Path) -> Report:
         "timing_method": describe_method(),
         "literature": [dataclasses.asdict(v) for v in check_findings(frame)],
         "lm_headline": _lm_rows(frame),
-        "cross_task": [{"label": r.encoding_label, "mrr_exact_match": f"{r.mrr_exact_match:.2f}",
-                        "mrr_token_accuracy": f"{r.mrr_token_accuracy:.2f}", "tasks": int(r.tasks)}
-                       for r in cross_task_ranking(frame).itertuples()],
+        "cross_task": [
+            {
+                "label": r.encoding_label,
+                "mrr_exact_match": f"{r.mrr_exact_match:.2f}",
+                "mrr_token_accuracy": f"{r.mrr_token_accuracy:.2f}",
+                "tasks": int(r.tasks),
+            }
+            for r in cross_task_ranking(frame).itertuples()
+        ],
         "noisy_timings": int(frame["note"].fillna("").str.startswith("noisy").sum()),
         "bias": _bias_pictures(sweep_dir, frame, colours, problems) if tasks else [],
-        "diagnostics": _diagnostics(sweep_dir, frame, colours, problems) if tasks else {"terms": [], "distance_plot": None},
+        "diagnostics": _diagnostics(sweep_dir, frame, colours, problems)
+        if tasks
+        else {"terms": [], "distance_plot": None},
         "config": json.dumps(config, indent=2, sort_keys=True),
         "environment": _environment(sweep_dir),
         "failures": failures,
@@ -355,8 +455,21 @@ def build_report(sweep_dir: Path, out_dir: Path) -> Report:
         "about": config.get("about", ""),
     }
     _write_figures(out_dir, context)
-    env = Environment(loader=PackageLoader("posbench.report", "templates"), autoescape=select_autoescape(["html", "j2"]))
+    env = Environment(
+        loader=PackageLoader("posbench.report", "templates"),
+        autoescape=select_autoescape(["html", "j2"]),
+    )
     html = env.get_template("report.html.j2").render(**context)
     html_path = out_dir / "report.html"
     atomic_write_text(html_path, html)
-    return Report(out_dir, html_path, results_csv, summary_csv, headline(frame), problems, missing, others, lm_headline(frame))
+    return Report(
+        out_dir,
+        html_path,
+        results_csv,
+        summary_csv,
+        headline(frame),
+        problems,
+        missing,
+        others,
+        lm_headline(frame),
+    )

@@ -1,5 +1,6 @@
 """matplotlib figures for the report, returned as base64 PNG so the HTML is self-contained.
 One colour per encoding across every plot; log-scaled length axes where lengths double."""
+
 from __future__ import annotations
 
 import base64
@@ -42,7 +43,9 @@ def colour_map(labels: Sequence[str]) -> dict[str, str]:
     """A fixed colour per encoding label: built-ins first in their usual order, then the rest."""
     order = encoding_order(labels)
     palette = matplotlib.colormaps["tab10"].colors + matplotlib.colormaps["Dark2"].colors
-    return {label: matplotlib.colors.to_hex(palette[i % len(palette)]) for i, label in enumerate(order)}
+    return {
+        label: matplotlib.colors.to_hex(palette[i % len(palette)]) for i, label in enumerate(order)
+    }
 
 
 def to_png(fig: Figure) -> str:
@@ -61,12 +64,16 @@ def _mean_interval(rows: pd.DataFrame, x: str) -> pd.DataFrame:
     return pd.DataFrame(out, columns=[x, "mean", "low", "high"]).sort_values(x)
 
 
-def _lines(ax: Axes, rows: pd.DataFrame, x: str, colours: dict[str, str], positions: dict | None = None) -> None:
+def _lines(
+    ax: Axes, rows: pd.DataFrame, x: str, colours: dict[str, str], positions: dict | None = None
+) -> None:
     for label in sorted(rows["encoding_label"].unique(), key=list(colours).index):
         stats = _mean_interval(rows[rows["encoding_label"] == label], x)
         xs = stats[x].map(positions) if positions else stats[x]
         ax.plot(xs, stats["mean"], marker="o", ms=3, color=colours[label], label=label)
-        ax.fill_between(xs, stats["low"], stats["high"], color=colours[label], alpha=0.15, linewidth=0)
+        ax.fill_between(
+            xs, stats["low"], stats["high"], color=colours[label], alpha=0.15, linewidth=0
+        )
 
 
 def _task_metrics(frame: pd.DataFrame, task: str) -> list[str]:
@@ -83,7 +90,12 @@ def accuracy_vs_length(frame: pd.DataFrame, task: str, colours: dict[str, str]) 
     fig = Figure(figsize=(4.6 * len(metrics), 3.6))
     axes = fig.subplots(1, len(metrics), squeeze=False, sharey=True)[0]
     for ax, metric in zip(axes, metrics):
-        rows = frame[(frame["task"] == task) & (frame["metric"] == metric) & frame["mem_len"].isna() & frame["eval_len"].notna()]
+        rows = frame[
+            (frame["task"] == task)
+            & (frame["metric"] == metric)
+            & frame["mem_len"].isna()
+            & frame["eval_len"].notna()
+        ]
         _lines(ax, rows, "eval_len", colours)
         train_max = rows["train_len_max"].max()
         ax.axvline(train_max, color="black", ls="--", lw=1)
@@ -105,14 +117,19 @@ def accuracy_vs_length(frame: pd.DataFrame, task: str, colours: dict[str, str]) 
 def loss_vs_position(frame: pd.DataFrame, task: str, colours: dict[str, str]) -> str | None:
     """Language modelling: next-token loss by position far past the training length (full
     context solid, sliding window dotted), and the extrapolation penalty (full - window)."""
-    rows = frame[(frame["task"] == task) & frame["metric"].isin(["lm_loss", "lm_loss_window", "lm_penalty"])]
+    rows = frame[
+        (frame["task"] == task) & frame["metric"].isin(["lm_loss", "lm_loss_window", "lm_penalty"])
+    ]
     if rows.empty:
         return None
     fig = Figure(figsize=(10, 3.6))
     left, right = fig.subplots(1, 2)
     _lines(left, rows[rows["metric"] == "lm_loss"], "position", colours)
     for label in sorted(rows["encoding_label"].unique(), key=list(colours).index):
-        window = _mean_interval(rows[(rows["metric"] == "lm_loss_window") & (rows["encoding_label"] == label)], "position")
+        window = _mean_interval(
+            rows[(rows["metric"] == "lm_loss_window") & (rows["encoding_label"] == label)],
+            "position",
+        )
         left.plot(window["position"], window["mean"], ls=":", lw=1, color=colours[label])
     _lines(right, rows[rows["metric"] == "lm_penalty"], "position", colours)
     train_max = rows["train_len_max"].max()
@@ -136,7 +153,9 @@ def accuracy_vs_cache(frame: pd.DataFrame, task: str, colours: dict[str, str]) -
     metric = _task_metrics(frame, task)[0]
     rows = frame[(frame["task"] == task) & (frame["metric"] == metric) & frame["mem_len"].notna()]
     train_max = int(rows["train_len_max"].max())
-    lengths = [L for L in sorted(rows["eval_len"].unique()) if L in (train_max, 2 * train_max)] or [rows["eval_len"].max()]
+    lengths = [L for L in sorted(rows["eval_len"].unique()) if L in (train_max, 2 * train_max)] or [
+        rows["eval_len"].max()
+    ]
     mems = sorted(rows["mem_len"].unique())
     positions = {m: i for i, m in enumerate(mems)}
     fig = Figure(figsize=(3.4 * len(lengths), 3.2))
@@ -154,7 +173,9 @@ def accuracy_vs_cache(frame: pd.DataFrame, task: str, colours: dict[str, str]) -
 
 
 @styled
-def cost_plot(frame: pd.DataFrame, metric: str, x: str, colours: dict[str, str], ylabel: str, title: str) -> str | None:
+def cost_plot(
+    frame: pd.DataFrame, metric: str, x: str, colours: dict[str, str], ylabel: str, title: str
+) -> str | None:
     """A latency or memory metric against sequence or memory length (log-log)."""
     rows = frame[(frame["metric"] == metric) & frame[x].notna() & frame["value"].notna()]
     if rows.empty:
@@ -172,7 +193,9 @@ def cost_plot(frame: pd.DataFrame, metric: str, x: str, colours: dict[str, str],
         ax.set_yscale("log")
         ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
         ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
-    ax.set_xlabel("sequence length (tokens)" if x == "seq_len" else "memory length mem_len (tokens)")
+    ax.set_xlabel(
+        "sequence length (tokens)" if x == "seq_len" else "memory length mem_len (tokens)"
+    )
     ax.set_ylabel(ylabel)
     ax.set_title(title)
     ax.legend(fontsize=7, ncol=2)
@@ -228,7 +251,9 @@ def attention_distance(distances: dict[str, pd.DataFrame], colours: dict[str, st
             rows = distances[label][distances[label]["kind"] == kind]
             if rows.empty:
                 continue
-            ax.plot(rows["distance"] + 1, rows["mass"], color=colours[label], label=label, linewidth=1.2)
+            ax.plot(
+                rows["distance"] + 1, rows["mass"], color=colours[label], label=label, linewidth=1.2
+            )
             tokens = int(rows["tokens"].iloc[0])
         ax.set_xscale("log")
         ax.set_yscale("log")

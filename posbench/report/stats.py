@@ -1,6 +1,7 @@
 """Seed statistics: the mean with a Student-t 95% interval, the best seed, and the share of
 seeds that generalise. Out-of-distribution accuracy is brittle across seeds, so a ranking
 needs an interval, and one seed cannot give one."""
+
 from __future__ import annotations
 
 import math

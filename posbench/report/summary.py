@@ -1,10 +1,11 @@
 """Headline numbers from tidy results: in-distribution and beyond-length accuracy per
 encoding and task, averaged over seeds. Shared by the terminal table and the report."""
+
 from __future__ import annotations
 
 import math
 
-from typing import Iterable
+from typing import Any, Iterable
 
 import pandas as pd
 
@@ -15,7 +16,9 @@ from posbench.report.stats import GENERALISES_AT, mean_interval
 
 def encoding_order(labels: Iterable[str]) -> list[str]:
     """Built-in encodings first in their usual order, then the rest alphabetically."""
-    return sorted(set(labels), key=lambda s: (BUILTINS.index(s) if s in BUILTINS else len(BUILTINS), s))
+    return sorted(
+        set(labels), key=lambda s: (BUILTINS.index(s) if s in BUILTINS else len(BUILTINS), s)
+    )
 
 
 def _accuracy_rows(frame: pd.DataFrame, metric: str) -> pd.DataFrame:
@@ -49,7 +52,8 @@ HEADLINE_COLUMNS = (
     ("longest_cache", "exact_match", "cache"),
 )
 #: Effective length: the longest evaluated length up to which (every shorter evaluated length
-#: included) greedy token accuracy stays at or above this, in the spirit of RULER's effective length.
+#: included) greedy token accuracy stays at or above this, in the spirit of RULER's effective
+#: length.
 EFFECTIVE_AT = 0.9
 #: For loss by position: the longest position up to which the extrapolation penalty stays at or
 #: below this many nats.
@@ -73,22 +77,50 @@ def effective_lengths(frame: pd.DataFrame) -> pd.DataFrame:
     accuracy stays >= EFFECTIVE_AT; for loss by position, the longest position at which the
     penalty stays <= EFFECTIVE_PENALTY nats. In the task's length unit."""
     records = []
-    for metric, holds, x in (("greedy_token_accuracy", lambda v: v >= EFFECTIVE_AT, "eval_len"),
-                             ("lm_penalty", lambda v: v <= EFFECTIVE_PENALTY, "position")):
-        rows = frame[(frame["metric"] == metric) & frame["mem_len"].isna() & frame[x].notna() & frame["task"].notna()]
+    for metric, holds, x in (
+        ("greedy_token_accuracy", lambda v: v >= EFFECTIVE_AT, "eval_len"),
+        ("lm_penalty", lambda v: v <= EFFECTIVE_PENALTY, "position"),
+    ):
+        rows = frame[
+            (frame["metric"] == metric)
+            & frame["mem_len"].isna()
+            & frame[x].notna()
+            & frame["task"].notna()
+        ]
         for (task, label), group in rows.groupby(["task", "encoding_label"]):
-            per_seed = [_longest_holding(g[x].astype(float).tolist(), g["value"].astype(float).tolist(), holds)
-                        for _, g in group.groupby("seed")]
+            per_seed = [
+                _longest_holding(
+                    g[x].astype(float).tolist(), g["value"].astype(float).tolist(), holds
+                )
+                for _, g in group.groupby("seed")
+            ]
             interval = mean_interval(per_seed)
-            records.append({"task": task, "encoding_label": label, "effective_length": interval.mean,
-                            "effective_length_low": interval.low, "effective_length_high": interval.high,
-                            "effective_metric": metric})
-    return pd.DataFrame(records, columns=["task", "encoding_label", "effective_length", "effective_length_low",
-                                          "effective_length_high", "effective_metric"])
+            records.append(
+                {
+                    "task": task,
+                    "encoding_label": label,
+                    "effective_length": interval.mean,
+                    "effective_length_low": interval.low,
+                    "effective_length_high": interval.high,
+                    "effective_metric": metric,
+                }
+            )
+    return pd.DataFrame(
+        records,
+        columns=[
+            "task",
+            "encoding_label",
+            "effective_length",
+            "effective_length_low",
+            "effective_length_high",
+            "effective_metric",
+        ],
+    )
 
 
 def _per_seed(rows: pd.DataFrame, which: object) -> pd.Series:
-    """Each seed's mean accuracy over the lengths a headline column covers, by (task, label, seed)."""
+    """Each seed's mean accuracy over the lengths a headline column covers, by (task, label,
+    seed)."""
     keys = ["task", "encoding_label", "seed"]
     full = rows[rows["mem_len"].isna()]
     if which == "in":
@@ -119,7 +151,11 @@ def headline(frame: pd.DataFrame) -> pd.DataFrame:
         for (task, label), seeds in per_seed.groupby(level=[0, 1]):
             interval = mean_interval(seeds.values)
             record = records.setdefault((task, label), {"task": task, "encoding_label": label})
-            record |= {column: interval.mean, f"{column}_low": interval.low, f"{column}_high": interval.high}
+            record |= {
+                column: interval.mean,
+                f"{column}_low": interval.low,
+                f"{column}_high": interval.high,
+            }
             record["seeds"] = max(int(record.get("seeds", 0)), interval.n)
             if column == "at_2x":
                 record["best_at_2x"] = float(seeds.max())
@@ -127,27 +163,55 @@ def headline(frame: pd.DataFrame) -> pd.DataFrame:
     steps = frame[(frame["metric"] == "steps_to_threshold") & frame["task"].notna()]
     for (task, label), group in steps.groupby(keys):
         record = records.setdefault((task, label), {"task": task, "encoding_label": label})
-        record["steps_to_threshold"] = float(group["value"].mean())  # over the seeds that reached it
-        record["reached_threshold"] = f"{int(group['value'].notna().sum())}/{group['seed'].nunique()}"
+        record["steps_to_threshold"] = float(
+            group["value"].mean()
+        )  # over the seeds that reached it
+        record["reached_threshold"] = (
+            f"{int(group['value'].notna().sum())}/{group['seed'].nunique()}"
+        )
     for (task, label), shares in untrained_shares(frame).items():
         records.setdefault((task, label), {"task": task, "encoding_label": label}).update(shares)
     chance = _per_seed(_accuracy_rows(frame, "chance_token_accuracy"), 2)
     for (task, label), seeds in chance.groupby(level=[0, 1]):
-        records.setdefault((task, label), {"task": task, "encoding_label": label})["chance_at_2x"] = float(seeds.mean())
+        records.setdefault((task, label), {"task": task, "encoding_label": label})[
+            "chance_at_2x"
+        ] = float(seeds.mean())
     effective = effective_lengths(frame)
-    for record in effective[effective["effective_metric"] == "greedy_token_accuracy"].to_dict("records"):
+    for record in effective[effective["effective_metric"] == "greedy_token_accuracy"].to_dict(
+        "records"
+    ):
         key = (record["task"], record["encoding_label"])
         records.setdefault(key, {"task": key[0], "encoding_label": key[1]}).update(
-            {k: record[k] for k in ("effective_length", "effective_length_low", "effective_length_high")})
-    columns = keys + [f"{c}{suffix}" for c, _, _ in HEADLINE_COLUMNS for suffix in ("", "_low", "_high")]
-    columns += ["seeds", "best_at_2x", "generalising", "steps_to_threshold", "reached_threshold", "untrained_at_2x",
-                "untrained_at_4x", "chance_at_2x", "effective_length", "effective_length_low", "effective_length_high"]
+            {
+                k: record[k]
+                for k in ("effective_length", "effective_length_low", "effective_length_high")
+            }
+        )
+    columns = keys + [
+        f"{c}{suffix}" for c, _, _ in HEADLINE_COLUMNS for suffix in ("", "_low", "_high")
+    ]
+    columns += [
+        "seeds",
+        "best_at_2x",
+        "generalising",
+        "steps_to_threshold",
+        "reached_threshold",
+        "untrained_at_2x",
+        "untrained_at_4x",
+        "chance_at_2x",
+        "effective_length",
+        "effective_length_low",
+        "effective_length_high",
+    ]
     table = pd.DataFrame(list(records.values())).reindex(columns=columns)
     if table.empty:
         return table
     table["seeds"] = table["seeds"].fillna(0).astype(int)
     order = encoding_order(table["encoding_label"])
-    table = table.sort_values(["task", "encoding_label"], key=lambda c: c.map(order.index) if c.name == "encoding_label" else c)
+    table = table.sort_values(
+        ["task", "encoding_label"],
+        key=lambda c: c.map(order.index) if c.name == "encoding_label" else c,
+    )
     return table.reset_index(drop=True)
 
 
@@ -162,7 +226,9 @@ def untrained_shares(frame: pd.DataFrame) -> dict[tuple[str, str], dict[str, flo
         return out
     for multiple in (2, 4):
         picked = rows[rows["eval_len"] == length_at(rows, float(multiple))]
-        for (task, label), value in picked.groupby(["task", "encoding_label"])["value"].mean().items():
+        for (task, label), value in (
+            picked.groupby(["task", "encoding_label"])["value"].mean().items()
+        ):
             out.setdefault((task, label), {})[f"untrained_at_{multiple}x"] = float(value)
     return out
 
@@ -189,36 +255,73 @@ def lm_headline(frame: pd.DataFrame) -> pd.DataFrame:
         if which == "in":
             picked = picked[picked["position"] <= picked["train_len_max"]]
         elif which == "last":
-            picked = picked[picked["position"] == picked.groupby("task")["position"].transform("max")]
+            picked = picked[
+                picked["position"] == picked.groupby("task")["position"].transform("max")
+            ]
         elif not picked.empty:
             picked = picked[picked["position"] == length_at(picked, float(which), "position")]
         per_seed = picked.groupby(["task", "encoding_label", "seed"])["value"].mean()
         for (task, label), seeds in per_seed.groupby(level=[0, 1]):
             interval = mean_interval(seeds.values)
-            record = records.setdefault((task, label), {"task": task, "encoding_label": label, "seeds": interval.n})
-            record |= {column: interval.mean, f"{column}_low": interval.low, f"{column}_high": interval.high}
-    excess = frame[(frame["metric"] == "excess_loss") & frame["mem_len"].isna() & frame["eval_len"].notna()]
+            record = records.setdefault(
+                (task, label), {"task": task, "encoding_label": label, "seeds": interval.n}
+            )
+            record |= {
+                column: interval.mean,
+                f"{column}_low": interval.low,
+                f"{column}_high": interval.high,
+            }
+    excess = frame[
+        (frame["metric"] == "excess_loss") & frame["mem_len"].isna() & frame["eval_len"].notna()
+    ]
     excess = excess[excess["eval_len"].astype(float) <= excess["train_len_max"].astype(float)]
-    for (task, label), seeds in excess.groupby(["task", "encoding_label", "seed"])["value"].mean().groupby(level=[0, 1]):
+    for (task, label), seeds in (
+        excess.groupby(["task", "encoding_label", "seed"])["value"].mean().groupby(level=[0, 1])
+    ):
         interval = mean_interval(seeds.values)
-        record = records.setdefault((task, label), {"task": task, "encoding_label": label, "seeds": interval.n})
-        record |= {"excess_in_distribution": interval.mean, "excess_in_distribution_low": interval.low,
-                   "excess_in_distribution_high": interval.high}
+        record = records.setdefault(
+            (task, label), {"task": task, "encoding_label": label, "seeds": interval.n}
+        )
+        record |= {
+            "excess_in_distribution": interval.mean,
+            "excess_in_distribution_low": interval.low,
+            "excess_in_distribution_high": interval.high,
+        }
     effective = effective_lengths(frame)
     for record in effective[effective["effective_metric"] == "lm_penalty"].to_dict("records"):
         key = (record["task"], record["encoding_label"])
         if key in records:
-            records[key].update({k: record[k] for k in ("effective_length", "effective_length_low", "effective_length_high")})
-    columns = ["task", "encoding_label"] + [f"{c}{x}" for c, _, _ in LM_COLUMNS for x in ("", "_low", "_high")]
-    columns += ["excess_in_distribution", "excess_in_distribution_low", "excess_in_distribution_high", "effective_length",
-                "effective_length_low", "effective_length_high", "seeds", "learned"]
+            records[key].update(
+                {
+                    k: record[k]
+                    for k in ("effective_length", "effective_length_low", "effective_length_high")
+                }
+            )
+    columns = ["task", "encoding_label"] + [
+        f"{c}{x}" for c, _, _ in LM_COLUMNS for x in ("", "_low", "_high")
+    ]
+    columns += [
+        "excess_in_distribution",
+        "excess_in_distribution_low",
+        "excess_in_distribution_high",
+        "effective_length",
+        "effective_length_low",
+        "effective_length_high",
+        "seeds",
+        "learned",
+    ]
     table = pd.DataFrame(list(records.values())).reindex(columns=columns)
     if table.empty:
         return table
     # a penalty means something only for a model that learned the language in distribution
-    table["learned"] = table["excess_in_distribution"].map(lambda e: None if pd.isna(e) else bool(e <= UNLEARNED_EXCESS))
+    table["learned"] = table["excess_in_distribution"].map(
+        lambda e: None if pd.isna(e) else bool(e <= UNLEARNED_EXCESS)
+    )
     order = encoding_order(table["encoding_label"])
-    table = table.sort_values(["task", "encoding_label"], key=lambda c: c.map(order.index) if c.name == "encoding_label" else c)
+    table = table.sort_values(
+        ["task", "encoding_label"],
+        key=lambda c: c.map(order.index) if c.name == "encoding_label" else c,
+    )
     return table.reset_index(drop=True)
 
 
@@ -230,9 +333,17 @@ def learned_in_distribution(frame: pd.DataFrame) -> pd.Series:
     trained = frame[frame["task"].notna() & frame["mem_len"].isna() & frame["eval_len"].notna()]
     trained = trained[trained["eval_len"].astype(float) <= trained["train_len_max"].astype(float)]
     out: dict[tuple[str, str], bool] = {}
-    exact = trained[trained["metric"] == "exact_match"].groupby(["task", "encoding_label"])["value"].mean()
+    exact = (
+        trained[trained["metric"] == "exact_match"]
+        .groupby(["task", "encoding_label"])["value"]
+        .mean()
+    )
     out |= {key: bool(value >= UNDERTRAINED_BELOW) for key, value in exact.items()}
-    excess = trained[trained["metric"] == "excess_loss"].groupby(["task", "encoding_label"])["value"].mean()
+    excess = (
+        trained[trained["metric"] == "excess_loss"]
+        .groupby(["task", "encoding_label"])["value"]
+        .mean()
+    )
     out |= {key: bool(value <= UNLEARNED_EXCESS) for key, value in excess.items()}
     return pd.Series(out, dtype=bool)
 
@@ -252,18 +363,86 @@ def cross_task_ranking(frame: pd.DataFrame) -> pd.DataFrame:
     share the average rank); the reciprocal ranks are averaged over the tasks an encoding ran.
     Runs of an encoding that did not learn a task in distribution are left out of that task's
     ranking. Empty with fewer than two tasks."""
-    rows = frame[frame["task"].notna() & frame["metric"].isin(["exact_match", "token_accuracy"])
-                 & frame["mem_len"].isna() & frame["eval_len"].notna()]
+    rows = frame[
+        frame["task"].notna()
+        & frame["metric"].isin(["exact_match", "token_accuracy"])
+        & frame["mem_len"].isna()
+        & frame["eval_len"].notna()
+    ]
     rows = rows[rows["eval_len"].astype(float) > rows["train_len_max"].astype(float)]
     learned = learned_in_distribution(frame)
     keys = list(zip(rows["task"], rows["encoding_label"]))
-    rows = rows[[bool(learned.get(key, True)) for key in keys]]  # a model that did not learn the task is not ranked
+    rows = rows[
+        [bool(learned.get(key, True)) for key in keys]
+    ]  # a model that did not learn the task is not ranked
     if rows["task"].nunique() < 2:
-        return pd.DataFrame(columns=["encoding_label", "mrr_exact_match", "mrr_token_accuracy", "tasks"])
-    scores = rows.groupby(["metric", "task", "encoding_label", "seed"])["value"].mean().groupby(level=[0, 1, 2]).mean()
-    ranks = scores.groupby(level=[0, 1]).rank(ascending=False, method="average")  # per (metric, task)
+        return pd.DataFrame(
+            columns=["encoding_label", "mrr_exact_match", "mrr_token_accuracy", "tasks"]
+        )
+    scores = (
+        rows.groupby(["metric", "task", "encoding_label", "seed"])["value"]
+        .mean()
+        .groupby(level=[0, 1, 2])
+        .mean()
+    )
+    ranks = scores.groupby(level=[0, 1]).rank(
+        ascending=False, method="average"
+    )  # per (metric, task)
     mrr = (1.0 / ranks).groupby(level=[0, 2]).mean().unstack(level=0)  # (encoding, metric)
     mrr = mrr.reindex(columns=["exact_match", "token_accuracy"]).add_prefix("mrr_")
     mrr["tasks"] = rows.groupby("encoding_label")["task"].nunique()
     table = mrr.rename_axis("encoding_label").reset_index()
     return table.sort_values("mrr_token_accuracy", ascending=False).reset_index(drop=True)
+
+
+def summarise(frame: pd.DataFrame) -> pd.DataFrame:
+    """One row per task x encoding x length, position or memory length x metric: mean, std, the 95%
+    t interval of the mean over seeds (NaN with one seed), the best seed's value, seeds."""
+    keys = ["task", "encoding_label", "metric", "eval_len", "position", "mem_len", "seq_len"]
+    grouped = frame.groupby(keys, dropna=False)
+    summary = grouped["value"].agg(mean="mean", std="std", best="max").reset_index()
+    intervals = [mean_interval(group.values) for _, group in grouped["value"]]
+    summary["ci95_low"] = [i.low for i in intervals]
+    summary["ci95_high"] = [i.high for i in intervals]
+    summary["n_seeds"] = grouped["seed"].nunique(dropna=False).values
+    summary["n"] = grouped["value"].count().values
+    return summary
+
+
+def cost_columns(frame: pd.DataFrame) -> pd.DataFrame:
+    """Per encoding: fwd+bwd latency ratio to nope and peak memory ratio to nope, at the
+    longest sequence length profiled for both."""
+    rows = frame[frame["seq_len"].notna() & frame["value"].notna()]
+    out = []
+    for label, group in rows.groupby("encoding_label"):
+        entry: dict[str, Any] = {"encoding_label": label}
+        ratio = group[group["metric"] == "latency_fwdbwd_ratio"]
+        if not ratio.empty:
+            longest = ratio["seq_len"].max()
+            at_longest = ratio[ratio["seq_len"] == longest]
+            entry["latency_ratio"] = at_longest["value"].median()
+            entry["latency_at"] = int(longest)
+            entry["latency_noisy"] = bool(at_longest["note"].str.startswith("noisy").any())
+        memory = group[group["metric"] == "peak_mem_mb"]
+        base = rows[(rows["encoding"] == "nope") & (rows["metric"] == "peak_mem_mb")]
+        common = sorted(set(memory["seq_len"]) & set(base["seq_len"]))
+        if common:
+            L = common[-1]
+            denominator = base[base["seq_len"] == L]["value"].median()
+            if denominator > 0:
+                entry["memory_ratio"] = (
+                    memory[memory["seq_len"] == L]["value"].median() / denominator
+                )
+                entry["memory_at"] = int(L)
+        out.append(entry)
+    return pd.DataFrame(
+        out,
+        columns=[
+            "encoding_label",
+            "latency_ratio",
+            "latency_at",
+            "latency_noisy",
+            "memory_ratio",
+            "memory_at",
+        ],
+    )

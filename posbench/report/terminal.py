@@ -1,5 +1,6 @@
 """Rich progress for a sweep (runs done / total with ETA) and the current run (step, loss,
 steps/s), and the closing summary table."""
+
 from __future__ import annotations
 
 import math
@@ -11,7 +12,15 @@ from types import TracebackType
 from typing import TextIO
 
 from rich.console import Console
-from rich.progress import TaskID, BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.progress import (
+    TaskID,
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
 from rich.table import Table
 from rich.text import Text
 
@@ -19,7 +28,14 @@ from posbench.experiment.config import UNDERTRAINED_BELOW, UNLEARNED_EXCESS, Run
 from posbench.errors import ResultsError
 from posbench.experiment.reachability import untrained_share
 from posbench.store import (
-    DISTANCE_FILE, REACHABILITY_FILE, RESULTS_FILE, TERMS_FILE, RunFolder, collect, sweep_marker, training_runs,
+    DISTANCE_FILE,
+    REACHABILITY_FILE,
+    RESULTS_FILE,
+    TERMS_FILE,
+    RunFolder,
+    collect,
+    sweep_marker,
+    training_runs,
 )
 from posbench.experiment.outcome import SweepOutcome
 from posbench.report.stats import Interval
@@ -57,7 +73,12 @@ class RichReporter:
         self.progress.__enter__()
         return self
 
-    def __exit__(self, kind: type[BaseException] | None, value: BaseException | None, tb: TracebackType | None) -> None:
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        value: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
         self.progress.__exit__(kind, value, tb)
 
     def sweep_started(self, total: int, to_run: int) -> None:
@@ -108,7 +129,12 @@ class PlainReporter:
             self._line(QUICK_BANNER)
         return self
 
-    def __exit__(self, kind: type[BaseException] | None, value: BaseException | None, tb: TracebackType | None) -> None:
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        value: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
         self.stream.flush()
 
     def _line(self, text: str) -> None:
@@ -131,7 +157,9 @@ class PlainReporter:
         every = max(1, run.train.steps // 10)
         self._runs[run.run_id] = (start, (step + 1) // every * every + every)
         rate = (step + 1) / max(time.perf_counter() - start, 1e-9)
-        self._line(f"{run.label}: step {step + 1}/{run.train.steps}, loss {loss:.4f}, {rate:.1f} steps/s")
+        self._line(
+            f"{run.label}: step {step + 1}/{run.train.steps}, loss {loss:.4f}, {rate:.1f} steps/s"
+        )
 
     def evaluating(self, run: RunConfig) -> None:
         self._line(f"{run.label}: evaluating")
@@ -139,7 +167,9 @@ class PlainReporter:
     def run_finished(self, run: RunConfig, status: str, seconds: float) -> None:
         self._runs.pop(run.run_id, None)
         self._done += 1
-        self._line(f"{run.label}: stored, {status} in {seconds:.1f} s [{self._done}/{self._to_run}]")
+        self._line(
+            f"{run.label}: stored, {status} in {seconds:.1f} s [{self._done}/{self._to_run}]"
+        )
 
     def note(self, message: str) -> None:
         self._line(message)
@@ -147,11 +177,17 @@ class PlainReporter:
 
 def make_reporter(console: Console, quick: bool = False) -> RichReporter | PlainReporter:
     """Rich bars on a terminal, plain lines otherwise."""
-    return RichReporter(console, quick) if console.is_terminal else PlainReporter(console.file, quick)
+    return (
+        RichReporter(console, quick) if console.is_terminal else PlainReporter(console.file, quick)
+    )
 
 
 def _cell(value: float) -> str:
-    return "n/a" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.2f}"
+    return (
+        "n/a"
+        if value is None or (isinstance(value, float) and math.isnan(value))
+        else f"{value:.2f}"
+    )
 
 
 def print_outcome(console: Console, outcome: SweepOutcome) -> None:
@@ -160,63 +196,137 @@ def print_outcome(console: Console, outcome: SweepOutcome) -> None:
     if outcome.finished_any:
         frame = collect(outcome.out_dir, [])
         print_headline(console, headline(frame), lm_headline(frame))
-    console.print(Text(f"ran {len(outcome.ran)} run(s), skipped {len(outcome.skipped)} finished run(s)"))
+    console.print(
+        Text(f"ran {len(outcome.ran)} run(s), skipped {len(outcome.skipped)} finished run(s)")
+    )
     console.print(Text(f"results: {outcome.results_csv}"), soft_wrap=True)
     for label, damage in outcome.set_aside.items():
-        console.print(Text(f"set aside and redone: {label} ({damage})", style="yellow"), soft_wrap=True)
+        console.print(
+            Text(f"set aside and redone: {label} ({damage})", style="yellow"), soft_wrap=True
+        )
     for problem in outcome.problems:
         console.print(Text(f"skipped: {problem}", style="yellow"), soft_wrap=True)
     for label, error in outcome.failures.items():
         console.print(Text(f"FAILED {label}: {error}", style="bold red"), soft_wrap=True)
 
 
-def print_headline(console: Console, summary: pd.DataFrame, lm_summary: pd.DataFrame | None = None) -> None:
+def print_headline(
+    console: Console, summary: pd.DataFrame, lm_summary: pd.DataFrame | None = None
+) -> None:
     """Tasks with answers, encoding x task: effective length, exact match in distribution,
     greedy (free-running) token accuracy at 2x and 4x and the chance level; then tasks with
     loss by position: in-distribution loss above the floor, penalty at the end, effective
     length. Means over seeds ± the half-width of their 95% t interval."""
-    answers = summary[summary["in_distribution"].notna() | summary["greedy_at_2x"].notna()] if not summary.empty else summary
+    answers = (
+        summary[summary["in_distribution"].notna() | summary["greedy_at_2x"].notna()]
+        if not summary.empty
+        else summary
+    )
     one_seed = summary.empty or (summary["seeds"] <= 1).all()
     interval = " (one seed: no interval)" if one_seed else " ± 95% t interval"
     table = Table(title="accuracy, mean over seeds" + interval, title_justify="left")
     for column in ("task", "encoding", "eff. len", "in-dist", "greedy 2x", "greedy 4x", "chance"):
-        table.add_column(column, justify="left" if column in ("task", "encoding") else "right", no_wrap=True)
+        table.add_column(
+            column, justify="left" if column in ("task", "encoding") else "right", no_wrap=True
+        )
     for row in answers.to_dict("records"):
-        cells = {c: Interval(row[c], row[f"{c}_low"], row[f"{c}_high"], 0).text()
-                 for c in ("in_distribution", "greedy_at_2x", "greedy_at_4x")}
+        cells = {
+            c: Interval(row[c], row[f"{c}_low"], row[f"{c}_high"], 0).text()
+            for c in ("in_distribution", "greedy_at_2x", "greedy_at_4x")
+        }
         for c in ("greedy_at_2x", "greedy_at_4x"):
             share = row.get(f"untrained_at_{c[-2:]}")
             if isinstance(share, float) and share > 0 and cells[c] != "n/a":
                 cells[c] += " †"
-        effective = Interval(row["effective_length"], row["effective_length_low"], row["effective_length_high"], 0).text(1)
-        undertrained = not math.isnan(row["in_distribution"]) and row["in_distribution"] < UNDERTRAINED_BELOW
-        in_dist = Text(cells["in_distribution"]) + (Text(" *", style="yellow") if undertrained else Text(""))
-        table.add_row(Text(row["task"]), Text(row["encoding_label"]), effective, in_dist, cells["greedy_at_2x"],
-                      cells["greedy_at_4x"], _cell(row["chance_at_2x"]))
+        effective = Interval(
+            row["effective_length"], row["effective_length_low"], row["effective_length_high"], 0
+        ).text(1)
+        undertrained = (
+            not math.isnan(row["in_distribution"]) and row["in_distribution"] < UNDERTRAINED_BELOW
+        )
+        in_dist = Text(cells["in_distribution"]) + (
+            Text(" *", style="yellow") if undertrained else Text("")
+        )
+        table.add_row(
+            Text(row["task"]),
+            Text(row["encoding_label"]),
+            effective,
+            in_dist,
+            cells["greedy_at_2x"],
+            cells["greedy_at_4x"],
+            _cell(row["chance_at_2x"]),
+        )
     if len(answers):
         console.print(table)
-        console.print(Text(f"eff. len: longest length up to which greedy token accuracy stays >= {EFFECTIVE_AT}; "
-                           "greedy: the model reads its own answers; chance: at 2x", style="dim"), soft_wrap=True)
+        console.print(
+            Text(
+                "eff. len: longest length up to which greedy token accuracy stays >= "
+                f"{EFFECTIVE_AT}; "
+                "greedy: the model reads its own answers; chance: at 2x",
+                style="dim",
+            ),
+            soft_wrap=True,
+        )
     if not answers.empty and (answers["in_distribution"] < UNDERTRAINED_BELOW).any():
-        console.print(Text(f"* undertrained: in-distribution exact match below {UNDERTRAINED_BELOW}", style="yellow"))
-    if not answers.empty and (answers[["untrained_at_2x", "untrained_at_4x"]].fillna(0) > 0).any().any():
-        console.print(Text("† reads parameter rows training never reached (posbench inspect RUN_DIR says which)",
-                           style="yellow"), soft_wrap=True)
+        console.print(
+            Text(
+                f"* undertrained: in-distribution exact match below {UNDERTRAINED_BELOW}",
+                style="yellow",
+            )
+        )
+    if (
+        not answers.empty
+        and (answers[["untrained_at_2x", "untrained_at_4x"]].fillna(0) > 0).any().any()
+    ):
+        console.print(
+            Text(
+                "† reads parameter rows training never reached (posbench inspect RUN_DIR says "
+                "which)",
+                style="yellow",
+            ),
+            soft_wrap=True,
+        )
     if lm_summary is not None and not lm_summary.empty:
         lm = Table(title="loss by position (nats)" + interval, title_justify="left")
         for column in ("task", "encoding", "above floor", "penalty end", "eff. len"):
-            lm.add_column(column, justify="left" if column in ("task", "encoding") else "right", no_wrap=True)
+            lm.add_column(
+                column, justify="left" if column in ("task", "encoding") else "right", no_wrap=True
+            )
         for row in lm_summary.to_dict("records"):
             flag = Text(" *", style="yellow") if row["learned"] is False else Text("")
-            lm.add_row(Text(row["task"]), Text(row["encoding_label"]) + flag,
-                       Interval(row["excess_in_distribution"], row["excess_in_distribution_low"],
-                                row["excess_in_distribution_high"], 0).text(3),
-                       Interval(row["penalty_longest"], row["penalty_longest_low"], row["penalty_longest_high"], 0).text(3),
-                       Interval(row["effective_length"], row["effective_length_low"], row["effective_length_high"], 0).text(0))
+            lm.add_row(
+                Text(row["task"]),
+                Text(row["encoding_label"]) + flag,
+                Interval(
+                    row["excess_in_distribution"],
+                    row["excess_in_distribution_low"],
+                    row["excess_in_distribution_high"],
+                    0,
+                ).text(3),
+                Interval(
+                    row["penalty_longest"],
+                    row["penalty_longest_low"],
+                    row["penalty_longest_high"],
+                    0,
+                ).text(3),
+                Interval(
+                    row["effective_length"],
+                    row["effective_length_low"],
+                    row["effective_length_high"],
+                    0,
+                ).text(0),
+            )
         console.print(lm)
         if (lm_summary["learned"] == False).any():  # noqa: E712 (None where the task has no floor)
-            console.print(Text(f"* did not learn the language (more than {UNLEARNED_EXCESS} nats above the floor): "
-                               "its penalty is not ranked", style="yellow"), soft_wrap=True)
+            console.print(
+                Text(
+                    f"* did not learn the language (more than {UNLEARNED_EXCESS} nats above the "
+                    "floor): "
+                    "its penalty is not ranked",
+                    style="yellow",
+                ),
+                soft_wrap=True,
+            )
 
 
 def print_bench(console: Console, out_dir: Path) -> None:
@@ -226,7 +336,9 @@ def print_bench(console: Console, out_dir: Path) -> None:
     if rows.empty:
         console.print("no latency rows were measured")
         return
-    table = Table(title="fwd+bwd latency vs nope (median ratio) | peak memory MiB", title_justify="left")
+    table = Table(
+        title="fwd+bwd latency vs nope (median ratio) | peak memory MiB", title_justify="left"
+    )
     table.add_column("encoding")
     lengths = sorted(rows["seq_len"].dropna().unique())
     for L in lengths:
@@ -238,20 +350,39 @@ def print_bench(console: Console, out_dir: Path) -> None:
             ratio = at["value"].get("latency_fwdbwd_ratio", math.nan)
             mem = at["value"].get("peak_mem_mb", math.nan)
             noisy = str(at["note"].get("latency_fwdbwd_ratio", "")).startswith("noisy")
-            cells.append(f"{_cell(ratio)}x{'?' if noisy else ''} | {_cell(mem)}" if not math.isnan(ratio) else "n/a")
+            cells.append(
+                f"{_cell(ratio)}x{'?' if noisy else ''} | {_cell(mem)}"
+                if not math.isnan(ratio)
+                else "n/a"
+            )
         table.add_row(Text(str(label)), *cells)
     console.print(table)
     from posbench.encodings import REGISTRY
 
-    for name, group in rows[rows["metric"] == "latency_fwdbwd_ratio"].groupby("encoding", sort=False):
+    for name, group in rows[rows["metric"] == "latency_fwdbwd_ratio"].groupby(
+        "encoding", sort=False
+    ):
         worst = group.loc[group["value"].idxmax()]
         if worst["value"] > COST_NOTE_ABOVE:
-            reason = getattr(REGISTRY.get(name), "cost_note", "") if name in REGISTRY.names() else ""
+            reason = (
+                getattr(REGISTRY.get(name), "cost_note", "") if name in REGISTRY.names() else ""
+            )
             reason = reason or "it declares no cost_note"
-            console.print(Text(f"{name}: {worst['value']:.1f}x nope at L={int(worst['seq_len'])}, because {reason}"), soft_wrap=True)
+            console.print(
+                Text(
+                    f"{name}: {worst['value']:.1f}x nope at L={int(worst['seq_len'])}, because "
+                    f"{reason}"
+                ),
+                soft_wrap=True,
+            )
     if rows["note"].fillna("").str.startswith("noisy").any():
-        console.print(Text("? marks a noisy timing (other processes competed for the CPU, or a wide IQR): "
-                           "see the note column of results.csv and measure again on a quiet machine.", style="yellow"))
+        console.print(
+            Text(
+                "? marks a noisy timing (other processes competed for the CPU, or a wide IQR): "
+                "see the note column of results.csv and measure again on a quiet machine.",
+                style="yellow",
+            )
+        )
     console.print(Text(f"results: {out_dir / RESULTS_FILE}"), soft_wrap=True)
 
 
@@ -266,7 +397,11 @@ def print_inspection(console: Console, folder: Path) -> None:
     console.print(Text(f"{run.label()}: {result.get('status')}"), soft_wrap=True)
     terms = run.table(TERMS_FILE)
     if terms is None:
-        console.print(Text("score terms: this run stored no probes (it evaluated a model another run trained)"))
+        console.print(
+            Text(
+                "score terms: this run stored no probes (it evaluated a model another run trained)"
+            )
+        )
     else:
         _print_terms(console, terms, result.get("health_flags") or [])
     distances = run.table(DISTANCE_FILE)
@@ -281,24 +416,40 @@ def _check_training_run(run: RunFolder) -> None:
     folder = run.path
     example = "e.g. results/default/<run id>"
     if not folder.is_dir():
-        raise ResultsError(f"{folder} is not a folder; pass one training run's folder inside a sweep folder, {example}.")
+        raise ResultsError(
+            f"{folder} is not a folder; pass one training run's folder inside a sweep folder, "
+            f"{example}."
+        )
     if sweep_marker(folder) or not run.exists():
         is_sweep = bool(sweep_marker(folder))
-        sweep = folder if is_sweep else folder.parent  # a sweep's report/ or damaged/ folder names its runs
+        sweep = (
+            folder if is_sweep else folder.parent
+        )  # a sweep's report/ or damaged/ folder names its runs
         runs = training_runs(sweep) if is_sweep or sweep_marker(sweep) else {}
         what = "a sweep folder, not one run" if is_sweep else "not a posbench run folder"
-        raise ResultsError(f"{folder} is {what}; pass one training run's folder, {_examples(sweep, runs, example)}.")
+        raise ResultsError(
+            f"{folder} is {what}; pass one training run's folder, "
+            f"{_examples(sweep, runs, example)}."
+        )
     sweep = folder.parent
     if run.is_profile():
         runs = training_runs(sweep)
-        raise ResultsError(f"{folder} is a latency/memory profile ({run.label()}), not a training run: its numbers are "
-                           f"in {sweep / RESULTS_FILE}; to inspect a training run pass "
-                           f"{_examples(sweep, runs, 'one that `posbench run` wrote')}.")
+        raise ResultsError(
+            f"{folder} is a latency/memory profile ({run.label()}), not a training run: its "
+            "numbers are "
+            f"in {sweep / RESULTS_FILE}; to inspect a training run pass "
+            f"{_examples(sweep, runs, 'one that `posbench run` wrote')}."
+        )
     result = run.result()
     if result is None or result.get("status") != "ok":
-        state = "has not finished" if result is None else f"ended with status {result.get('status')!r}"
-        raise ResultsError(f"{folder} ({run.label()}) {state}, so it stored no diagnostics; run the sweep's command "
-                           "again to finish it, or pass another run's folder.")
+        state = (
+            "has not finished" if result is None else f"ended with status {result.get('status')!r}"
+        )
+        raise ResultsError(
+            f"{folder} ({run.label()}) {state}, so it stored no diagnostics; run the sweep's "
+            "command "
+            "again to finish it, or pass another run's folder."
+        )
 
 
 def _examples(sweep: Path, runs: dict[str, str], otherwise: str) -> str:
@@ -316,13 +467,24 @@ def _print_terms(console: Console, terms: pd.DataFrame, flags: list[str]) -> Non
     for column in ("layer", "term", "mean", "std", "attention moved", "gradient"):
         table.add_column(column, justify="left" if column in ("term",) else "right", no_wrap=True)
     for row in last.itertuples():
-        table.add_row(str(row.layer), Text(str(row.term)), f"{row.mean:+.4f}", f"{row.std:.4f}",
-                      f"{row.mass_moved:.3f}", "yes" if row.learns else "none")
+        table.add_row(
+            str(row.layer),
+            Text(str(row.term)),
+            f"{row.mean:+.4f}",
+            f"{row.std:.4f}",
+            f"{row.mass_moved:.3f}",
+            "yes" if row.learns else "none",
+        )
     console.print(table)
     for flag in flags:
         console.print(Text(f"flag: {flag}", style="yellow"), soft_wrap=True)
     if not flags:
-        console.print(Text("health: no flags (every term non-zero, reachable by a gradient, within 100x of the largest)"))
+        console.print(
+            Text(
+                "health: no flags (every term non-zero, reachable by a gradient, within 100x of "
+                "the largest)"
+            )
+        )
 
 
 def _print_distances(console: Console, distances: pd.DataFrame) -> None:
@@ -331,9 +493,14 @@ def _print_distances(console: Console, distances: pd.DataFrame) -> None:
         spread.add_column(column, justify="left" if column == "sequence" else "right", no_wrap=True)
     for kind, rows in distances.groupby("kind", sort=False):
         mass, distance = rows["mass"].to_numpy(), rows["distance"].to_numpy()
-        spread.add_row(Text(str(kind)), str(int(rows["tokens"].iloc[0])), f"{mass[distance == 0].sum():.3f}",
-                       f"{mass[distance <= 3].sum():.3f}", f"{mass[distance <= 15].sum():.3f}",
-                       f"{(mass * distance).sum():.1f}")
+        spread.add_row(
+            Text(str(kind)),
+            str(int(rows["tokens"].iloc[0])),
+            f"{mass[distance == 0].sum():.3f}",
+            f"{mass[distance <= 3].sum():.3f}",
+            f"{mass[distance <= 15].sum():.3f}",
+            f"{(mass * distance).sum():.1f}",
+        )
     console.print(spread)
 
 
@@ -342,13 +509,21 @@ def _print_reachability(console: Console, frame: pd.DataFrame | None, result: di
     untrained ones, from the table the run stored."""
     messages = result.get("unreached")
     if messages is None:
-        console.print(Text("reachability: this run stored no table; `posbench run --force` redoes it with one"))
+        console.print(
+            Text(
+                "reachability: this run stored no table; `posbench run --force` redoes it with one"
+            )
+        )
         return
     if frame is None:
-        console.print(Text("reachability: the encoding has no position- or distance-indexed parameters"))
+        console.print(
+            Text("reachability: the encoding has no position- or distance-indexed parameters")
+        )
         return
-    table = Table(title="reachability: share of pairs (or tokens) reading rows training never reached",
-                  title_justify="left")
+    table = Table(
+        title="reachability: share of pairs (or tokens) reading rows training never reached",
+        title_justify="left",
+    )
     shares = untrained_share(frame.astype({"phase": str}))
     for length in shares:
         table.add_column(f"len {length}", justify="right", no_wrap=True)

@@ -2,6 +2,7 @@
 
 `default` is what a bare `posbench run` runs; `standard` is the protocol whose results the
 README publishes. Each file's first comment line is its description."""
+
 from __future__ import annotations
 
 from importlib import resources

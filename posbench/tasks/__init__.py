@@ -1,4 +1,5 @@
 """The task registry and the built-in tasks (each registered in its own module)."""
+
 from __future__ import annotations
 
 from posbench.tasks.base import Batch, Task
@@ -16,7 +17,15 @@ def create_task(name: str, **options: object) -> Task:
 
 
 # Built-ins register themselves on import: the synthetic tasks, then DeepMind's suite.
-from posbench.tasks import copy, copy_variants, lm, lookback, mqar, passkey, reverse  # noqa: E402,F401
+from posbench.tasks import (  # noqa: E402,F401
+    copy,
+    copy_variants,
+    lm,
+    lookback,
+    mqar,
+    passkey,
+    reverse,
+)
 from posbench.tasks import counting, flip_flop, selective_copy  # noqa: E402,F401
 from posbench.tasks import (  # noqa: E402,F401
     binary_addition,

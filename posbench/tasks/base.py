@@ -1,4 +1,5 @@
 """The task interface: a seeded generator of token sequences whose answers carry the loss."""
+
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
@@ -53,7 +54,9 @@ class Task(ABC):
         eval_lengths: Sequence[int] | None = None,
     ) -> None:
         what = f"task {self.name!r}"
-        check_value("train_lengths", train_lengths, Annotated[Optional[Sequence[int]], Length(2)], what)
+        check_value(
+            "train_lengths", train_lengths, Annotated[Optional[Sequence[int]], Length(2)], what
+        )
         check_value("eval_lengths", eval_lengths, Optional[Sequence[int]], what)
         lo, hi = tuple(train_lengths) if train_lengths is not None else self.default_train_lengths
         evals = tuple(eval_lengths) if eval_lengths is not None else self.default_eval_lengths
@@ -64,7 +67,8 @@ class Task(ABC):
             )
         if not evals or min(evals) < self.min_length:
             raise OptionError(
-                f"task {self.name!r}: eval_lengths must be non-empty and each >= {self.min_length}, "
+                f"task {self.name!r}: eval_lengths must be non-empty and each >= "
+                f"{self.min_length}, "
                 f"got {list(evals)}."
             )
         self.train_lengths = (int(lo), int(hi))
@@ -79,7 +83,9 @@ class Task(ABC):
     def sequence_length(self, length: int) -> int:
         """Number of input tokens the model sees for a task of size `length`."""
 
-    def generate(self, length: int, batch_size: int, generator: torch.Generator) -> tuple[Tensor, Tensor]:
+    def generate(
+        self, length: int, batch_size: int, generator: torch.Generator
+    ) -> tuple[Tensor, Tensor]:
         """Full sequences (B, T + 1) and a bool mask (B, T + 1) of the answer tokens."""
         raise NotImplementedError(f"task {self.name!r} implements neither generate() nor batch()")
 
@@ -100,6 +106,8 @@ class Task(ABC):
         return self
 
 
-def random_symbols(batch_size: int, length: int, n_symbols: int, generator: torch.Generator) -> Tensor:
+def random_symbols(
+    batch_size: int, length: int, n_symbols: int, generator: torch.Generator
+) -> Tensor:
     """Uniform symbols 0..n_symbols-1, (B, length)."""
     return torch.randint(0, n_symbols, (batch_size, length), generator=generator)

@@ -1,4 +1,5 @@
 """Binary addition (DeepMind's suite, context-sensitive)."""
+
 from __future__ import annotations
 
 import random
@@ -31,7 +32,9 @@ class BinaryAddition(Transduction):
     def combine(self, a: int, b: int) -> int:
         return a + b
 
-    def sample(self, length: int, batch_size: int, rng: random.Random) -> tuple[list[list[int]], list[list[int]]]:
+    def sample(
+        self, length: int, batch_size: int, rng: random.Random
+    ) -> tuple[list[list[int]], list[list[int]]]:
         questions, answers = [], []
         for _ in range(batch_size):
             if length <= 2:

@@ -1,4 +1,5 @@
 """Binary multiplication (DeepMind's suite, context-sensitive)."""
+
 from __future__ import annotations
 
 from posbench.tasks.binary_addition import BinaryAddition

@@ -1,4 +1,5 @@
 """Integer square root in binary (DeepMind's suite, context-sensitive)."""
+
 from __future__ import annotations
 
 import math
@@ -22,7 +23,14 @@ class ComputeSqrt(Transduction):
     def answer_length(self, length: int) -> int:
         return math.ceil(length / 2)
 
-    def sample(self, length: int, batch_size: int, rng: random.Random) -> tuple[list[list[int]], list[list[int]]]:
+    def sample(
+        self, length: int, batch_size: int, rng: random.Random
+    ) -> tuple[list[list[int]], list[list[int]]]:
         numbers = [rng.randint(1, 2**length - 1) for _ in range(batch_size)]
-        return ([binary(x, length, little_endian=False) for x in numbers],
-                [binary(math.isqrt(x), self.answer_length(length), little_endian=False) for x in numbers])
+        return (
+            [binary(x, length, little_endian=False) for x in numbers],
+            [
+                binary(math.isqrt(x), self.answer_length(length), little_endian=False)
+                for x in numbers
+            ],
+        )

@@ -1,4 +1,5 @@
 """Copy: repeat a random string after a separator."""
+
 from __future__ import annotations
 
 from typing import Annotated
@@ -23,7 +24,9 @@ class Copy(Task):
     default_train_lengths = (1, 8)
     default_eval_lengths = (2, 4, 6, 8, 12, 16, 24, 32)
 
-    def __init__(self, *, train_lengths=None, eval_lengths=None, n_symbols: Annotated[int, Range(ge=2)] = 10) -> None:
+    def __init__(
+        self, *, train_lengths=None, eval_lengths=None, n_symbols: Annotated[int, Range(ge=2)] = 10
+    ) -> None:
         super().__init__(train_lengths=train_lengths, eval_lengths=eval_lengths)
         self.n_symbols = n_symbols
         self.sep = n_symbols
@@ -39,7 +42,9 @@ class Copy(Task):
         """What the model must write after SEP for `string` (B, n)."""
         return string
 
-    def generate(self, length: int, batch_size: int, generator: torch.Generator) -> tuple[Tensor, Tensor]:
+    def generate(
+        self, length: int, batch_size: int, generator: torch.Generator
+    ) -> tuple[Tensor, Tensor]:
         return self.pose(random_symbols(batch_size, length, self.n_symbols, generator), length)
 
     def pose(self, string: Tensor, length: int) -> tuple[Tensor, Tensor]:

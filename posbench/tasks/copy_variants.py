@@ -1,6 +1,7 @@
 """Kazemnejad et al.'s copy variants (McGill-NLP/length-generalization,
 scripts/dataset_builders/make_copy_dataset.py): one token repeated, a second output alphabet,
 and the forms that write the answer twice. Random-token copy (their cmc) is the `copy` task."""
+
 from __future__ import annotations
 
 import torch
@@ -13,7 +14,9 @@ from posbench.tasks.registry import register_task
 class _RepeatedToken(Copy):
     """A string of one symbol repeated n times (their rsc and rdc questions)."""
 
-    def generate(self, length: int, batch_size: int, generator: torch.Generator) -> tuple[Tensor, Tensor]:
+    def generate(
+        self, length: int, batch_size: int, generator: torch.Generator
+    ) -> tuple[Tensor, Tensor]:
         symbol = torch.randint(0, self.n_symbols, (batch_size, 1), generator=generator)
         return self.pose(symbol.expand(batch_size, length), length)
 

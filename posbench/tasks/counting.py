@@ -1,5 +1,6 @@
 """Counting: how many times does a symbol occur? A task where position must be counted in units
 other than tokens, the motivation of CoPE (Golovneva et al. 2024)."""
+
 from __future__ import annotations
 
 import random
@@ -33,6 +34,10 @@ class Counting(Transduction):
     def answer_length(self, length: int) -> int:
         return 1
 
-    def sample(self, length: int, batch_size: int, rng: random.Random) -> tuple[list[list[int]], list[list[int]]]:
-        questions = [[rng.randrange(N_QUESTION_SYMBOLS) for _ in range(length)] for _ in range(batch_size)]
+    def sample(
+        self, length: int, batch_size: int, rng: random.Random
+    ) -> tuple[list[list[int]], list[list[int]]]:
+        questions = [
+            [rng.randrange(N_QUESTION_SYMBOLS) for _ in range(length)] for _ in range(batch_size)
+        ]
         return questions, [[N_QUESTION_SYMBOLS + q.count(0)] for q in questions]

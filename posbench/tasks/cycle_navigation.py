@@ -1,4 +1,5 @@
 """Cycle navigation (DeepMind's suite, regular): where on a cycle of 5 do the moves end?"""
+
 from __future__ import annotations
 
 from posbench.tasks.registry import register_task

@@ -1,4 +1,5 @@
 """Even pairs (DeepMind's suite, regular): is the number of unequal neighbours even?"""
+
 from __future__ import annotations
 
 from posbench.tasks.registry import register_task

@@ -1,4 +1,5 @@
 """Flip-flop language modelling (Liu et al. 2023), one of CoPE's tasks (Golovneva et al. 2024)."""
+
 from __future__ import annotations
 
 from typing import Annotated
@@ -29,8 +30,13 @@ class FlipFlop(Task):
     length_unit = "instructions"
     min_length = 2
 
-    def __init__(self, *, train_lengths=None, eval_lengths=None,
-                 p_ignore: Annotated[float, Range(ge=0, le=0.99)] = 0.8) -> None:
+    def __init__(
+        self,
+        *,
+        train_lengths=None,
+        eval_lengths=None,
+        p_ignore: Annotated[float, Range(ge=0, le=0.99)] = 0.8,
+    ) -> None:
         super().__init__(train_lengths=train_lengths, eval_lengths=eval_lengths)
         self.p_ignore = p_ignore
 
@@ -41,7 +47,9 @@ class FlipFlop(Task):
     def sequence_length(self, length: int) -> int:
         return 2 * length - 1
 
-    def generate(self, length: int, batch_size: int, generator: torch.Generator) -> tuple[Tensor, Tensor]:
+    def generate(
+        self, length: int, batch_size: int, generator: torch.Generator
+    ) -> tuple[Tensor, Tensor]:
         draw = torch.rand(batch_size, length, generator=generator)
         other = torch.where(torch.rand(batch_size, length, generator=generator) < 0.5, WRITE, READ)
         ops = torch.where(draw < self.p_ignore, IGNORE_OP, other)  # (B, n)

@@ -1,4 +1,5 @@
 """Language modelling: next-token loss at every position, far past the training length."""
+
 from __future__ import annotations
 
 import copy
@@ -76,14 +77,18 @@ class LanguageModel(Task):
             longest = max(self.eval_lengths + (self.train_lengths[1],)) + 1
             if len(self.eval_text) < longest or len(self.train_text) < longest:
                 raise OptionError(
-                    f"task 'lm': corpus {corpus} has {len(ids)} characters, too few for windows of {longest} "
-                    f"in both its first 90% (training) and last 10% (evaluation); use a longer text or shorter lengths."
+                    f"task 'lm': corpus {corpus} has {len(ids)} characters, too few for windows of "
+                    f"{longest} "
+                    "in both its first 90% (training) and last 10% (evaluation); use a longer "
+                    "text or shorter lengths."
                 )
         else:
             self.n_symbols = n_symbols
             rng = np.random.default_rng(language_seed)
             # (V, V, V): P(next | previous two), one Dirichlet(0.3) row per pair of tokens
-            self.transitions = torch.from_numpy(rng.dirichlet(np.full(n_symbols, 0.3), size=(n_symbols, n_symbols))).float()
+            self.transitions = torch.from_numpy(
+                rng.dirichlet(np.full(n_symbols, 0.3), size=(n_symbols, n_symbols))
+            ).float()
 
     @property
     def vocab_size(self) -> int:
@@ -92,8 +97,14 @@ class LanguageModel(Task):
     def sequence_length(self, length: int) -> int:
         return length
 
-    def generate(self, length: int, batch_size: int, generator: torch.Generator) -> tuple[Tensor, Tensor]:
-        seq = self._text_windows(length + 1, batch_size, generator) if self.corpus else self._synthetic(length + 1, batch_size, generator)
+    def generate(
+        self, length: int, batch_size: int, generator: torch.Generator
+    ) -> tuple[Tensor, Tensor]:
+        seq = (
+            self._text_windows(length + 1, batch_size, generator)
+            if self.corpus
+            else self._synthetic(length + 1, batch_size, generator)
+        )
         answer = torch.ones_like(seq, dtype=torch.bool)
         answer[:, 0] = False  # the first token has no context to predict it from
         return seq, answer
@@ -126,7 +137,9 @@ class LanguageModel(Task):
         """The generator-aware predictor's mean loss at each target of a window, (length,) nats."""
         key = (self.n_symbols, self.p_copy, self.copy_distance, self.language_seed, length)
         if key not in _FLOORS:
-            windows = self._synthetic(length + 1, FLOOR_WINDOWS, torch.Generator().manual_seed(FLOOR_SEED + length))
+            windows = self._synthetic(
+                length + 1, FLOOR_WINDOWS, torch.Generator().manual_seed(FLOOR_SEED + length)
+            )
             unigram = torch.bincount(windows.flatten(), minlength=self.n_symbols).double()
             unigram /= unigram.sum()
             T = self.transitions.double()
@@ -137,8 +150,11 @@ class LanguageModel(Task):
                 else:  # the token before the window is unseen: average it out
                     markov = torch.einsum("a,bav->bv", unigram, T[:, windows[:, 0]].transpose(0, 1))
                 source = k + 1 - self.copy_distance
-                copied = (torch.nn.functional.one_hot(windows[:, source], self.n_symbols).double() if source >= 0
-                          else unigram.expand(len(windows), -1))
+                copied = (
+                    torch.nn.functional.one_hot(windows[:, source], self.n_symbols).double()
+                    if source >= 0
+                    else unigram.expand(len(windows), -1)
+                )
                 predicted = self.p_copy * copied + (1 - self.p_copy) * markov
                 losses[k] = -predicted.gather(1, windows[:, k + 1, None]).log().mean()
             _FLOORS[key] = losses
@@ -163,12 +179,15 @@ def _read_utf8(path: Path) -> str:
     try:
         data = path.read_bytes()
     except OSError as err:
-        raise OptionError(f"task 'lm': cannot read corpus {path} ({err.strerror}); check the path.") from None
+        raise OptionError(
+            f"task 'lm': cannot read corpus {path} ({err.strerror}); check the path."
+        ) from None
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as err:
         raise OptionError(
-            f"task 'lm': corpus {path} is not UTF-8 text (byte 0x{data[err.start]:02x} at offset {err.start}); "
+            f"task 'lm': corpus {path} is not UTF-8 text (byte 0x{data[err.start]:02x} at offset "
+            f"{err.start}); "
             "convert it to UTF-8, e.g. with iconv."
         ) from None
     if len(set(text)) < 2:

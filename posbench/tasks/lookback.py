@@ -1,4 +1,5 @@
 """Lookback: name the token exactly `lag` positions back, a retrieval only position can solve."""
+
 from __future__ import annotations
 
 from typing import Annotated
@@ -35,7 +36,11 @@ class Lookback(Task):
     length_unit = "positions answered"
 
     def __init__(
-        self, *, train_lengths=None, eval_lengths=None, lag: Annotated[int, Range(ge=1)] = 12,
+        self,
+        *,
+        train_lengths=None,
+        eval_lengths=None,
+        lag: Annotated[int, Range(ge=1)] = 12,
         n_symbols: Annotated[int, Range(ge=2)] = 16,
     ) -> None:
         super().__init__(train_lengths=train_lengths, eval_lengths=eval_lengths)
@@ -50,7 +55,9 @@ class Lookback(Task):
         return self.lag + length
 
     def batch(self, length: int, batch_size: int, generator: torch.Generator) -> Batch:
-        tokens = random_symbols(batch_size, self.sequence_length(length), self.n_symbols, generator)  # (B, T)
+        tokens = random_symbols(
+            batch_size, self.sequence_length(length), self.n_symbols, generator
+        )  # (B, T)
         targets = torch.full_like(tokens, IGNORE)
-        targets[:, self.lag :] = tokens[:, : length]  # position t answers the token at t - lag
+        targets[:, self.lag :] = tokens[:, :length]  # position t answers the token at t - lag
         return Batch(tokens, targets)

@@ -1,4 +1,5 @@
 """Find the missing bit of a duplicated string (DeepMind's suite, context-sensitive)."""
+
 from __future__ import annotations
 
 import random
@@ -26,7 +27,9 @@ class MissingDuplicateString(Transduction):
     def answer_length(self, length: int) -> int:
         return 1
 
-    def sample(self, length: int, batch_size: int, rng: random.Random) -> tuple[list[list[int]], list[list[int]]]:
+    def sample(
+        self, length: int, batch_size: int, rng: random.Random
+    ) -> tuple[list[list[int]], list[list[int]]]:
         if length == 1:
             return [[1] for _ in range(batch_size)], [[1] for _ in range(batch_size)]
         questions, answers = [], []

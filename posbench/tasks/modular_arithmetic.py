@@ -1,4 +1,5 @@
 """Modular arithmetic without brackets (DeepMind's suite, regular)."""
+
 from __future__ import annotations
 
 import random
@@ -30,11 +31,18 @@ class ModularArithmetic(Transduction):
     def answer_length(self, length: int) -> int:
         return 1
 
-    def sample(self, length: int, batch_size: int, rng: random.Random) -> tuple[list[list[int]], list[list[int]]]:
+    def sample(
+        self, length: int, batch_size: int, rng: random.Random
+    ) -> tuple[list[list[int]], list[list[int]]]:
         n = self.question_length(length)
         questions, answers = [], []
         for _ in range(batch_size):
-            text = [str(rng.randrange(MODULUS)) if i % 2 == 0 else rng.choice(OPERATORS) for i in range(n)]
-            questions.append([int(t) if t.isdigit() else MODULUS + OPERATORS.index(t) for t in text])
+            text = [
+                str(rng.randrange(MODULUS)) if i % 2 == 0 else rng.choice(OPERATORS)
+                for i in range(n)
+            ]
+            questions.append(
+                [int(t) if t.isdigit() else MODULUS + OPERATORS.index(t) for t in text]
+            )
             answers.append([evaluate_mod(text, MODULUS)])
         return questions, answers

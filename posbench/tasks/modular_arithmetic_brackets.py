@@ -1,4 +1,5 @@
 """Modular arithmetic with brackets (DeepMind's suite, deterministic context-free)."""
+
 from __future__ import annotations
 
 import random
@@ -11,7 +12,9 @@ MODULUS = 5
 CHARACTERS = ("+", "-", "*", "(", ")", "x", "=")
 
 
-def bracketed_expression(rng: random.Random, length: int, modulus: int = MODULUS, mult: bool = False) -> list[str]:
+def bracketed_expression(
+    rng: random.Random, length: int, modulus: int = MODULUS, mult: bool = False
+) -> list[str]:
     """A random bracketed expression of exactly `length` characters, built as DeepMind builds
     it: a digit (1), a negated digit (2), a bracketed digit (3) or negated one (4), else
     ``(left op right)`` with the lengths split at random."""
@@ -26,8 +29,13 @@ def bracketed_expression(rng: random.Random, length: int, modulus: int = MODULUS
         return ["(", "-", digit, ")"]
     left = rng.randint(1, length - 4)
     op = rng.choice(("+", "-", "*") if mult else ("+", "-"))
-    return ["(", *bracketed_expression(rng, left, modulus, mult), op,
-            *bracketed_expression(rng, length - left - 3, modulus, mult), ")"]
+    return [
+        "(",
+        *bracketed_expression(rng, left, modulus, mult),
+        op,
+        *bracketed_expression(rng, length - left - 3, modulus, mult),
+        ")",
+    ]
 
 
 def encode(characters: list[str]) -> list[int]:
@@ -56,6 +64,8 @@ class ModularArithmeticBrackets(Transduction):
     def answer_length(self, length: int) -> int:
         return 1
 
-    def sample(self, length: int, batch_size: int, rng: random.Random) -> tuple[list[list[int]], list[list[int]]]:
+    def sample(
+        self, length: int, batch_size: int, rng: random.Random
+    ) -> tuple[list[list[int]], list[list[int]]]:
         expressions = [bracketed_expression(rng, length, mult=self.mult) for _ in range(batch_size)]
         return [encode(e) for e in expressions], [[evaluate_mod(e, MODULUS)] for e in expressions]

@@ -1,4 +1,5 @@
 """Multi-query associative recall (Zoology's MQAR)."""
+
 from __future__ import annotations
 
 from typing import Annotated
@@ -26,7 +27,11 @@ class MQAR(Task):
     length_unit = "key-value pairs"
 
     def __init__(
-        self, *, train_lengths=None, eval_lengths=None, n_keys: Annotated[int | None, Range(ge=1)] = None,
+        self,
+        *,
+        train_lengths=None,
+        eval_lengths=None,
+        n_keys: Annotated[int | None, Range(ge=1)] = None,
         n_values: Annotated[int, Range(ge=2)] = 16,
     ) -> None:
         super().__init__(train_lengths=train_lengths, eval_lengths=eval_lengths)
@@ -35,7 +40,9 @@ class MQAR(Task):
         if self.n_keys < longest:
             from posbench.errors import OptionError
 
-            raise OptionError(f"task 'mqar': n_keys={self.n_keys} is fewer than the {longest} pairs asked for.")
+            raise OptionError(
+                f"task 'mqar': n_keys={self.n_keys} is fewer than the {longest} pairs asked for."
+            )
         self.n_values = n_values
 
     @property
@@ -45,7 +52,9 @@ class MQAR(Task):
     def sequence_length(self, length: int) -> int:
         return 4 * length - 1
 
-    def generate(self, length: int, batch_size: int, generator: torch.Generator) -> tuple[Tensor, Tensor]:
+    def generate(
+        self, length: int, batch_size: int, generator: torch.Generator
+    ) -> tuple[Tensor, Tensor]:
         B, n = batch_size, length
         keys = torch.rand(B, self.n_keys, generator=generator).argsort(dim=1)[:, :n]  # distinct
         values = self.n_keys + torch.randint(0, self.n_values, (B, n), generator=generator)

@@ -1,4 +1,5 @@
 """Odds first (DeepMind's suite, context-sensitive)."""
+
 from __future__ import annotations
 
 from posbench.tasks.registry import register_task

@@ -1,4 +1,5 @@
 """Parity check (DeepMind's suite, regular): is the number of ones even?"""
+
 from __future__ import annotations
 
 from posbench.tasks.registry import register_task

@@ -1,4 +1,5 @@
 """Passkey retrieval: a needle in a haystack of filler tokens."""
+
 from __future__ import annotations
 
 from typing import Annotated
@@ -26,7 +27,11 @@ class Passkey(Task):
     length_unit = "filler tokens between key and question"
 
     def __init__(
-        self, *, train_lengths=None, eval_lengths=None, digits: Annotated[int, Range(ge=1)] = 2,
+        self,
+        *,
+        train_lengths=None,
+        eval_lengths=None,
+        digits: Annotated[int, Range(ge=1)] = 2,
         n_filler: Annotated[int, Range(ge=1)] = 4,
     ) -> None:
         super().__init__(train_lengths=train_lengths, eval_lengths=eval_lengths)
@@ -42,7 +47,9 @@ class Passkey(Task):
     def sequence_length(self, length: int) -> int:
         return length // 4 + 2 * self.digits + 1 + length
 
-    def generate(self, length: int, batch_size: int, generator: torch.Generator) -> tuple[Tensor, Tensor]:
+    def generate(
+        self, length: int, batch_size: int, generator: torch.Generator
+    ) -> tuple[Tensor, Tensor]:
         B, k, lead = batch_size, self.digits, length // 4
         seq = 10 + random_symbols(B, self.sequence_length(length) + 1, self.n_filler, generator)
         key = random_symbols(B, k, 10, generator)  # (B, k) digits

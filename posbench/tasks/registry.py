@@ -1,5 +1,6 @@
 """The task registry: built-ins register themselves on import, plugins through
 `register_task` (kept apart from the package's __init__ so no module imports its own package)."""
+
 from __future__ import annotations
 
 from typing import Callable, TypeVar

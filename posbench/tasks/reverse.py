@@ -1,4 +1,5 @@
 """Reverse: write a random string backwards after a separator."""
+
 from __future__ import annotations
 
 from torch import Tensor

@@ -1,4 +1,5 @@
 """Reverse a binary string (DeepMind's suite, deterministic context-free)."""
+
 from __future__ import annotations
 
 from posbench.tasks.registry import register_task

@@ -1,4 +1,5 @@
 """Selective copy (Gu and Dao 2023), one of CoPE's tasks (Golovneva et al. 2024)."""
+
 from __future__ import annotations
 
 import random
@@ -28,14 +29,18 @@ class SelectiveCopy(Transduction):
     default_eval_lengths = (16, 32, 64, 128)
     length_unit = "question tokens"
 
-    def __init__(self, *, train_lengths=None, eval_lengths=None, spread: Annotated[int, Range(ge=1)] = 4) -> None:
+    def __init__(
+        self, *, train_lengths=None, eval_lengths=None, spread: Annotated[int, Range(ge=1)] = 4
+    ) -> None:
         super().__init__(train_lengths=train_lengths, eval_lengths=eval_lengths)
         self.spread = spread
 
     def answer_length(self, length: int) -> int:
         return max(1, length // self.spread)
 
-    def sample(self, length: int, batch_size: int, rng: random.Random) -> tuple[list[list[int]], list[list[int]]]:
+    def sample(
+        self, length: int, batch_size: int, rng: random.Random
+    ) -> tuple[list[list[int]], list[list[int]]]:
         questions, answers = [], []
         for _ in range(batch_size):
             places = sorted(rng.sample(range(length), self.answer_length(length)))

@@ -1,9 +1,15 @@
 """Solve a modular equation for x (DeepMind's suite, deterministic context-free)."""
+
 from __future__ import annotations
 
 import random
 
-from posbench.tasks.modular_arithmetic_brackets import CHARACTERS, MODULUS, bracketed_expression, encode
+from posbench.tasks.modular_arithmetic_brackets import (
+    CHARACTERS,
+    MODULUS,
+    bracketed_expression,
+    encode,
+)
 from posbench.tasks.registry import register_task
 from posbench.tasks.transduction import Transduction, evaluate_mod
 
@@ -28,7 +34,9 @@ class SolveEquation(Transduction):
     def answer_length(self, length: int) -> int:
         return 1
 
-    def sample(self, length: int, batch_size: int, rng: random.Random) -> tuple[list[list[int]], list[list[int]]]:
+    def sample(
+        self, length: int, batch_size: int, rng: random.Random
+    ) -> tuple[list[list[int]], list[list[int]]]:
         questions, answers = [], []
         for _ in range(batch_size):
             expression = bracketed_expression(rng, length - 2)

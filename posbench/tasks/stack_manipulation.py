@@ -1,4 +1,5 @@
 """Stack manipulation (DeepMind's suite, deterministic context-free)."""
+
 from __future__ import annotations
 
 import random
@@ -29,7 +30,9 @@ class StackManipulation(Transduction):
     def answer_length(self, length: int) -> int:
         return length + 1
 
-    def sample(self, length: int, batch_size: int, rng: random.Random) -> tuple[list[list[int]], list[list[int]]]:
+    def sample(
+        self, length: int, batch_size: int, rng: random.Random
+    ) -> tuple[list[list[int]], list[list[int]]]:
         questions, answers = [], []
         for _ in range(batch_size):
             if length == 1:

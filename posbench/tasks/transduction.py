@@ -1,4 +1,5 @@
 """Question, separator, answer: the decoder-only form of a sequence-to-sequence task."""
+
 from __future__ import annotations
 
 import random
@@ -54,13 +55,17 @@ class Transduction(Task):
         """The most answer tokens (END included) for a question of size `length`."""
 
     @abstractmethod
-    def sample(self, length: int, batch_size: int, rng: random.Random) -> tuple[list[list[int]], list[list[int]]]:
+    def sample(
+        self, length: int, batch_size: int, rng: random.Random
+    ) -> tuple[list[list[int]], list[list[int]]]:
         """Questions (each question_length(length) symbols) and their answers (without END)."""
 
     def sequence_length(self, length: int) -> int:
         return self.question_length(length) + self.answer_length(length)
 
-    def generate(self, length: int, batch_size: int, generator: torch.Generator) -> tuple[Tensor, Tensor]:
+    def generate(
+        self, length: int, batch_size: int, generator: torch.Generator
+    ) -> tuple[Tensor, Tensor]:
         rng = random.Random(int(torch.randint(0, 2**62, (1,), generator=generator)))
         questions, answers = self.sample(length, batch_size, rng)
         q_len, a_len = self.question_length(length), self.answer_length(length)
@@ -68,7 +73,12 @@ class Transduction(Task):
         answer = torch.zeros_like(seq, dtype=torch.bool)
         for row, (question, reply) in enumerate(zip(questions, answers)):
             reply = list(reply) + ([self.end] if self.ends else [])
-            assert len(question) == q_len and len(reply) <= a_len, (self.name, length, question, reply)
+            assert len(question) == q_len and len(reply) <= a_len, (
+                self.name,
+                length,
+                question,
+                reply,
+            )
             seq[row, :q_len] = torch.tensor(question, dtype=torch.long)
             seq[row, q_len] = self.sep
             seq[row, q_len + 1 : q_len + 1 + len(reply)] = torch.tensor(reply, dtype=torch.long)
@@ -90,8 +100,12 @@ class UniformString(Transduction):
     def answer(self, question: list[int]) -> list[int]:
         """The answer tokens (without END) for one question."""
 
-    def sample(self, length: int, batch_size: int, rng: random.Random) -> tuple[list[list[int]], list[list[int]]]:
-        questions = [bits(rng, length, self.question_symbols or self.n_symbols) for _ in range(batch_size)]
+    def sample(
+        self, length: int, batch_size: int, rng: random.Random
+    ) -> tuple[list[list[int]], list[list[int]]]:
+        questions = [
+            bits(rng, length, self.question_symbols or self.n_symbols) for _ in range(batch_size)
+        ]
         return questions, [self.answer(q) for q in questions]
 
 

@@ -1,5 +1,6 @@
 """A test plugin with a learned scalar per head and distance, clamped at 8 distances: it
 declares the table, so posbench can tell which of its rows training reaches."""
+
 from torch import nn
 
 from posbench import AttentionShape, IndexedTable, PositionalEncoding, register_encoding

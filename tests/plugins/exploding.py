@@ -1,4 +1,5 @@
 """A test plugin encoding that raises during training (a run that fails)."""
+
 from posbench import PositionalEncoding, register_encoding
 
 

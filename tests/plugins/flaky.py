@@ -1,5 +1,6 @@
 """Test plugin encodings whose failures a test switches on and off through the environment:
 one that fails evaluation at long sequences, one whose training loss turns NaN."""
+
 import os
 
 from posbench import PositionalEncoding, register_encoding

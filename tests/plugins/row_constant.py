@@ -1,5 +1,6 @@
 """A test plugin whose only parameter moves every logit of a row alike: softmax ignores it,
 so its true gradient is zero, and float32 round-off must not pass for a gradient."""
+
 import torch
 from torch import nn
 
