@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pandas as pd
 
+from posbench.experiment.profiling import BenchConfig
 from posbench.experiment.config import (
     EncodingSpec,
     EvalConfig,
@@ -54,3 +55,17 @@ def tidy(rows: list[dict]) -> pd.DataFrame:
     from posbench.store import COLUMNS
 
     return pd.DataFrame(rows).reindex(columns=COLUMNS)
+
+
+#: A latency and memory profile that takes a second.
+TINY_BENCH = BenchConfig(
+    seq_lens=(16, 32),
+    mem_lens=(0, 8),
+    window_lens=(16,),
+    window=4,
+    batch_size=2,
+    n_heads=2,
+    d_head=8,
+    threads=1,
+    min_run_time=0.001,
+)

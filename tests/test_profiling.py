@@ -21,17 +21,8 @@ from posbench.experiment.profiling import (
 )
 from posbench.store import collect
 
-TINY = BenchConfig(
-    seq_lens=(16, 32),
-    mem_lens=(0, 8),
-    window_lens=(16,),
-    window=4,
-    batch_size=2,
-    n_heads=2,
-    d_head=8,
-    threads=1,
-    min_run_time=0.001,
-)
+from helpers import TINY_BENCH
+
 
 needs_clear_refs = pytest.mark.skipif(not reset_peak_rss(), reason="no /proc/self/clear_refs here")
 
@@ -60,7 +51,7 @@ def test_memory_rows_from_a_child_process_grow_with_length() -> None:
 @pytest.mark.parametrize("encoding", ["nope", "alibi", "learned"])
 def test_profile_rows_have_the_expected_shape(encoding: str) -> None:
     spec = EncodingSpec(encoding, {"max_positions": 20} if encoding == "learned" else {})
-    rows = profile_encoding(spec, TINY, parts=("latency", "decode", "window"))
+    rows = profile_encoding(spec, TINY_BENCH, parts=("latency", "decode", "window"))
     frame = pd.DataFrame(rows)
     latency = frame[frame["metric"] == "latency_fwdbwd_ms"]
     assert sorted(latency["seq_len"]) == [16, 32]
@@ -77,7 +68,7 @@ def test_profile_rows_have_the_expected_shape(encoding: str) -> None:
 
 
 def test_profiles_are_stored_as_tidy_rows_and_skipped_when_done(tmp_path: Path) -> None:
-    config = TINY.__class__(**{**TINY.__dict__, "memory": False})
+    config = TINY_BENCH.__class__(**{**TINY_BENCH.__dict__, "memory": False})
     run_id, ran = run_profile(ProfileRun(EncodingSpec("rope"), config), tmp_path)
     assert ran and run_id.startswith("profile-")
     assert run_profile(ProfileRun(EncodingSpec("rope"), config), tmp_path) == (run_id, False)
@@ -123,7 +114,7 @@ def test_bench_says_why_an_encoding_costs_more_than_nope(
 
     import posbench.report.terminal as terminal
 
-    config = TINY.__class__(**{**TINY.__dict__, "memory": False})
+    config = TINY_BENCH.__class__(**{**TINY_BENCH.__dict__, "memory": False})
     for name in ("nope", "fire", "cope"):
         run_profile(ProfileRun(EncodingSpec(name), config), tmp_path)
     monkeypatch.setattr(terminal, "COST_NOTE_ABOVE", 0.0)  # every ratio counts as costly here
@@ -151,7 +142,7 @@ def test_a_length_that_would_not_fit_in_memory_is_na_not_attempted(
     monkeypatch.setattr(
         memory, "available_bytes", lambda device: 20 * 2**20
     )  # 40 MiB at L=32 does not fit in 16
-    rows = pd.DataFrame(profile_encoding(EncodingSpec("nope"), TINY, parts=("latency",)))
+    rows = pd.DataFrame(profile_encoding(EncodingSpec("nope"), TINY_BENCH, parts=("latency",)))
     latency = rows[rows["metric"] == "latency_fwdbwd_ms"].set_index("seq_len")
     assert latency.loc[16, "value"] > 0 and math.isnan(latency.loc[32, "value"])
     assert (

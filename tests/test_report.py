@@ -17,12 +17,11 @@ from typer.testing import CliRunner
 from posbench.cli import app
 from posbench.errors import ResultsError
 from posbench.plugins import load_plugin_dir
-from posbench.experiment.profiling import BenchConfig
 from posbench.report.html import build_report
 from posbench.store import collect
 from posbench.experiment.runner import run_sweep
 
-from helpers import tiny_sweep
+from helpers import TINY_BENCH, tiny_sweep
 
 SECTIONS = (
     "headline",
@@ -57,17 +56,7 @@ def sweep_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     sweep = dataclasses.replace(tiny_sweep("nope", "t5", "alibi", EVIL, seeds=(0, 1)), profile=True)
     import posbench.experiment.profiling as profiling
 
-    small = BenchConfig(
-        seq_lens=(16, 32),
-        mem_lens=(0, 8),
-        window_lens=(16,),
-        window=4,
-        batch_size=2,
-        n_heads=2,
-        d_head=8,
-        threads=1,
-        min_run_time=0.001,
-    )
+    small = TINY_BENCH
     original, profiling.SMALL_PROFILE = profiling.SMALL_PROFILE, small
     try:
         run_sweep(sweep, out)
