@@ -320,12 +320,20 @@ def report_command(
         help="Report folder. Default: reports/<name> for results/<name>, "
         "else <sweep folder>/report.",
     ),
+    link_figures: Optional[str] = typer.Option(
+        None,
+        "--link-figures",
+        help="Figures (names in figures/, without .png, commas) that report.html shows from "
+        "figures/ instead of embedding, for a published report whose README shows them.",
+    ),
 ) -> None:
-    """Build results.csv, summary.csv and a self-contained report.html from stored results."""
+    """Build results.csv, summary.csv, figures/ and a self-contained report.html from stored
+    results."""
     from posbench.report.terminal import print_headline
     from posbench.report.html import build_report, default_report_dir
 
-    written = build_report(results_dir, out or default_report_dir(results_dir))
+    linked = [name.strip() for name in (link_figures or "").split(",") if name.strip()]
+    written = build_report(results_dir, out or default_report_dir(results_dir), linked)
     print_headline(console, written.headline, written.lm_headline)
     for problem in written.problems:
         err_console.print(Text(f"skipped: {problem}", style="yellow"), soft_wrap=True)

@@ -327,3 +327,42 @@ def test_report_needs_no_plugin_of_the_sweep(tmp_path: Path) -> None:
     assert "skipped" not in result.stderr
     html = (tmp_path / "r" / "report.html").read_text()
     assert "test_vanishing" in html and html.count('alt="bias') >= 2
+
+
+def test_linked_figures_are_shown_from_files_and_embedded_nowhere(
+    sweep_dir: Path, tmp_path: Path
+) -> None:
+    """A published report holds each figure once: the ones its README shows as files that
+    report.html refers to, the rest embedded."""
+    import base64
+
+    written = build_report(sweep_dir, tmp_path / "published", ["accuracy_vs_length_copy"])
+    html = written.html.read_text()
+    linked = (written.out_dir / "figures" / "accuracy_vs_length_copy.png").read_bytes()
+    assert 'src="figures/accuracy_vs_length_copy.png"' in html
+    assert base64.b64encode(linked).decode() not in html
+    other = (written.out_dir / "figures" / "cost_memory.png").read_bytes()
+    assert base64.b64encode(other).decode() in html  # the rest stay embedded
+    with pytest.raises(
+        ResultsError,
+        match="--link-figures names no figure of this report: nonesuch; its figures are",
+    ):
+        build_report(sweep_dir, tmp_path / "bad", ["nonesuch"])
+
+
+def test_published_reports_commit_each_figure_once() -> None:
+    """Every committed PNG of reports/ is one README.md shows, and its report.html refers to it
+    instead of embedding it; every image README.md shows is committed."""
+    import base64
+    import re
+    import subprocess
+
+    committed = subprocess.run(
+        ["git", "ls-files", "reports/*/figures/*.png"], capture_output=True, text=True, check=True
+    ).stdout.split()
+    shown = set(re.findall(r"reports/[\w-]+/figures/[\w.-]+\.png", Path("README.md").read_text()))
+    assert set(committed) == shown
+    for png in map(Path, committed):
+        html = (png.parent.parent / "report.html").read_text()
+        assert f'src="figures/{png.name}"' in html
+        assert base64.b64encode(png.read_bytes()).decode() not in html

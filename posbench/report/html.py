@@ -9,7 +9,7 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Collection
 
 import pandas as pd
 from jinja2 import Environment, PackageLoader, select_autoescape
@@ -48,6 +48,8 @@ from posbench.report.summary import (
 )
 from posbench.experiment.timing import describe_method
 
+#: The report's folder of PNG figures.
+FIGURES_DIR = "figures"
 ACCURACY_COLUMNS = tuple(column for column, _, _ in HEADLINE_COLUMNS)
 COST_COLUMNS = ("latency_ratio", "memory_ratio")
 
@@ -334,8 +336,13 @@ def _failures_and_missing(sweep_dir: Path) -> tuple[list[dict[str, str]], list[s
     return failures, missing
 
 
-def _write_figures(out_dir: Path, context: dict[str, Any]) -> None:
-    """The plots as PNG files too (figures/), for papers and READMEs."""
+def _write_figures(
+    out_dir: Path, context: dict[str, Any], linked: Collection[str]
+) -> dict[str, str]:
+    """The plots as PNG files too (figures/NAME.png), for papers and READMEs. Returns, for the
+    figures named in `linked`, base64 PNG -> the file the HTML refers to instead of embedding it
+    (a published report whose README shows a figure then holds it once). An unknown name in
+    `linked` is one sentence listing the known ones."""
     figures = {f"accuracy_vs_length_{t['name']}": t["length_plot"] for t in context["tasks"]}
     figures |= {
         f"accuracy_vs_cache_{t['name']}": t["cache_plot"]
@@ -350,13 +357,25 @@ def _write_figures(out_dir: Path, context: dict[str, Any]) -> None:
     figures |= {f"cost_{name}": png for name, png in context["costs"].items()}
     if context["diagnostics"].get("distance_plot"):
         figures["attention_distance"] = context["diagnostics"]["distance_plot"]
-    for name, png in figures.items():
-        safe = "".join(ch if ch.isalnum() or ch in "-_" else "_" for ch in name)
-        atomic_write_bytes(out_dir / "figures" / f"{safe}.png", base64.b64decode(png))
+    files = {
+        "".join(ch if ch.isalnum() or ch in "-_" else "_" for ch in name): png
+        for name, png in figures.items()
+    }
+    unknown = sorted(set(linked) - set(files))
+    if unknown:
+        raise ResultsError(
+            f"--link-figures names no figure of this report: {', '.join(unknown)}; "
+            f"its figures are {', '.join(sorted(files))}."
+        )
+    for name, png in files.items():
+        atomic_write_bytes(out_dir / FIGURES_DIR / f"{name}.png", base64.b64decode(png))
+    return {files[name]: f"{FIGURES_DIR}/{name}.png" for name in linked}
 
 
-def build_report(sweep_dir: Path, out_dir: Path) -> Report:
-    """Write results.csv, summary.csv and report.html for the sweep in `sweep_dir`."""
+def build_report(sweep_dir: Path, out_dir: Path, linked: Collection[str] = ()) -> Report:
+    """Write results.csv, summary.csv, report.html and figures/ for the sweep in `sweep_dir`.
+    report.html embeds every figure (one self-contained file) except those named in `linked`,
+    which it shows from figures/."""
     sweep_dir = Path(sweep_dir)
     if not sweep_dir.is_dir():
         raise ResultsError(
@@ -454,11 +473,12 @@ def build_report(sweep_dir: Path, out_dir: Path) -> Report:
         "quick": bool(config.get("quick")),
         "about": config.get("about", ""),
     }
-    _write_figures(out_dir, context)
+    files = _write_figures(out_dir, context, linked)
     env = Environment(
         loader=PackageLoader("posbench.report", "templates"),
         autoescape=select_autoescape(["html", "j2"]),
     )
+    env.filters["img_src"] = lambda png: files.get(png, f"data:image/png;base64,{png}")
     html = env.get_template("report.html.j2").render(**context)
     html_path = out_dir / "report.html"
     atomic_write_text(html_path, html)
