@@ -5,10 +5,16 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import dataclasses
+import textwrap
+
 import pytest
 import torch
 
-from posbench.plugins import load_plugins
+from posbench.experiment.runner import run_sweep
+from posbench.plugins import load_plugin_dir, load_plugins
+
+from helpers import EVIL, TINY_BENCH, tiny_sweep
 
 ROOT = Path(__file__).resolve().parents[1]
 os.chdir(ROOT)
@@ -19,3 +25,33 @@ load_plugins()  # the repository's plugin folders (pyproject.toml), before tests
 @pytest.fixture(autouse=True)
 def _seed() -> None:
     torch.manual_seed(0)
+
+
+@pytest.fixture(scope="session")
+def sweep_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A finished two-seed sweep of nope, t5, alibi and an encoding whose name is markup, with
+    its latency/memory profiles: what the report and the terminal read."""
+    plugins = tmp_path_factory.mktemp("plugins")
+    (plugins / "evil.py").write_text(
+        textwrap.dedent(
+            f'''
+            from posbench import PositionalEncoding, register_encoding
+
+            @register_encoding({EVIL!r})
+            class Evil(PositionalEncoding):
+                """An encoding whose name is markup."""
+            '''
+        )
+    )
+    load_plugin_dir(plugins)
+    out = tmp_path_factory.mktemp("sweep")
+    sweep = dataclasses.replace(tiny_sweep("nope", "t5", "alibi", EVIL, seeds=(0, 1)), profile=True)
+    import posbench.experiment.profiling as profiling
+
+    small = TINY_BENCH
+    original, profiling.SMALL_PROFILE = profiling.SMALL_PROFILE, small
+    try:
+        run_sweep(sweep, out)
+    finally:
+        profiling.SMALL_PROFILE = original
+    return out

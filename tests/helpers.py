@@ -2,7 +2,17 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import pandas as pd
+import pytest
+import torch
+
+from typer.testing import CliRunner, Result
+
+import posbench
+from posbench.cli import app
 
 from posbench.experiment.profiling import BenchConfig
 from posbench.experiment.config import (
@@ -69,3 +79,51 @@ TINY_BENCH = BenchConfig(
     threads=1,
     min_run_time=0.001,
 )
+
+
+def small_model(encoding: str = "rope", vocab: int = 11) -> "posbench.Decoder":
+    """A 2-layer decoder with fixed initial weights."""
+    torch.manual_seed(0)
+    return posbench.build_model(encoding, vocab_size=vocab, d_model=32, n_layers=2, n_heads=4)
+
+
+def invoke(*args: str) -> Result:
+    """Run the command line in this process, exceptions propagating."""
+    return CliRunner().invoke(app, list(args), catch_exceptions=False)
+
+
+def one_sentence_error(result: Result, *fragments: str) -> str:
+    """Assert exit 2 with one error line containing every fragment; return that line."""
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output
+    text = " ".join(line.strip() for line in result.output.strip().splitlines())
+    assert text.count("error: ") == 1, text
+    text = text[
+        text.index("error: ") :
+    ]  # progress lines may come first; the error closes the output
+    for fragment in fragments:
+        assert fragment in text, text
+    return text
+
+
+def write_config(tmp_path: Path, toml: str = TINY_TOML) -> Path:
+    """A sweep TOML file in tmp_path."""
+    config = tmp_path / "sweep.toml"
+    config.write_text(toml)
+    return config
+
+
+def fail_fsync_for(monkeypatch: pytest.MonkeyPatch, name: str, code: int) -> None:
+    """Make writing any file called `name` fail with `code` (ENOSPC: a full disk)."""
+    real = os.fsync
+
+    def fsync(fd: int) -> None:
+        if os.path.basename(os.readlink(f"/proc/self/fd/{fd}")).startswith(f".{name}."):
+            raise OSError(code, os.strerror(code))
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+
+
+#: An encoding name that is markup: reports must show it, never run it.
+EVIL = "<script>alert(1)</script>"

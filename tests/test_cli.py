@@ -7,18 +7,10 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from typer.testing import CliRunner
 
-from posbench.cli import app
 from posbench.encodings import BUILTINS
 
-from helpers import TINY_TOML
-
-runner = CliRunner()
-
-
-def invoke(*args: str):
-    return runner.invoke(app, list(args), catch_exceptions=False)
+from helpers import TINY_TOML, invoke
 
 
 def test_help_and_list() -> None:

@@ -177,17 +177,3 @@ def test_options_tied_to_the_training_length_resolve_per_task() -> None:
     assert (
         catch_all["train"] > 0.5
     )  # common in training, as in Press et al.'s windows of 4x max_distance
-
-
-def test_a_tied_option_that_resolves_to_an_invalid_value_is_one_sentence() -> None:
-    from posbench.errors import ConfigError, OptionError
-    from posbench.experiment.runner import resolve_sweep
-
-    sweep = dataclasses.replace(
-        tiny_sweep(), encodings=(EncodingSpec("t5", {"max_distance": "train/4"}),)
-    )
-    with pytest.raises((ConfigError, OptionError)) as err:
-        resolve_sweep(sweep)
-    assert "tied to the training length of task 'copy'" in str(
-        err.value
-    ) and "max_distance' must be an integer >= 2, got 1" in str(err.value)

@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 import torch
 
-from posbench.experiment.config import RunConfig, expand_runs
+from posbench.experiment.config import RunConfig
 from posbench.plugins import load_plugin_dir
 from posbench.store import COLUMNS, RunFolder, read_json
 from posbench.experiment.runner import load_run, run_sweep
@@ -94,11 +94,6 @@ def test_failing_run_is_recorded_and_sweep_carries_on(tmp_path: Path) -> None:
     # an errored run is redone on the next invocation, finished ones are not
     again = run_sweep(tiny_sweep("nope", "test_exploding", "rope"), tmp_path / "sw")
     assert again.ran == failed
-
-
-def test_grid_expansion_and_distinct_ids() -> None:
-    runs = expand_runs(tiny_sweep("nope", "rope", seeds=(0, 1)))
-    assert len(runs) == 4 and len({r.run_id for r in runs}) == 4
 
 
 def test_foreign_output_folder_is_refused(tmp_path: Path) -> None:

@@ -4,27 +4,33 @@ written by posbench 0.1 (read into today's columns without touching their files)
 from __future__ import annotations
 
 import dataclasses
+import errno
 import hashlib
 import json
 import math
+import os
 from pathlib import Path
 
 import pandas as pd
+import pytest
 
+from posbench.errors import ResultsError
 from posbench.experiment.config import TaskSpec
 from posbench.experiment.evaluation import POSITION_METRICS
 from posbench.experiment.runner import run_sweep
 from posbench.store import (
     COLUMNS,
+    DAMAGED_DIR,
     MEASUREMENTS_FILE,
     RESULT_FILE,
     RunFolder,
     collect,
     current_columns,
     run_folders,
+    sweep_lock,
 )
 
-from helpers import tiny_sweep
+from helpers import fail_fsync_for, invoke, one_sentence_error, tiny_sweep, write_config
 
 
 def _as_written_by_0_1(folder: Path) -> None:
@@ -109,3 +115,122 @@ def test_published_results_are_in_todays_columns() -> None:
             path, keep_default_na=False, na_values=[""], dtype={"note": str}, nrows=50
         )
         assert list(frame.columns) == COLUMNS, path
+
+
+# ---- damaged runs are detected, set aside and redone ------------------------------------------
+def test_a_measurements_file_cut_at_a_row_boundary_is_detected_and_redone(tmp_path: Path) -> None:
+    out = tmp_path / "sw"
+    first = run_sweep(tiny_sweep("nope", "rope"), out)
+    before = pd.read_csv(first.results_csv)
+    victim = out / first.ran[0] / "measurements.csv"
+    lines = victim.read_text().splitlines(keepends=True)
+    victim.write_text("".join(lines[: len(lines) // 2]))  # whole rows, simply fewer of them
+    assert not RunFolder(out / first.ran[0]).is_finished()
+    again = run_sweep(tiny_sweep("nope", "rope"), out)
+    assert again.ran == [first.ran[0]] and list(again.set_aside) == ["copy / nope / seed 0"]
+    assert "SHA-256" in again.set_aside["copy / nope / seed 0"]
+    aside = list((out / DAMAGED_DIR).iterdir())
+    assert len(aside) == 1 and (aside[0] / "measurements.csv").read_text() == "".join(
+        lines[: len(lines) // 2]
+    )
+    pd.testing.assert_frame_equal(pd.read_csv(again.results_csv), before)
+
+
+def test_one_garbled_run_does_not_block_the_sweep(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    config = write_config(tmp_path)
+    assert invoke("run", "--config", str(config), "--no-report", "--out", str(out)).exit_code == 0
+    victim = sorted(p for p in out.iterdir() if (p / "measurements.csv").exists())[0]
+    (victim / "measurements.csv").write_bytes(b"\x00\xff garbage")
+    result = invoke("run", "--config", str(config), "--out", str(out))
+    assert result.exit_code == 0, result.output
+    assert "set aside" in result.output and "ran 1 run(s), skipped 1" in result.output
+    again = invoke("run", "--config", str(config), "--out", str(out))
+    assert again.exit_code == 0 and "ran 0 run(s), skipped 2" in again.output
+
+
+def test_a_missing_model_file_is_named_with_a_hint_that_works(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    config = write_config(tmp_path)
+    assert invoke("run", "--config", str(config), "--no-report", "--out", str(out)).exit_code == 0
+    victim = sorted(p for p in out.iterdir() if (p / "model.pt").exists())[0]
+    (victim / "model.pt").unlink()
+    report = invoke("report", str(out))
+    assert report.exit_code == 0 and "run the same command again" in report.output
+    rerun = invoke("run", "--config", str(config), "--out", str(out))
+    assert rerun.exit_code == 0 and "ran 1 run(s)" in rerun.output
+    assert (out / victim.name / "model.pt").exists()
+
+
+def test_disk_full_during_a_run_is_one_sentence_and_marks_nothing_finished(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    out = tmp_path / "out"
+    config = write_config(tmp_path)
+    fail_fsync_for(monkeypatch, "measurements.csv", errno.ENOSPC)
+    one_sentence_error(
+        invoke("run", "--config", str(config), "--out", str(out)),
+        "No space left on the device",
+        "measurements.csv",
+        "free some disk space",
+    )
+    assert not [p for p in out.iterdir() if (p / "result.json").exists()]
+    monkeypatch.undo()
+    result = invoke("run", "--config", str(config), "--out", str(out))
+    assert result.exit_code == 0 and "ran 2 run(s)" in result.output
+
+
+def test_a_read_only_folder_is_one_sentence_even_when_every_run_is_finished(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    out = tmp_path / "out"
+    config = write_config(tmp_path)
+    assert invoke("run", "--config", str(config), "--no-report", "--out", str(out)).exit_code == 0
+    real_open = os.open
+
+    def read_only(path, flags, *args, **kwargs):  # a read-only mount refuses every new file
+        if str(path).startswith(str(out)) and flags & (os.O_WRONLY | os.O_RDWR):
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(path))
+        return real_open(path, flags, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", read_only)
+    one_sentence_error(
+        invoke("run", "--config", str(config), "--out", str(out)),
+        "Read-only file system",
+        "choose another --out",
+    )
+
+
+def test_an_immutable_run_folder_is_one_sentence(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    out = tmp_path / "out"
+    config = write_config(tmp_path)
+    assert invoke("run", "--config", str(config), "--no-report", "--out", str(out)).exit_code == 0
+    victim = next(p for p in out.iterdir() if (p / "result.json").exists())
+    (victim / "result.json").write_text(json.dumps({"status": "error", "error": "x"}))
+    real_unlink = Path.unlink
+
+    def immutable(self: Path, missing_ok: bool = False) -> None:
+        if self.parent == victim:
+            raise PermissionError(errno.EPERM, os.strerror(errno.EPERM), str(self))
+        real_unlink(self, missing_ok=missing_ok)
+
+    monkeypatch.setattr(Path, "unlink", immutable)
+    one_sentence_error(
+        invoke("run", "--config", str(config), "--out", str(out)),
+        "Operation not permitted",
+        str(victim),
+    )
+
+
+def test_a_second_command_on_the_same_folder_is_told_who_holds_it(tmp_path: Path) -> None:
+    out = tmp_path / "sw"
+    out.mkdir()
+    with sweep_lock(out):
+        with pytest.raises(
+            ResultsError,
+            match=rf"being written by another posbench command \(process {os.getpid()} ",
+        ):
+            run_sweep(tiny_sweep("nope"), out)
+    assert len(run_sweep(tiny_sweep("nope"), out).ran) == 1  # the lock went with its holder

@@ -1,4 +1,4 @@
-"""The training loop and evaluation on a few steps."""
+"""The training loop on a few steps: schedule, loss, recurrence, divergence, early stopping."""
 
 from __future__ import annotations
 
@@ -8,14 +8,10 @@ import pytest
 import torch
 
 import posbench
-from posbench.experiment.config import EvalConfig, TrainConfig
-from posbench.experiment.evaluation import evaluate, mem_lens
+from posbench.experiment.config import TrainConfig
 from posbench.experiment.training import Diverged, learning_rate, train
 
-
-def small_model(encoding: str = "rope", vocab: int = 11):
-    torch.manual_seed(0)
-    return posbench.build_model(encoding, vocab_size=vocab, d_model=32, n_layers=2, n_heads=4)
+from helpers import small_model
 
 
 def test_schedule_warms_up_then_decays_to_zero() -> None:
@@ -50,39 +46,6 @@ def test_divergence_is_detected() -> None:
         model.head.weight.fill_(float("nan"))
     with pytest.raises(Diverged, match="step 0"):
         train(model, task, TrainConfig(steps=3, batch_size=2, warmup_steps=1), seed=0)
-
-
-def test_evaluation_rows_and_not_applicable_lengths() -> None:
-    task = posbench.create_task("copy", train_lengths=[1, 4], eval_lengths=[2, 4, 8])
-    torch.manual_seed(0)
-    model = posbench.build_model(
-        "learned",
-        vocab_size=task.vocab_size,
-        d_model=16,
-        n_layers=1,
-        n_heads=2,
-        encoding_options={"max_positions": 8},
-    )
-    config = EvalConfig(n_samples=8, batch_size=4, segment_len=4)
-    rows = evaluate(model, task, config)
-    full = {(r.eval_len, r.metric): r for r in rows if r.mem_len is None}
-    assert 0.0 <= full[(4, "exact_match")].value <= 1.0
-    assert full[(4, "token_accuracy")].value >= full[(4, "exact_match")].value
-    na = full[(8, "exact_match")]  # 16 tokens > 8 positions
-    assert math.isnan(na.value) and "0..7" in na.note
-    assert mem_lens(task, config) == [0, 2, 4, 8, math.inf]
-    cached = {
-        (r.eval_len, r.mem_len) for r in rows if r.mem_len is not None and r.metric == "exact_match"
-    }
-    assert cached == {(e, m) for e in (2, 4, 8) for m in (0, 2, 4, 8, math.inf)}
-
-
-def test_unbounded_cache_equals_full_context() -> None:
-    task = posbench.create_task("copy", train_lengths=[1, 4], eval_lengths=[5])
-    model = small_model("t5", task.vocab_size)
-    rows = evaluate(model, task, EvalConfig(n_samples=16, batch_size=16, segment_len=3))
-    value = {(r.mem_len, r.metric): r.value for r in rows}
-    assert value[(math.inf, "loss")] == pytest.approx(value[(None, "loss")], rel=1e-5)
 
 
 def test_early_stopping_checks_every_n_steps_and_records_when_it_passed() -> None:
@@ -139,24 +102,3 @@ def test_a_run_records_steps_to_threshold_or_why_not(tmp_path, monkeypatch) -> N
     )
     row = frame[frame["metric"] == "steps_to_threshold"].iloc[0]
     assert math.isnan(row["value"]) and row["note"] == "not reached within 30 steps"
-
-
-def test_early_stopping_reads_the_reported_lengths_and_needs_a_margin() -> None:
-    """The stop signal covers the lengths reports call in distribution and stops on its 95%
-    lower bound, so a run that stopped meets the threshold on the evaluation sample too."""
-    from posbench.experiment.config import EvalConfig
-    from posbench.experiment.evaluation import in_distribution_lengths, validation_exact_match
-    from posbench.model import build_model
-    from posbench.tasks import create_task
-
-    task = create_task("copy", train_lengths=[1, 8], eval_lengths=[2, 4, 6, 8, 12, 16])
-    assert in_distribution_lengths(task) == [2, 4, 6, 8]
-    assert in_distribution_lengths(
-        create_task("copy", train_lengths=[1, 8], eval_lengths=[16])
-    ) == [1, 4, 8]
-    model = build_model("nope", task.vocab_size, 16, 1, 2)
-    train(model, task, TrainConfig(steps=150, batch_size=16, warmup_steps=10), 0)
-    mean, lower = validation_exact_match(model, task, EvalConfig(n_samples=64, batch_size=64))
-    assert lower <= mean <= 1
-    if 0 < mean < 1:
-        assert mean - lower == pytest.approx(1.645 * math.sqrt(mean * (1 - mean) / (64 * 4)))

@@ -1,10 +1,10 @@
-"""The report: CSVs against stored results, every HTML section, escaping, bad folders, and a
+"""The HTML report: CSVs against stored results, every HTML section, escaping, bad folders, and a
 real headless browser opening the file with the network off."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
+import math
 import os
 import shutil
 import textwrap
@@ -21,7 +21,7 @@ from posbench.report.html import build_report
 from posbench.store import collect
 from posbench.experiment.runner import run_sweep
 
-from helpers import TINY_BENCH, tiny_sweep
+from helpers import EVIL, tidy, tiny_sweep
 
 SECTIONS = (
     "headline",
@@ -34,35 +34,6 @@ SECTIONS = (
     "problems",
     "config",
 )
-EVIL = "<script>alert(1)</script>"
-
-
-@pytest.fixture(scope="module")
-def sweep_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    plugins = tmp_path_factory.mktemp("plugins")
-    (plugins / "evil.py").write_text(
-        textwrap.dedent(
-            f'''
-            from posbench import PositionalEncoding, register_encoding
-
-            @register_encoding({EVIL!r})
-            class Evil(PositionalEncoding):
-                """An encoding whose name is markup."""
-            '''
-        )
-    )
-    load_plugin_dir(plugins)
-    out = tmp_path_factory.mktemp("sweep")
-    sweep = dataclasses.replace(tiny_sweep("nope", "t5", "alibi", EVIL, seeds=(0, 1)), profile=True)
-    import posbench.experiment.profiling as profiling
-
-    small = TINY_BENCH
-    original, profiling.SMALL_PROFILE = profiling.SMALL_PROFILE, small
-    try:
-        run_sweep(sweep, out)
-    finally:
-        profiling.SMALL_PROFILE = original
-    return out
 
 
 @pytest.fixture(scope="module")
@@ -113,65 +84,10 @@ def test_every_section_is_present_with_images(report) -> None:
     assert "http://" not in html and "https://" not in html  # nothing fetched from a network
 
 
-def test_diagnostics_are_in_the_report_and_inspect_reads_a_run(
-    sweep_dir: Path, report, tmp_path: Path
-) -> None:
+def test_diagnostics_are_in_the_report(report) -> None:
     html = report.html.read_text()
     assert 'alt="score terms of t5"' in html and 'alt="attention mass by key distance"' in html
     assert (report.html.parent / "figures" / "attention_distance.png").exists()
-    run = next(
-        p
-        for p in sorted(sweep_dir.iterdir())
-        if (p / "terms.csv").exists()
-        and json.loads((p / "result.json").read_text())["encoding_label"] == "t5"
-    )
-    stored = CliRunner().invoke(app, ["inspect", str(run)])
-    assert stored.exit_code == 0, stored.output
-    assert stored.output.startswith("copy / t5 / seed ") and "position" in stored.output
-    assert "attention mass by key distance" in stored.output and "in distribution" in stored.output
-    assert "reachability" in stored.output
-    evaluated = (
-        tmp_path / run.name
-    )  # a run that evaluated a model another run trained stores no probes
-    shutil.copytree(run, evaluated)
-    (evaluated / "terms.csv").unlink()
-    shown = CliRunner().invoke(app, ["inspect", str(evaluated)])
-    assert shown.exit_code == 0, shown.output
-    assert (
-        "score terms: this run stored no probes" in shown.output
-        and "attention mass" in shown.output
-    )
-
-
-def test_inspect_on_a_folder_that_is_not_a_training_run_names_the_runs_it_could_mean(
-    sweep_dir: Path, tmp_path: Path
-) -> None:
-    """The first folders `ls` shows a new user (the sweep, a profile, a report) and a typo each
-    get one sentence naming training runs to pass instead, and exit 2: never a traceback."""
-    profile = next(p for p in sorted(sweep_dir.iterdir()) if p.name.startswith("profile-"))
-    training = next(p for p in sorted(sweep_dir.iterdir()) if (p / "terms.csv").exists())
-    unfinished = tmp_path / training.name
-    shutil.copytree(training, unfinished)
-    (unfinished / "result.json").unlink()
-    cases = {
-        sweep_dir: f"{sweep_dir} is a sweep folder, not one run; "
-        f"pass one training run's folder, e.g. {sweep_dir}/",
-        profile: f"{profile} is a latency/memory profile (profile / ",
-        tmp_path: f"{tmp_path} is not a posbench run folder; "
-        "pass one training run's folder, e.g. results/default/<run id>",
-        tmp_path / "typo": f"{tmp_path / 'typo'} is not a folder; pass one training run's folder",
-        sweep_dir / "damaged": f"{sweep_dir / 'damaged'} is not a folder",
-        unfinished: f"{unfinished} (copy / ",
-    }
-    for folder, sentence in cases.items():
-        shown = CliRunner().invoke(app, ["inspect", str(folder)])
-        assert shown.exit_code == 2, (folder, shown.output)
-        assert "Traceback" not in shown.output and shown.output.count("error:") == 1
-        assert sentence in " ".join(shown.output.split()), shown.output
-    shown = CliRunner().invoke(app, ["inspect", str(profile)])
-    assert "not a training run: its numbers are in" in " ".join(shown.output.split())
-    assert "/ seed " in shown.output  # it names training runs of the same sweep
-    assert "has not finished" in CliRunner().invoke(app, ["inspect", str(unfinished)]).output
 
 
 def test_names_from_plugins_are_escaped(report) -> None:
@@ -366,3 +282,33 @@ def test_published_reports_commit_each_figure_once() -> None:
         html = (png.parent.parent / "report.html").read_text()
         assert f'src="figures/{png.name}"' in html
         assert base64.b64encode(png.read_bytes()).decode() not in html
+
+
+def test_report_never_marks_a_model_that_did_not_learn_its_task_as_best(tmp_path) -> None:
+    from posbench.report.html import _headline_rows
+
+    def rows(label: str, in_dist: float, beyond: float) -> list[dict]:
+        base = {
+            "task": "copy",
+            "encoding": label,
+            "encoding_label": label,
+            "seed": 0,
+            "train_len_max": 8,
+            "mem_len": math.nan,
+            "seq_len": math.nan,
+            "note": "",
+        }
+        return [
+            base | {"metric": m, "eval_len": 8, "value": in_dist}
+            for m in ("exact_match", "token_accuracy")
+        ] + [
+            base | {"metric": m, "eval_len": 16, "value": beyond}
+            for m in ("exact_match", "token_accuracy")
+        ]
+
+    table, _ = _headline_rows(
+        tidy(rows("nope", 0.5, 0.9) + rows("alibi", 1.0, 0.6) + rows("rope", 1.0, 0.1))
+    )
+    by_label = {row["label"]: row for row in table}
+    assert by_label["nope"]["undertrained"] and not by_label["nope"]["cells"]["token_at_2x"]["best"]
+    assert by_label["alibi"]["cells"]["token_at_2x"]["best"]

@@ -1,0 +1,61 @@
+"""The report's figures: colours per label, PNG output, and what each plot draws where."""
+
+from __future__ import annotations
+
+import base64
+import math
+
+import pytest
+
+from posbench.report import plots
+
+from helpers import tidy
+
+
+def _lm_rows() -> list[dict]:
+    base = {
+        "task": "lm",
+        "encoding": "rope",
+        "encoding_label": "rope",
+        "train_len_max": 32,
+        "mem_len": math.nan,
+        "eval_len": 64,
+    }
+    return [
+        base | {"seed": seed, "metric": metric, "position": p, "value": value + seed / 100}
+        for seed in (0, 1)
+        for p in (16, 32, 48, 64)
+        for metric, value in (
+            ("lm_loss", 2.0 + p / 64),
+            ("lm_loss_window", 2.0),
+            ("lm_penalty", p / 64),
+        )
+    ]
+
+
+def test_colours_are_fixed_per_label_whatever_the_order() -> None:
+    one = plots.colour_map(["rope", "alibi", "zzz-plugin", "t5"])
+    other = plots.colour_map(["zzz-plugin", "t5", "rope", "alibi"])
+    assert one == other and len(set(one.values())) == 4
+    assert list(one)[-1] == "zzz-plugin"  # built-ins first, in their usual order
+
+
+def test_loss_by_position_is_drawn_at_token_positions(monkeypatch: pytest.MonkeyPatch) -> None:
+    """x is each row's position (eval_len is the length evaluated, the same for all of them);
+    y the mean over seeds."""
+    drawn = []
+    monkeypatch.setattr(plots, "to_png", lambda fig: drawn.append(fig) or "png")
+    assert plots.loss_vs_position(tidy(_lm_rows()), "lm", plots.colour_map(["rope"])) == "png"
+    loss, penalty = drawn[0].axes
+    assert list(loss.lines[0].get_xdata()) == [16, 32, 48, 64]
+    assert list(penalty.lines[0].get_ydata()) == pytest.approx(
+        [p / 64 + 0.005 for p in (16, 32, 48, 64)]
+    )
+    assert plots.loss_vs_position(tidy(_lm_rows()), "copy", plots.colour_map(["rope"])) is None
+
+
+def test_figures_are_base64_png() -> None:
+    png = base64.b64decode(
+        plots.loss_vs_position(tidy(_lm_rows()), "lm", plots.colour_map(["rope"]))
+    )
+    assert png.startswith(b"\x89PNG\r\n\x1a\n")

@@ -1,0 +1,175 @@
+"""The headline tables on known inputs: intervals over seeds, rankings, effective lengths,
+which models learned their task."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from posbench.report.stats import mean_interval
+from posbench.report.summary import cross_task_ranking, headline
+
+from helpers import tidy
+
+
+def _rows(seed: int, at_2x: float) -> list[dict]:
+    base = {
+        "task": "copy",
+        "encoding_label": "rope",
+        "seed": seed,
+        "train_len_max": 4,
+        "mem_len": math.nan,
+    }
+    return [
+        base | {"metric": "exact_match", "eval_len": 4, "value": 1.0},
+        base | {"metric": "exact_match", "eval_len": 8, "value": at_2x},
+        base | {"metric": "token_accuracy", "eval_len": 8, "value": 0.5 + at_2x / 2},
+    ]
+
+
+def test_headline_gives_intervals_best_seed_and_share_that_generalise() -> None:
+    frame = tidy(_rows(0, 0.95) + _rows(1, 0.2) + _rows(2, 0.4))
+    row = headline(frame).iloc[0]
+    assert row["seeds"] == 3 and row["in_distribution"] == 1.0
+    assert row["at_2x"] == pytest.approx(0.5166667)
+    expected = mean_interval([0.95, 0.2, 0.4])
+    assert (row["at_2x_low"], row["at_2x_high"]) == pytest.approx((expected.low, expected.high))
+    assert row["best_at_2x"] == 0.95 and row["generalising"] == pytest.approx(1 / 3)
+    assert row["token_at_2x"] == pytest.approx(0.5 + 0.5166667 / 2)
+
+
+def test_mean_reciprocal_rank_across_tasks() -> None:
+    # unseen-length token accuracy: task a ranks x > y > z, task b ranks y > x = z (tie: rank 2.5)
+    scores = {
+        ("a", "x"): 0.9,
+        ("a", "y"): 0.5,
+        ("a", "z"): 0.1,
+        ("b", "x"): 0.2,
+        ("b", "y"): 0.8,
+        ("b", "z"): 0.2,
+    }
+    rows = [
+        {
+            "task": t,
+            "encoding_label": e,
+            "seed": s,
+            "metric": "token_accuracy",
+            "mem_len": math.nan,
+            "eval_len": length,
+            "train_len_max": 8,
+            "value": v if length > 8 else 1.0,
+        }
+        for (t, e), v in scores.items()
+        for s in (0, 1)
+        for length in (8, 16)
+    ]
+    table = cross_task_ranking(tidy(rows)).set_index("encoding_label")
+    assert table.loc["x", "mrr_token_accuracy"] == pytest.approx((1 + 1 / 2.5) / 2)
+    assert table.loc["y", "mrr_token_accuracy"] == pytest.approx((1 / 2 + 1) / 2)
+    assert table.loc["z", "mrr_token_accuracy"] == pytest.approx((1 / 3 + 1 / 2.5) / 2)
+    assert list(table.index) == ["y", "x", "z"] and (table["tasks"] == 2).all()
+    assert cross_task_ranking(
+        tidy([r for r in rows if r["task"] == "a"])
+    ).empty  # one task: no ranking
+
+
+def test_effective_length_is_the_longest_length_before_the_metric_first_fails() -> None:
+    from posbench.report.summary import EFFECTIVE_AT, effective_lengths
+
+    def rows(seed: int, greedy: dict[int, float], label: str = "alibi") -> list[dict]:
+        base = {
+            "task": "copy",
+            "encoding_label": label,
+            "seed": seed,
+            "train_len_max": 8,
+            "mem_len": math.nan,
+            "metric": "greedy_token_accuracy",
+        }
+        return [base | {"eval_len": n, "value": v} for n, v in greedy.items()]
+
+    frame = tidy(
+        rows(0, {4: 1.0, 8: 0.95, 16: 0.91, 32: 0.5, 64: 0.95})  # recovers at 64: does not count
+        + rows(1, {4: 1.0, 8: 0.95, 16: 0.2, 32: 0.1, 64: 0.1})
+        + rows(2, {4: 1.0, 8: 0.97, 16: 0.95, 32: 0.92, 64: math.nan})  # n/a past 32
+        + rows(0, {4: 0.5, 8: 1.0, 16: 1.0, 32: 1.0, 64: 1.0}, "nope")
+    )
+    table = effective_lengths(frame).set_index("encoding_label")
+    assert EFFECTIVE_AT == 0.9
+    assert table.loc["alibi", "effective_length"] == pytest.approx((16 + 8 + 32) / 3)
+    assert table.loc["alibi", "effective_length_low"] < table.loc["alibi", "effective_length"]
+    assert table.loc["nope", "effective_length"] == 0  # fails at the shortest length
+    lm = tidy(
+        [
+            {
+                "task": "lm",
+                "encoding_label": "rope",
+                "seed": 0,
+                "train_len_max": 64,
+                "mem_len": math.nan,
+                "metric": "lm_penalty",
+                "eval_len": 512,
+                "position": p,
+                "value": v,
+            }
+            for p, v in {16: 0.0, 64: 0.01, 128: 0.05, 256: 0.3, 512: 0.05}.items()
+        ]
+    )
+    assert effective_lengths(lm).set_index("encoding_label").loc["rope", "effective_length"] == 128
+
+
+def test_models_that_did_not_learn_a_task_are_left_out_of_its_ranking() -> None:
+    from posbench.report.summary import comparison_kind, learned_in_distribution
+
+    def rows(
+        task: str, label: str, in_dist: float, beyond: float, extra: list[dict] | None = None
+    ) -> list[dict]:
+        base = {
+            "task": task,
+            "encoding_label": label,
+            "seed": 0,
+            "train_len_max": 8,
+            "mem_len": math.nan,
+        }
+        return (
+            [
+                base | {"metric": m, "eval_len": 8, "value": in_dist}
+                for m in ("exact_match", "token_accuracy")
+            ]
+            + [
+                base | {"metric": m, "eval_len": 16, "value": beyond}
+                for m in ("exact_match", "token_accuracy")
+            ]
+            + (extra or [])
+        )
+
+    frame = tidy(
+        rows("copy", "alibi", 1.0, 0.5)
+        + rows("copy", "nope", 0.3, 0.9)  # nope never learned copy
+        + rows("reverse", "alibi", 1.0, 0.2)
+        + rows("reverse", "nope", 1.0, 0.6)
+        + [
+            {
+                "task": "copy",
+                "encoding_label": "alibi",
+                "seed": 0,
+                "train_len_max": 8,
+                "mem_len": math.nan,
+                "metric": "steps_to_threshold",
+                "eval_len": math.nan,
+                "value": 500.0,
+            }
+        ]
+    )
+    assert learned_in_distribution(frame).to_dict() == {
+        ("copy", "alibi"): True,
+        ("copy", "nope"): False,
+        ("reverse", "alibi"): True,
+        ("reverse", "nope"): True,
+    }
+    ranking = cross_task_ranking(frame).set_index("encoding_label")
+    assert ranking.loc["alibi", "mrr_token_accuracy"] == pytest.approx((1 + 0.5) / 2)
+    assert (
+        ranking.loc["nope", "mrr_token_accuracy"] == 1.0 and ranking.loc["nope", "tasks"] == 1
+    )  # ranked on reverse only
+    assert comparison_kind(frame) == {"copy": "equal accuracy", "reverse": "equal compute"}
