@@ -237,7 +237,11 @@ def run_command(
 @user_errors
 def bench_command(
     encodings: Optional[str] = typer.Option(
-        None, help="Encodings, commas and wildcards. Default: every built-in."
+        None,
+        help="Encodings: names, commas and wildcards ('txl,t5', 'rope*'), and entries with "
+        "options and a label after ';' as in a sweep file "
+        "('alibi;t5:randomize_positions=2048;rope:scaling=yarn,factor=4,label=yarn4'). "
+        "Default: every built-in.",
     ),
     seq_lens: Optional[str] = typer.Option(
         None, help="Sequence lengths, e.g. 128,256,512 (default up to 4096)."
@@ -266,9 +270,10 @@ def bench_command(
 
     import torch
 
-    from posbench.encodings import BUILTINS, REGISTRY
+    from posbench.encodings import BUILTINS, check_encoding_options
+    from posbench.experiment.config import EncodingSpec
     from posbench.plugins import loaded_plugin_dirs
-    from posbench.experiment.profiling import BenchConfig
+    from posbench.experiment.profiling import BenchConfig, bench_specs
     from posbench.experiment.runner import run_bench
     from posbench.report.terminal import print_bench
 
@@ -280,7 +285,9 @@ def bench_command(
         raise ConfigError(
             "--threads and --batch-size must be at least 1 and --min-run-time above 0."
         )
-    names = REGISTRY.select(encodings) if encodings else list(BUILTINS)
+    specs = bench_specs(encodings) if encodings else tuple(EncodingSpec(n) for n in BUILTINS)
+    for spec in specs:
+        check_encoding_options(spec.name, spec.options, f"--encodings entry {spec.display()!r}")
     config = BenchConfig(
         batch_size=batch_size,
         device=device,
@@ -302,7 +309,7 @@ def bench_command(
             config = dataclasses.replace(config, **{name: lengths})
     with console.status("") as status:
         run_bench(
-            config, names, out, force, lambda label: status.update(Text(f"profiling {label} ..."))
+            config, specs, out, force, lambda label: status.update(Text(f"profiling {label} ..."))
         )
     print_bench(console, out)
 

@@ -16,6 +16,7 @@ import fnmatch
 from typing import Any, Callable
 
 import torch
+from torch import Tensor
 
 from posbench.kernels.masks import causal_mask
 from posbench.encodings import REGISTRY, create_encoding
@@ -248,6 +249,8 @@ def check_explicit_positions(encoding: str, **options: Any) -> None:
         assert err < 1e-6, (
             f"{encoding}: explicit positions 0..P-1 change the embeddings by {err:.2e}"
         )
+    _check_explicit_gradients(enc, q[..., s : s + n, :], k[..., : s + n, :], x, s, n, generator)
+    with torch.no_grad():
         if not enc.pairwise:
             return
         drawn = torch.cat(
@@ -275,6 +278,47 @@ def check_explicit_positions(encoding: str, **options: Any) -> None:
         assert err < 1e-6, (
             f"{encoding}: embeddings at drawn positions differ from all positions' by {err:.2e}"
         )
+
+
+def _check_explicit_gradients(
+    enc: PositionalEncoding,
+    q: Tensor,
+    k: Tensor,
+    x: Tensor,
+    s: int,
+    n: int,
+    generator: torch.Generator,
+) -> None:
+    """The encoding's parameters get the same gradient through the general paths (explicit
+    positions) as through the fast ones (plain spans), logits and embeddings, for the same
+    upstream gradients."""
+    params = [p for p in enc.parameters() if p.requires_grad]
+    if not params:
+        return
+    P = x.shape[1]
+    upstream: list[Tensor] = []
+    grads = []
+    for explicit in (False, True):
+        q_span = Span(s, s + n, torch.arange(s, s + n) if explicit else None)
+        k_span = Span(0, s + n, torch.arange(s + n) if explicit else None)
+        enc.zero_grad(set_to_none=True)
+        outputs = (
+            attention_logits(enc, q, k, q_span, k_span),
+            enc.embed(x, Span(0, P, torch.arange(P) if explicit else None)),
+        )
+        if not upstream:
+            upstream = [torch.randn(out.shape, generator=generator) for out in outputs]
+        total = sum((out * up).sum() for out, up in zip(outputs, upstream) if out.requires_grad)
+        if isinstance(total, Tensor):  # else no output of this path depends on the parameters
+            total.backward()
+        grads.append([torch.zeros_like(p) if p.grad is None else p.grad.clone() for p in params])
+    enc.zero_grad(set_to_none=True)
+    err = max((a - b).abs().max().item() for a, b in zip(*grads))
+    scale = max(a.abs().max().item() for a in grads[0]) or 1.0
+    assert err <= 1e-4 * max(1.0, scale), (
+        f"{enc.name}: the fast path's parameter gradients differ from the general path's "
+        f"by {err:.2e}"
+    )
 
 
 def check_determinism(encoding: str, **options: Any) -> None:

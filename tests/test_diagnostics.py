@@ -178,8 +178,8 @@ def test_attention_mass_by_distance_sums_to_one_and_follows_the_bias() -> None:
         ),
         tokens,
     )
-    # an untrained NoPE model attends almost uniformly: mass at d = mean over queries of 1/(i+1) for
-    # i >= d
+    # an untrained NoPE model attends almost uniformly: mass at d = mean over queries of
+    # 1/(i+1) for i >= d
     expected = torch.tensor([sum(1 / (i + 1) for i in range(d, 12)) / 12 for d in range(12)])
     assert torch.allclose(uniform, expected, atol=0.01)
     steep = posbench.build_model("alibi", vocab_size=11, d_model=16, n_layers=1, n_heads=2)

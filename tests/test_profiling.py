@@ -21,7 +21,7 @@ from posbench.experiment.profiling import (
 )
 from posbench.store import collect
 
-from helpers import TINY_BENCH
+from helpers import TINY_BENCH, invoke, one_sentence_error
 
 
 needs_clear_refs = pytest.mark.skipif(not reset_peak_rss(), reason="no /proc/self/clear_refs here")
@@ -149,3 +149,27 @@ def test_a_length_that_would_not_fit_in_memory_is_na_not_attempted(
         "would need about 0.0 GiB (grown quadratically from 10 MiB at L=16)"
         in latency.loc[32, "note"]
     )
+
+
+def test_bench_takes_encodings_with_options_and_labels(tmp_path: Path) -> None:
+    """Every row of the speed goals is one command: plain names and wildcards, and entries with
+    options and labels as a sweep file gives them."""
+    from posbench.errors import UnknownNameError
+    from posbench.experiment.profiling import bench_specs
+
+    specs = bench_specs("nope,alibi;rope:scaling=yarn,factor=4,original_length=8,label=yarn4; t5*")
+    assert [s.display() for s in specs] == ["nope", "alibi", "yarn4", "t5"]
+    assert specs[2].options == {"scaling": "yarn", "factor": 4, "original_length": 8}
+    with pytest.raises(UnknownNameError, match="Did you mean alibi"):
+        bench_specs("alibi;alibj:randomize_positions=64")
+    out = tmp_path / "bench"
+    result = invoke(
+        "bench", "--encodings", "alibi;alibi:randomize_positions=64,label=alibi-drawn",
+        "--seq-lens", "16", "--mem-lens", "0", "--window-lens", "16", "--no-memory",
+        "--min-run-time", "0.001", "--threads", "1", "--batch-size", "2", "--out", str(out),
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    ratios = collect(out).query("metric == 'latency_fwdbwd_ratio'")
+    assert set(ratios["encoding_label"]) == {"alibi", "alibi-drawn"}
+    bad = invoke("bench", "--encodings", "t5:num_buckets=1", "--out", str(tmp_path / "bad"))
+    one_sentence_error(bad, "--encodings entry", "num_buckets")

@@ -437,8 +437,8 @@ def test_partial_rotary_follows_hugging_face_and_p_rope_drops_the_lowest_frequen
     q = torch.randn(1, 2, 6, 16)
     partial = create_encoding("rope", n_heads=2, d_head=16, rotary_fraction=0.25)
     got, _ = partial.rotate(q, q, Span(3, 9), None)
-    # Hugging Face: rotary_dim = int(16 * 0.25) = 4, half-split rotation of q[..., :4], the rest
-    # passes
+    # Hugging Face: rotary_dim = int(16 * 0.25) = 4, half-split rotation of q[..., :4], the
+    # rest passes
     inv_freq = 1.0 / (10000.0 ** (torch.arange(0, 4, 2).float() / 4))
     angles = torch.arange(3, 9).float()[:, None] * inv_freq
     cos, sin = (
@@ -500,8 +500,8 @@ def test_xpos_logits_match_torchscale() -> None:
 
     theirs = torchscale(q[0, 0], False) @ torchscale(k[0, 0], True).T
     assert torch.allclose(ours[0, 0], theirs, atol=1e-5)
-    # through a cache: queries 8..11 against keys rotated when they were written give the same
-    # logits
+    # through a cache: queries 8..11 against keys rotated when they were written give the
+    # same logits
     q_late, _ = enc.rotate(q[..., 8:, :], k[..., 8:, :], Span(8, L), None)
     assert torch.allclose(q_late @ k2.transpose(-1, -2), ours[..., 8:, :], atol=1e-5)
 

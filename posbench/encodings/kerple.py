@@ -11,6 +11,7 @@ from torch import Tensor, nn
 
 from posbench.encodings.base import AttentionShape, LayerContext, PositionalEncoding, Span
 from posbench.encodings.registry import register_encoding
+from posbench.kernels.bias_types import toeplitz
 from posbench.validation import Range
 
 #: The reference clamps both parameters of each head to at least this.
@@ -26,8 +27,8 @@ class _Kerple(PositionalEncoding):
 
     relative = True
     cost_note = (
-        "the learned bias is recomputed densely every call (a log or a power "
-        "per pair) and gets a gradient"
+        "the learned bias is computed once per distance (Lq + Lk - 1 logs or powers per head) "
+        "and expanded to (H, L, L); its gradient is summed back per distance"
     )
     #: Largest p (power kernel only): the reference clamps p to (0, 2].
     max_power: float | None = None
@@ -38,31 +39,38 @@ class _Kerple(PositionalEncoding):
         self.a = nn.Parameter(torch.rand(shape.n_heads) * 1.0)  # (H,)
         self.p = nn.Parameter(torch.rand(shape.n_heads) * 2.0)  # (H,)
 
-    def distances(self, q_span: Span, k_span: Span, device: torch.device) -> Tensor:
-        """|i - j| (causal: i - j, 0 for future keys), (Lq, Lk) float."""
-        rel = self.relative_positions(q_span, k_span, device)
-        return (rel.clamp(min=0) if self.causal else rel.abs()).float()
+    def distances(self, relative: Tensor) -> Tensor:
+        """|i - j| from i - j (causal: i - j, 0 for future keys), float."""
+        return (relative.clamp(min=0) if self.causal else relative.abs()).float()
 
     def parameters_clamped(self) -> tuple[Tensor, Tensor]:
-        """a and p per head, (H, 1, 1), as the kernel reads them."""
+        """a and p per head, (H,), as the kernel reads them."""
         a = self.a.clamp(min=self.eps)
-        p = (
-            self.p.clamp(min=self.eps, max=self.max_power)
-            if self.max_power
-            else self.p.clamp(min=self.eps)
-        )
-        return a[:, None, None], p[:, None, None]
+        p = self.p.clamp(min=self.eps, max=self.max_power)
+        return a, p
+
+    def kernel(self, distance: Tensor) -> Tensor:
+        """The bias of each distance (...,) for every head, (H, ...)."""
+        raise NotImplementedError
+
+    def position_bias(
+        self, q_span: Span, k_span: Span, layer: LayerContext, device: torch.device
+    ) -> Tensor:
+        if not (q_span.contiguous and k_span.contiguous):  # drawn positions: not Toeplitz
+            return self.kernel(self.distances(self.relative_positions(q_span, k_span, device)))
+        # a function of i - j alone: once per distance, nearest (most negative) to farthest
+        lo, hi = q_span.first - k_span.last, q_span.last - k_span.first
+        per_distance = self.kernel(self.distances(torch.arange(lo, hi + 1, device=device)))
+        return toeplitz(per_distance, len(q_span), len(k_span))  # (H, Lq, Lk)
 
 
 @register_encoding("kerple_log")
 class KerpleLog(_Kerple):
     """KERPLE-log (Chi et al. 2022): bias = -p * log(1 + a |i - j|), a and p learned per head."""
 
-    def position_bias(
-        self, q_span: Span, k_span: Span, layer: LayerContext, device: torch.device
-    ) -> Tensor:
-        a, p = self.parameters_clamped()
-        return -p * torch.log1p(a * self.distances(q_span, k_span, device))  # (H, Lq, Lk)
+    def kernel(self, distance: Tensor) -> Tensor:
+        a, p = (v.view(-1, *[1] * distance.dim()) for v in self.parameters_clamped())
+        return -p * torch.log1p(a * distance)  # (H, ...)
 
 
 @register_encoding("kerple_power")
@@ -71,8 +79,6 @@ class KerplePower(_Kerple):
 
     max_power = 2.0
 
-    def position_bias(
-        self, q_span: Span, k_span: Span, layer: LayerContext, device: torch.device
-    ) -> Tensor:
-        a, p = self.parameters_clamped()
-        return -a * self.distances(q_span, k_span, device).pow(p)  # (H, Lq, Lk)
+    def kernel(self, distance: Tensor) -> Tensor:
+        a, p = (v.view(-1, *[1] * distance.dim()) for v in self.parameters_clamped())
+        return -a * distance.pow(p)  # (H, ...)

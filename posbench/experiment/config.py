@@ -484,3 +484,30 @@ def apply_overrides(
     if eval_variants is not None:
         changes["eval_variants"] = eval_variants
     return dataclasses.replace(sweep, **changes)
+
+
+def parse_specs(text: str, flag: str) -> tuple[EncodingSpec, ...]:
+    """Encodings with options, as a flag writes them: entries separated by ``;``, each a name
+    and, after ``:``, ``key=value`` options separated by commas, values read as TOML (numbers,
+    true/false; anything else a string); ``label=...`` names the entry, as in a sweep file.
+    ``'t5:randomize_positions=2048;rope:scaling=yarn,factor=4,label=yarn4'``."""
+    specs = []
+    for part in (p.strip() for p in text.split(";")):
+        if not part:
+            continue
+        name, _, rest = part.partition(":")
+        options: dict[str, Any] = {}
+        for item in (i.strip() for i in rest.split(",") if i.strip()):
+            key, sep, value = item.partition("=")
+            if not sep or not key.strip():
+                raise ConfigError(
+                    f"{flag}: {item!r} in {part!r} is not key=value; write e.g. "
+                    "'rope:scaling=yarn,factor=4'."
+                )
+            try:
+                options[key.strip()] = tomllib.loads(f"v = {value.strip()}")["v"]
+            except tomllib.TOMLDecodeError:
+                options[key.strip()] = value.strip()
+        label = options.pop("label", "")
+        specs.append(EncodingSpec(name.strip(), options, str(label)))
+    return tuple(specs)

@@ -27,10 +27,11 @@ from torch import Tensor, nn
 
 from posbench.attention import SelfAttention, attention_tensor_bytes
 from posbench.cache import Cache
-from posbench.experiment.config import EncodingSpec, config_id, run_label, to_jsonable
+from posbench.experiment.config import EncodingSpec, config_id, parse_specs, run_label, to_jsonable
 from posbench.kernels.cpu import configure_cpu
 from posbench.model import run_layers
-from posbench.encodings import create_encoding
+from posbench.encodings import REGISTRY as ENCODINGS, create_encoding
+from posbench.errors import ConfigError
 from posbench.encodings.base import Span
 from posbench.store import RunFolder, environment
 from posbench.experiment.memory import MEMORY_METHOD, measure_peak_mb, peak_or_none, too_big
@@ -82,6 +83,26 @@ QUICK_PROFILE = BenchConfig(
     batch_size=4,
     min_run_time=0.02,
 )
+
+
+def bench_specs(text: str) -> tuple[EncodingSpec, ...]:
+    """What `posbench bench --encodings` names: entries separated by ``;``; one without ``:``
+    is names, commas and wildcards (``txl,t5``, ``rope*``), one with ``:`` an encoding with
+    options and an optional label (``rope:scaling=yarn,factor=4,label=yarn4``, see
+    config.parse_specs). Unknown names are one sentence with suggestions."""
+    specs: list[EncodingSpec] = []
+    for part in (p.strip() for p in text.split(";")):
+        if ":" in part:
+            (spec,) = parse_specs(part, "--encodings")
+            ENCODINGS.get(spec.name)  # an unknown name: one sentence with suggestions
+            specs.append(spec)
+        elif part:
+            specs += [EncodingSpec(name) for name in ENCODINGS.select(part)]
+    if not specs:
+        raise ConfigError(
+            "--encodings names no encoding; give at least one, e.g. --encodings alibi,t5."
+        )
+    return tuple(specs)
 
 
 class AttentionUnderTest(nn.Module):

@@ -340,17 +340,17 @@ def _profile_encodings(
 
 def run_bench(
     config: "BenchConfig",
-    names: list[str],
+    specs: tuple[EncodingSpec, ...],
     out_dir: Path,
     force: bool = False,
     on_profile: Callable[[str], None] = lambda label: None,
 ) -> list[str]:
-    """`posbench bench`: profile each encoding of `names` into its own folder of the sweep
+    """`posbench bench`: profile each encoding of `specs` into its own folder of the sweep
     folder `out_dir` (locked while written), skipping finished ones; results.csv is rebuilt
     after each. Returns the run ids; `on_profile` hears each encoding's label as it starts."""
     from posbench.experiment.profiling import ProfileRun, run_profile
 
-    jobs = [ProfileRun(EncodingSpec(name), config) for name in names]
+    jobs = [ProfileRun(spec, config) for spec in specs]
     prepare_sweep_dir(out_dir)
     with sweep_lock(out_dir):
         write_sweep_marker(

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,44 +19,23 @@ from posbench.experiment.config import (
     RunConfig,
     SweepConfig,
     config_id,
+    parse_specs,
     run_label,
     to_jsonable,
 )
 from posbench.store import RunFolder
 from posbench.tasks import create_task
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
-
 
 def parse_variants(text: str) -> tuple[EncodingSpec, ...]:
-    """``'rope:scaling=yarn,factor=4;rope:scaling=ntk,factor=4'`` as encoding specs; values
-    are read as TOML (numbers, true/false), anything else as a string."""
-    specs = []
-    for part in (p.strip() for p in text.split(";")):
-        if not part:
-            continue
-        name, _, rest = part.partition(":")
-        options: dict[str, Any] = {}
-        for item in (i.strip() for i in rest.split(",") if i.strip()):
-            key, sep, value = item.partition("=")
-            if not sep or not key.strip():
-                raise ConfigError(
-                    f"--eval-variants: {item!r} in {part!r} is not key=value; write e.g. "
-                    "'rope:scaling=yarn,factor=4'."
-                )
-            try:
-                options[key.strip()] = tomllib.loads(f"v = {value.strip()}")["v"]
-            except tomllib.TOMLDecodeError:
-                options[key.strip()] = value.strip()
-        specs.append(EncodingSpec(name.strip(), options))
+    """``--eval-variants``: ``'rope:scaling=yarn,factor=4;rope:scaling=ntk,factor=4'`` (see
+    config.parse_specs)."""
+    specs = parse_specs(text, "--eval-variants")
     if not specs:
         raise ConfigError(
             "--eval-variants names no variant; write e.g. 'rope:scaling=yarn,factor=4'."
         )
-    return tuple(specs)
+    return specs
 
 
 def variant_applies(variant: EncodingSpec, spec: EncodingSpec) -> bool:

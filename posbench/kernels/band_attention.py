@@ -157,8 +157,8 @@ class _BandAttention(torch.autograd.Function):
                 minus_delta[:, r0:r1], grad3[:, r0:r1], v3[:, r0 : r0 + keys].transpose(-1, -2)
             )
             ds.mul_(probs)  # dS = P * (dP - rowsum(dO * O))
-            # (slices of the gradients are not contiguous: an in-place baddbmm_ would loop per
-            # matrix)
+            # (slices of the gradients are not contiguous: an in-place baddbmm_ would loop
+            # per matrix)
             dv3[:, r0 : r0 + keys] += torch.bmm(probs.transpose(-1, -2), grad3[:, r0:r1])
             dq3[:, r0:r1].add_(torch.bmm(ds, k3[:, r0 : r0 + keys]), alpha=scale)
             dk3[:, r0 : r0 + keys].add_(torch.bmm(ds.transpose(-1, -2), q3[:, r0:r1]), alpha=scale)

@@ -77,8 +77,8 @@ class _Toeplitz(torch.autograd.Function):
     @staticmethod
     def forward(ctx, values: Tensor, q_len: int, k_len: int) -> Tensor:  # type: ignore[override]
         ctx.shape = (q_len, k_len)
-        # rows reversed, the matrix is a Hankel view of the reversed values: [h, Lq-1-a, b] = w[h, a
-        # + b]
+        # rows reversed, the matrix is a Hankel view of the reversed values:
+        # [h, Lq-1-a, b] = w[h, a + b]
         reversed_values = values.flip(-1).contiguous()  # (H, Lq + Lk - 1)
         hankel = reversed_values.as_strided(
             (values.shape[0], q_len, k_len), (reversed_values.stride(0), 1, 1)
