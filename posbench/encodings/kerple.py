@@ -27,8 +27,8 @@ class _Kerple(PositionalEncoding):
 
     relative = True
     cost_note = (
-        "the learned bias is computed once per distance (Lq + Lk - 1 logs or powers per head) "
-        "and expanded to (H, L, L); its gradient is summed back per distance"
+        "the learned bias never saturates, so attention takes it dense (H, L, L) and its "
+        "(B, H, L, L) gradient is formed in the backward pass (the kernel itself runs per distance)"
     )
     #: Largest p (power kernel only): the reference clamps p to (0, 2].
     max_power: float | None = None
