@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from posbench.experiment.config import run_label
+from posbench.experiment.config import config_id, run_label
 from posbench.experiment.evaluation import POSITION_METRICS
 from posbench.kernels.cpu import denormals_flushed
 from posbench.errors import ResultsError
@@ -31,6 +31,8 @@ SWEEP_MARKER = "sweep.json"
 DAMAGED_DIR = "damaged"  # damaged runs are moved here, never deleted
 LOCK_FILE = ".lock"
 RESULTS_FILE = "results.csv"
+#: A latency/memory profile's folder is this prefix and the hash of its config.
+PROFILE_PREFIX = "profile-"
 # ---- the files of one run folder ----
 CONFIG_FILE, ENV_FILE, LOG_FILE, RESULT_FILE = "config.json", "env.json", "log.txt", "result.json"
 MEASUREMENTS_FILE, MODEL_FILE = "measurements.csv", "model.pt"
@@ -185,7 +187,15 @@ class RunFolder:
     def result(self) -> dict[str, Any] | None:
         """The run's status record, or None when the run has not finished."""
         file = self.path / RESULT_FILE
-        return read_json(file) if file.exists() else None
+        if not file.exists():
+            return None
+        result = read_json(file)
+        if not isinstance(result, dict):
+            raise ResultsError(
+                f"{file} is not a posbench result; run the same command again: the damaged run is "
+                "set aside and redone."
+            )
+        return result
 
     def config(self) -> dict[str, Any]:
         """The stored configuration the run was computed from."""
@@ -257,17 +267,33 @@ class RunFolder:
             ) from None
 
     def damage(self) -> str | None:
-        """Why a run that has a result.json cannot be trusted (a file missing, cut short or
-        changed since it was written), or None when it is whole or has no result yet."""
+        """Why a run that has a result.json cannot be trusted, or None when it is whole or has
+        no result yet: a record of the wrong shape, a data file missing, cut short or changed
+        since it was written, or a config.json missing, unreadable or changed (its content no
+        longer hashes to the run's id, which is the folder's name)."""
         try:
             result = self.result()
         except ResultsError as err:
             return str(err)
         if result is None:
             return None
-        if not isinstance(result, dict) or "status" not in result:
-            return f"{self.path / RESULT_FILE} is not a posbench result"
-        for name, record in (result.get("files") or {}).items():
+        record_file = self.path / RESULT_FILE
+        files = result.get("files", {}) if isinstance(result, dict) else None
+        if (
+            not isinstance(result, dict)
+            or not isinstance(result.get("status"), str)
+            or not (
+                isinstance(files, dict)
+                and all(
+                    isinstance(f, dict) and isinstance(f.get("sha256"), str) for f in files.values()
+                )
+            )
+        ):
+            return (
+                f"{record_file} is not a posbench result (its status or file checksums are "
+                "malformed)"
+            )
+        for name, record in files.items():
             file = self.path / name
             if not file.is_file():
                 return f"{file} is missing"
@@ -276,8 +302,25 @@ class RunFolder:
                     f"{file} was changed or cut short after the run wrote it (its SHA-256 differs)"
                 )
         if result["status"] == "ok" and "files" not in result:
-            checksums = self.path / RESULT_FILE
-            return f"{checksums} records no file checksums, so its files cannot be checked"
+            return f"{record_file} records no file checksums, so its files cannot be checked"
+        return self._config_damage()
+
+    def _config_damage(self) -> str | None:
+        """Why config.json does not describe this run (None when it does)."""
+        file = self.path / CONFIG_FILE
+        if not file.is_file():
+            return f"{file} is missing"
+        try:
+            config = self.config()
+        except ResultsError as err:
+            return str(err)
+        if not isinstance(config, dict) or config_id(config) != self.run_id.removeprefix(
+            PROFILE_PREFIX
+        ):
+            return (
+                f"{file} was changed after the run wrote it (it no longer hashes to the run id "
+                f"{self.run_id})"
+            )
         return None
 
     def is_finished(self) -> bool:
@@ -412,8 +455,10 @@ def state_from_bytes(data: bytes) -> dict[str, torch.Tensor]:
 
 
 def run_folders(sweep_dir: Path) -> list[RunFolder]:
-    """Every run folder in a sweep folder (those with a config.json), sorted by id."""
-    return [RunFolder(p.parent) for p in sorted(sweep_dir.glob("*/config.json"))]
+    """Every run folder in a sweep folder (those with a config.json or a result.json, so a run
+    whose config.json was deleted is still seen, and found damaged), sorted by id."""
+    found = {p.parent for name in (CONFIG_FILE, RESULT_FILE) for p in sweep_dir.glob(f"*/{name}")}
+    return [RunFolder(path) for path in sorted(found) if path.parent.name != DAMAGED_DIR]
 
 
 # ---- the sweep folder: which runs belong to it, and who is writing it ------------------------
@@ -501,7 +546,7 @@ def collect(
             continue
         try:
             result = folder.result()
-            if result is None or result.get("status") != "ok":
+            if result is None:
                 continue
             damage = folder.damage()
             if damage:
@@ -509,6 +554,8 @@ def collect(
                     f"{damage}; run the same command again: the damaged run is set aside and "
                     "redone."
                 )
+            if result["status"] != "ok":
+                continue
             config = folder.config()
             frame = folder.measurements()
         except ResultsError as err:

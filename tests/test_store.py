@@ -234,3 +234,57 @@ def test_a_second_command_on_the_same_folder_is_told_who_holds_it(tmp_path: Path
         ):
             run_sweep(tiny_sweep("nope"), out)
     assert len(run_sweep(tiny_sweep("nope"), out).ran) == 1  # the lock went with its holder
+
+
+def _one_run(tmp_path: Path) -> tuple[Path, RunFolder]:
+    out = tmp_path / "sweep"
+    run_sweep(tiny_sweep("alibi", "nope", steps=2), out)
+    return out, next(f for f in run_folders(out) if f.config()["encoding"]["name"] == "alibi")
+
+
+def test_a_hand_edited_config_is_noticed_and_the_run_redone(tmp_path: Path) -> None:
+    """config.json is what a run is recomputed from: valid JSON that no longer hashes to the
+    run's id is damage, never silently relabelled numbers."""
+    out, folder = _one_run(tmp_path)
+    edited = folder.config() | {"seed": 7}
+    edited["encoding"] = edited["encoding"] | {"name": "nope"}
+    (folder.path / "config.json").write_text(json.dumps(edited))
+    assert "config.json was changed after the run wrote it" in folder.damage()
+    outcome = run_sweep(tiny_sweep("alibi", "nope", steps=2), out)
+    assert folder.run_id in outcome.ran and len(outcome.set_aside) == 1
+    frame = collect(out)
+    assert set(frame["encoding"]) == {"alibi", "nope"} and set(frame["seed"]) == {0}
+
+
+@pytest.mark.parametrize("damage", ["garbled", "deleted"])
+def test_a_garbled_or_deleted_config_is_set_aside_and_redone(tmp_path: Path, damage: str) -> None:
+    out, folder = _one_run(tmp_path)
+    if damage == "garbled":
+        (folder.path / "config.json").write_text("{not json")
+    else:
+        (folder.path / "config.json").unlink()
+    assert not folder.is_finished()
+    outcome = run_sweep(tiny_sweep("alibi", "nope", steps=2), out)
+    assert folder.run_id in outcome.ran and folder.run_id in [f.run_id for f in run_folders(out)]
+    assert set(collect(out)["encoding"]) == {"alibi", "nope"}  # nothing dropped from results.csv
+
+
+@pytest.mark.parametrize(
+    "record",
+    [
+        {"status": "ok", "files": "abc"},
+        {"status": "ok", "files": {"measurements.csv": {"rows": 3}}},
+        {"status": 3, "files": {}},
+        ["status", "ok"],
+    ],
+)
+def test_a_result_record_of_the_wrong_shape_is_damage_not_a_crash(
+    tmp_path: Path, record: object
+) -> None:
+    out, folder = _one_run(tmp_path)
+    (folder.path / "result.json").write_text(json.dumps(record))
+    assert "is not a posbench result" in folder.damage()
+    problems: list[str] = []
+    assert "alibi" not in set(collect(out, problems)["encoding"]) and problems
+    outcome = run_sweep(tiny_sweep("alibi", "nope", steps=2), out)  # set aside and redone
+    assert folder.run_id in outcome.ran and set(collect(out)["encoding"]) == {"alibi", "nope"}

@@ -33,7 +33,7 @@ from posbench.model import run_layers
 from posbench.encodings import REGISTRY as ENCODINGS, create_encoding
 from posbench.errors import ConfigError
 from posbench.encodings.base import Span
-from posbench.store import RunFolder, environment
+from posbench.store import PROFILE_PREFIX, RunFolder, environment
 from posbench.experiment.memory import MEMORY_METHOD, measure_peak_mb, peak_or_none, too_big
 from posbench.experiment.timing import Guarded, guarded, interleaved_times, noise_note, time_ms
 
@@ -414,7 +414,7 @@ class ProfileRun:
 
     @property
     def run_id(self) -> str:
-        return "profile-" + config_id(self.to_dict())
+        return PROFILE_PREFIX + config_id(self.to_dict())
 
     @property
     def label(self) -> str:
