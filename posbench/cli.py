@@ -229,7 +229,7 @@ def run_command(
         console.print(
             Text("no run of this sweep finished, so no report was written"), soft_wrap=True
         )
-    if outcome.failures:
+    if outcome.failures or outcome.missing:
         raise typer.Exit(1)
 
 

@@ -149,6 +149,7 @@ def environment(device: str) -> dict[str, Any]:
         "cpu_count": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
         "flush_denormals": denormals_flushed(),
+        "default_dtype": str(torch.get_default_dtype()),
         "device": device,
         "git_commit": git_commit(),
     }
@@ -464,7 +465,8 @@ def run_folders(sweep_dir: Path) -> list[RunFolder]:
 # ---- the sweep folder: which runs belong to it, and who is writing it ------------------------
 def prepare_sweep_dir(out_dir: Path) -> None:
     """Create the sweep folder, refusing a file or a folder that holds files posbench did not
-    write."""
+    write. A folder of run folders whose sweep.json was lost is still a sweep: the runner
+    writes its record again."""
     if out_dir.exists() and not out_dir.is_dir():
         raise ResultsError(f"--out {out_dir} is a file, not a folder; choose another --out.")
     try:
@@ -472,6 +474,7 @@ def prepare_sweep_dir(out_dir: Path) -> None:
             out_dir.is_dir()
             and not (out_dir / SWEEP_MARKER).exists()
             and any(p.name != LOCK_FILE for p in out_dir.iterdir())
+            and not run_folders(out_dir)
         ):
             raise ResultsError(
                 f"{out_dir} already holds files that are not a posbench sweep; choose another "
@@ -480,6 +483,22 @@ def prepare_sweep_dir(out_dir: Path) -> None:
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as err:
         raise ResultsError(describe_os_error(err, out_dir, "create")) from None
+
+
+def check_overwritable(path: Path, signature: str, flag: str) -> None:
+    """Refuse to overwrite `path` unless posbench wrote it (its start holds `signature`), so
+    an output folder given by mistake never loses a file of the user's."""
+    if not path.exists():
+        return
+    try:
+        with open(path, "rb") as handle:
+            start = handle.read(4096).decode("utf-8", errors="replace")
+    except OSError as err:
+        raise ResultsError(describe_os_error(err, path, "read")) from None
+    if signature not in start:
+        raise ResultsError(
+            f"{path} exists and was not written by posbench; move it away or choose another {flag}."
+        )
 
 
 def write_sweep_marker(out_dir: Path, config: dict[str, Any], members: dict[str, str]) -> None:

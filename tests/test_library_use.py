@@ -5,6 +5,14 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
+
+import torch
+
+from posbench.experiment.runner import run_sweep
+from posbench.store import collect, run_folders
+
+from helpers import tiny_sweep
 
 PROBE = textwrap.dedent(
     """
@@ -46,3 +54,20 @@ def test_a_sweep_leaves_threads_denormals_rng_and_umask_unchanged() -> None:
     assert same_rng == "True"
     assert umask == "0o27"
     assert mode == "0o640"  # files honour the caller's umask (0666 & ~027)
+
+
+def test_a_run_computes_in_float32_whatever_the_callers_default_dtype(tmp_path: Path) -> None:
+    """One run id is one computation: under torch.set_default_dtype(float64) a library call
+    gives the CLI's numbers, records float32, and leaves the caller's default as it was."""
+    run_sweep(tiny_sweep("alibi", steps=3), tmp_path / "plain")
+    torch.set_default_dtype(torch.float64)
+    try:
+        run_sweep(tiny_sweep("alibi", steps=3), tmp_path / "float64")
+        assert torch.get_default_dtype() == torch.float64
+    finally:
+        torch.set_default_dtype(torch.float32)
+    plain, wide = collect(tmp_path / "plain"), collect(tmp_path / "float64")
+    assert plain["value"].equals(wide["value"])
+    assert all(
+        f.env()["default_dtype"] == "torch.float32" for f in run_folders(tmp_path / "float64")
+    )

@@ -288,3 +288,47 @@ def test_a_result_record_of_the_wrong_shape_is_damage_not_a_crash(
     assert "alibi" not in set(collect(out, problems)["encoding"]) and problems
     outcome = run_sweep(tiny_sweep("alibi", "nope", steps=2), out)  # set aside and redone
     assert folder.run_id in outcome.ran and set(collect(out)["encoding"]) == {"alibi", "nope"}
+
+
+def test_a_sweep_whose_record_was_lost_is_still_a_sweep(tmp_path: Path) -> None:
+    """sweep.json deleted by hand or mid-sweep: the run folders are intact, so the next run
+    skips them and writes the record again."""
+    out, _ = _one_run(tmp_path)
+    (out / "sweep.json").unlink()
+    outcome = run_sweep(tiny_sweep("alibi", "nope", steps=2), out)
+    assert not outcome.ran and len(outcome.skipped) == 2 and (out / "sweep.json").exists()
+
+
+@pytest.mark.parametrize("name", ["results.csv", "summary.csv", "report.html"])
+def test_report_never_overwrites_a_file_posbench_did_not_write(tmp_path: Path, name: str) -> None:
+    from posbench.report.html import build_report
+
+    out, _ = _one_run(tmp_path)
+    target = tmp_path / "mine"
+    target.mkdir()
+    (target / name).write_text("my own notes\n")
+    with pytest.raises(
+        ResultsError, match=f"{name} exists and was not written by posbench; move it"
+    ):
+        build_report(out, target)
+    assert (target / name).read_text() == "my own notes\n"
+    build_report(out, tmp_path / "ours")
+    build_report(out, tmp_path / "ours")  # its own files: rewritten
+
+
+def test_a_run_folder_deleted_while_the_sweep_runs_is_reported_missing(tmp_path: Path) -> None:
+    import shutil
+
+    from posbench.experiment.compute import SilentReporter
+
+    out = tmp_path / "sweep"
+
+    class DeletesTheFirst(SilentReporter):
+        def run_finished(self, run, status: str, seconds: float) -> None:
+            if not hasattr(self, "gone"):
+                self.gone = run.label
+                shutil.rmtree(out / run.run_id)
+
+    reporter = DeletesTheFirst()
+    outcome = run_sweep(tiny_sweep("alibi", "nope", steps=2), out, reporter=reporter)
+    assert outcome.missing == [reporter.gone] and len(outcome.ran) == 2

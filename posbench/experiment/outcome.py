@@ -19,6 +19,9 @@ class SweepOutcome:
     failures: dict[str, str] = field(default_factory=dict)  # label -> one-line error
     set_aside: dict[str, str] = field(default_factory=dict)  # label -> what was damaged
     problems: list[str] = field(default_factory=list)
+    #: Labels of runs the sweep asks for that are neither stored whole nor failed at the end
+    #: (a run folder deleted while the sweep ran, say).
+    missing: list[str] = field(default_factory=list)
 
     @property
     def finished_any(self) -> bool:

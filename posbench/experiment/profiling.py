@@ -28,7 +28,7 @@ from torch import Tensor, nn
 from posbench.attention import SelfAttention, attention_tensor_bytes
 from posbench.cache import Cache
 from posbench.experiment.config import EncodingSpec, config_id, parse_specs, run_label, to_jsonable
-from posbench.kernels.cpu import configure_cpu
+from posbench.kernels.cpu import compute_settings, configure_cpu
 from posbench.model import run_layers
 from posbench.encodings import REGISTRY as ENCODINGS, create_encoding
 from posbench.errors import ConfigError
@@ -436,7 +436,8 @@ def run_profile(job: ProfileRun, out_dir: Path, force: bool = False) -> tuple[st
     rows: list[dict[str, Any]] | None = None
     start = time.perf_counter()
     try:
-        rows = profile_encoding(job.encoding, config)
+        with compute_settings(config.threads):
+            rows = profile_encoding(job.encoding, config)
         result["status"] = "ok"
     except Exception as err:  # one encoding's failure must not stop the others
         result["status"], result["error"] = "error", f"{type(err).__name__}: {err}"

@@ -297,6 +297,11 @@ def _run_sweep(
             if result.get("status") in ("diverged", "error") and run_id not in profile_ids:
                 outcome.failures[label] = result.get("error", "unknown error")
         _profile_encodings(profiles, out_dir, force, reporter, outcome)
+        outcome.missing = [
+            label
+            for run_id, label in members.items()
+            if label not in outcome.failures and not RunFolder(out_dir / run_id).is_finished()
+        ]
         problems: list[str] = []
         outcome.results_csv = write_results_csv(out_dir, problems)
         outcome.problems = problems

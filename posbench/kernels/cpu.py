@@ -96,17 +96,25 @@ def configure_cpu(threads: int | None = None) -> None:
     flush_denormals()
 
 
+#: The default dtype every run computes in, whatever the caller's.
+RUN_DTYPE = torch.float32
+
+
 @contextmanager
 def compute_settings(threads: int | None = None) -> Iterator[None]:
-    """``configure_cpu`` for the duration of a block: afterwards torch's thread count and the
-    denormal mode of this thread and the OpenMP workers are as they were, so library callers
-    find their process as they left it."""
+    """``configure_cpu`` for the duration of a block, with float32 as torch's default dtype
+    (a run's numbers never depend on what its caller set, and one run id is one computation);
+    afterwards torch's thread count, default dtype and the denormal mode of this thread and the
+    OpenMP workers are as they were, so library callers find their process as they left it."""
     old_threads = torch.get_num_threads()
+    old_dtype = torch.get_default_dtype()
     was_flushing = flushing_denormals()
     configure_cpu(threads)
+    torch.set_default_dtype(RUN_DTYPE)
     try:
         yield
     finally:
+        torch.set_default_dtype(old_dtype)
         team = max(old_threads, torch.get_num_threads())
         if not was_flushing:
             _stop_flushing(team)

@@ -26,6 +26,7 @@ from posbench.store import (
     RunFolder,
     atomic_write_bytes,
     atomic_write_text,
+    check_overwritable,
     collect,
     other_runs,
     run_folders,
@@ -391,6 +392,12 @@ def build_report(sweep_dir: Path, out_dir: Path, linked: Collection[str] = ()) -
             f"{sweep_dir}` first."
         )
     results_csv, summary_csv = out_dir / RESULTS_FILE, out_dir / "summary.csv"
+    for path, signature in (
+        (results_csv, "run_id,task,encoding,"),
+        (summary_csv, "task,encoding_label,"),
+        (out_dir / "report.html", "<title>posbench report"),
+    ):
+        check_overwritable(path, signature, "-o")
     atomic_write_text(results_csv, frame.to_csv(index=False))
     atomic_write_text(summary_csv, summarise(frame).to_csv(index=False))
 

@@ -206,6 +206,16 @@ def print_outcome(console: Console, outcome: SweepOutcome) -> None:
         )
     for problem in outcome.problems:
         console.print(Text(f"skipped: {problem}", style="yellow"), soft_wrap=True)
+    if outcome.missing:
+        console.print(
+            Text(
+                f"{len(outcome.missing)} run(s) of this sweep are not stored although the sweep "
+                f"ran them (their folders were removed while it ran?): "
+                f"{', '.join(outcome.missing)}; run the same command again to redo them.",
+                style="bold red",
+            ),
+            soft_wrap=True,
+        )
     for label, error in outcome.failures.items():
         console.print(Text(f"FAILED {label}: {error}", style="bold red"), soft_wrap=True)
 
