@@ -80,25 +80,32 @@ class SelfAttention(nn.Module):
         return self.out(y.transpose(1, 2).reshape(B, L, D))
 
 
+#: The hooks run on the meta device at most this long to learn the scores' shape (a dense bias,
+#: a band of some width, augmented q and k), which then scales to the length asked about.
+SHAPE_PROBE_LENGTH = 8192
+
+
 def attention_tensor_bytes(encoding: PositionalEncoding, batch_size: int, length: int) -> int:
     """Analytic size of the largest attention-side tensor for a sequence of `length`: the
     dense (B, H, L, L) score matrix when the encoding adds a dense bias (the mask SDPA must
     read), the (B, H, L, W) band of a BandBias, else the largest of the augmented q and k
     (fused attention never forms the scores). Found by running the hooks on the meta device,
-    which computes shapes only."""
+    which computes shapes only, at up to SHAPE_PROBE_LENGTH positions: tables an encoding keeps
+    on the CPU are never built for the length itself."""
     B, H, d, L = batch_size, encoding.n_heads, encoding.d_head, length
     meta = torch.device("meta")
-    q = torch.empty(B, H, L, d, device=meta)
+    probe = min(L, SHAPE_PROBE_LENGTH)  # kept tables grow with the length: never build L's
+    q = torch.empty(B, H, probe, d, device=meta)
     ctx = LayerContext(
         0, lambda t: t.new_empty(H, t.shape[0], d), lambda t: t.new_empty(H, t.shape[0], d)
     )
     try:
         on_meta = copy.deepcopy(encoding).to(meta)
-        q2, k2 = on_meta.rotate(q, q.clone(), Span(0, L), ctx)
-        scores = on_meta.score(q2, k2, Span(0, L), Span(0, L), ctx)
+        q2, k2 = on_meta.rotate(q, q.clone(), Span(0, probe), ctx)
+        scores = on_meta.score(q2, k2, Span(0, probe), Span(0, probe), ctx)
     except Exception:  # an encoding whose hooks cannot run on meta: assume dense scores
         return 4 * B * H * L * L
-    sizes = [scores.q.numel(), scores.k.numel()]
+    sizes = [scores.q.numel() // probe * L, scores.k.numel() // probe * L]
     if isinstance(scores.bias, BandBias):
         sizes.append(B * H * L * scores.bias.width)  # plus blocks of ROWS x (ROWS + W - 1) pairs
     elif scores.bias is not None:

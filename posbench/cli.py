@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import signal
 import sys
 from pathlib import Path
@@ -273,17 +274,19 @@ def bench_command(
     from posbench.encodings import BUILTINS, check_encoding_options
     from posbench.experiment.config import EncodingSpec
     from posbench.plugins import loaded_plugin_dirs
-    from posbench.experiment.profiling import BenchConfig, bench_specs
+    from posbench.experiment.profiling import BenchConfig, bench_specs, check_bench_lengths
     from posbench.experiment.runner import run_bench
     from posbench.report.terminal import print_bench
+    from posbench.store import RunFolder
 
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise ConfigError(
             f"--device {device} was asked for but CUDA is not available here; use --device cpu."
         )
-    if threads < 1 or batch_size < 1 or min_run_time <= 0:
+    if threads < 1 or batch_size < 1 or not (0 < min_run_time < math.inf):
         raise ConfigError(
-            "--threads and --batch-size must be at least 1 and --min-run-time above 0."
+            "--threads and --batch-size must be at least 1 and --min-run-time a number of seconds "
+            f"above 0, got {threads}, {batch_size} and {min_run_time}."
         )
     specs = bench_specs(encodings) if encodings else tuple(EncodingSpec(n) for n in BUILTINS)
     for spec in specs:
@@ -307,11 +310,21 @@ def bench_command(
             if not lengths or min(lengths) < shortest:
                 raise ConfigError(f"{flag} needs lengths of at least {shortest}, got {value!r}.")
             config = dataclasses.replace(config, **{name: lengths})
+    check_bench_lengths(specs, config)
     with console.status("") as status:
-        run_bench(
+        ids = run_bench(
             config, specs, out, force, lambda label: status.update(Text(f"profiling {label} ..."))
         )
     print_bench(console, out)
+    failed = {
+        folder.label(): (folder.result() or {}).get("error", "unknown error")
+        for folder in (RunFolder(out / run_id) for run_id in ids)
+        if not folder.is_finished()
+    }
+    for label, error in failed.items():
+        err_console.print(Text(f"FAILED {label}: {error}", style="bold red"), soft_wrap=True)
+    if failed:
+        raise typer.Exit(1)
 
 
 @app.command("report")

@@ -20,15 +20,18 @@ from posbench.errors import OptionError
 
 @dataclass(frozen=True)
 class Range:
-    """Bounds on a number (or on each number of a list): ge/le inclusive, gt exclusive."""
+    """Bounds on a number (or on each number of a list): ge/le inclusive, gt exclusive; inf is
+    out of range unless `infinite` allows it (a memory factor's "unbounded")."""
 
     ge: float | None = None
     gt: float | None = None
     le: float | None = None
+    infinite: bool = False
 
     def holds(self, value: float) -> bool:
         return not (
-            (self.ge is not None and value < self.ge)
+            (not self.infinite and math.isinf(value))
+            or (self.ge is not None and value < self.ge)
             or (self.gt is not None and value <= self.gt)
             or (self.le is not None and value > self.le)
         )

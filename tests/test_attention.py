@@ -157,3 +157,25 @@ def test_without_the_private_flash_ops_every_encoding_trains_and_matches(
     torch.testing.assert_close(without, with_flash, atol=2e-5, rtol=1e-4)
     for name, grad in grads_flash.items():
         torch.testing.assert_close(grads_without[name], grad, atol=2e-5, rtol=2e-4, msg=name)
+
+
+def test_the_memory_estimate_never_allocates_what_it_estimates() -> None:
+    """A configuration asking for length 10^8 is refused with a sentence; estimating it must not
+    build the encodings' tables for 10^8 positions (that once took 23.7 GB and the OOM killer)."""
+    import subprocess
+    import sys
+
+    probe = (
+        "import resource; from posbench.attention import attention_tensor_bytes;"
+        "from posbench.encodings import BUILTINS, create_encoding;"
+        "sizes = [attention_tensor_bytes(create_encoding(n, n_heads=2, d_head=8), 128, 10**8)"
+        " for n in BUILTINS];"
+        "print(min(sizes), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+    smallest, peak_kib = map(int, done.stdout.split())
+    assert smallest >= 4 * 128 * 2 * 10**8  # at least one (B, H, L, d) tensor's worth
+    assert peak_kib < 2 * 2**20, f"estimating took {peak_kib / 2**20:.1f} GiB"

@@ -265,3 +265,68 @@ def test_plain_progress_lines_when_stdout_is_not_a_terminal(tmp_path: Path) -> N
     ):
         assert fragment in result.output, result.output
     assert "\x1b[" not in result.output  # no terminal control codes in a log
+
+
+# ---- bad input: one sentence, never a crash, a hang or a write elsewhere ----------------------
+def test_bench_refuses_a_nan_run_time_and_an_impossible_length(tmp_path: Path) -> None:
+    out = str(tmp_path / "bench")
+    one_sentence_error(
+        invoke("bench", "--min-run-time", "nan", "--out", out), "--min-run-time", "nan"
+    )
+    one_sentence_error(
+        invoke("bench", "--encodings", "alibi", "--seq-lens", "100000000", "--out", out),
+        "length 100000000 with 'alibi' needs about",
+        "GiB available",
+    )
+    assert not (tmp_path / "bench").exists()  # refused before anything was written
+
+
+@pytest.mark.parametrize(
+    "toml,fragments",
+    [
+        ("encodings = []\n", ["encodings = [] names nothing"]),
+        ("tasks = []\n", ["tasks = [] names nothing"]),
+        ("[train]\nlr = inf\n", ["option 'lr' must be a number > 0", "inf"]),
+        ('name = "../../x"\n', ["name = '../../x' must be a plain folder name"]),
+        ('name = "/tmp/elsewhere"\n', ["must be a plain folder name"]),
+    ],
+)
+def test_config_values_that_would_run_everything_or_escape_are_refused(
+    tmp_path: Path, toml: str, fragments: list[str]
+) -> None:
+    config = write_config(tmp_path, toml)
+    one_sentence_error(invoke("run", "--config", str(config), "--steps", "1"), *fragments)
+    escaped = Path("results", "..", "..", "x").resolve()  # where name = "../../x" would write
+    assert not escaped.exists() and not Path("/tmp/elsewhere").exists()
+
+
+def test_an_infinite_option_in_a_variant_is_refused(tmp_path: Path) -> None:
+    config = write_config(tmp_path)
+    one_sentence_error(
+        invoke("run", "--config", str(config), "--eval-variants", "t5:num_buckets=inf"),
+        "num_buckets",
+    )
+    one_sentence_error(
+        invoke("run", "--config", str(config), "--encodings", "rope",
+               "--eval-variants", "rope:scaling=yarn,factor=inf,original_length=8"),
+        "option 'factor' must be a number >= 1, got inf",
+    )  # fmt: skip
+
+
+def test_a_config_file_that_is_not_utf8_is_one_sentence(tmp_path: Path) -> None:
+    config = tmp_path / "latin1.toml"
+    config.write_bytes('about = "d\xe9j\xe0 vu"\n'.encode("latin-1"))
+    one_sentence_error(
+        invoke("run", "--config", str(config)), "is not UTF-8 text", "save it as UTF-8"
+    )
+
+
+def test_inspect_checks_what_it_reads(tmp_path: Path) -> None:
+    """A stored diagnostics file changed after the run (a byte appended, cut short) is named,
+    never read into a traceback or a table of nan."""
+    out = tmp_path / "sweep"
+    run_sweep(tiny_sweep("t5", steps=2), out)
+    run = next(p for p in out.iterdir() if (p / "terms.csv").exists())
+    with open(run / "terms.csv", "ab") as handle:
+        handle.write(b"\x00")
+    one_sentence_error(invoke("inspect", str(run)), "terms.csv was changed or cut short")

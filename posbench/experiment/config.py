@@ -78,7 +78,13 @@ class EvalConfig:
     #: Segment length S for the cache sweep (default: half the longest training sequence).
     segment_len: Annotated[int | None, Range(ge=1)] = None
     #: Memory lengths M as multiples of S; "inf" (or -1 in TOML) means unbounded.
-    mem_len_factors: Annotated[tuple[float, ...], Range(ge=0)] = (0.0, 0.5, 1.0, 2.0, float("inf"))
+    mem_len_factors: Annotated[tuple[float, ...], Range(ge=0, infinite=True)] = (
+        0.0,
+        0.5,
+        1.0,
+        2.0,
+        float("inf"),
+    )
     #: Evaluate through the cache at these task lengths (default: every evaluation length).
     cache_eval_lengths: Annotated[tuple[int, ...] | None, Range(ge=1)] = None
 
@@ -320,11 +326,30 @@ def load_config_file(path: Path) -> tuple[SweepConfig, str | None]:
         raise ConfigError(
             f"Config file {path} does not exist; check the path given to --config."
         ) from None
+    except UnicodeDecodeError as err:
+        raise ConfigError(
+            f"Config file {path} is not UTF-8 text (byte {err.start} cannot be read); save it as "
+            "UTF-8 and rerun."
+        ) from None
     except tomllib.TOMLDecodeError as err:
         raise ConfigError(
             f"Config file {path} is not valid TOML ({err}); fix the syntax and rerun."
         ) from None
-    return config_from_mapping(data, str(path)), data.get("name")
+    except OSError as err:
+        raise ConfigError(
+            f"Config file {path} cannot be read ({err.strerror}); check the path."
+        ) from None
+    name = data.get("name")
+    if name is not None and not (isinstance(name, str) and SWEEP_NAME.fullmatch(name)):
+        raise ConfigError(
+            f"Config file {path}: name = {name!r} must be a plain folder name (letters, digits, "
+            "'.', '_' or '-', no '/' or '..'), since the sweep is written to results/<name>."
+        )
+    return config_from_mapping(data, str(path)), name
+
+
+#: A sweep's name: the folder it is written to under results/, never a path out of it.
+SWEEP_NAME = re.compile(r"(?!\.\.?$)[A-Za-z0-9._-]+")
 
 
 def config_from_mapping(data: Mapping[str, Any], source: str = "config") -> SweepConfig:
@@ -336,6 +361,12 @@ def config_from_mapping(data: Mapping[str, Any], source: str = "config") -> Swee
         kwargs["tasks"] = tuple(
             _spec(entry, TaskSpec, source, "tasks") for entry in _as_list(data["tasks"])
         )
+    for key in ("tasks", "encodings", "seeds"):
+        if key in data and _as_list(data[key]) == []:
+            raise ConfigError(
+                f"{source}: {key} = [] names nothing; list at least one, or leave the key out for "
+                "the default."
+            )
     if "encodings" in data:
         kwargs["encodings"] = tuple(
             _spec(entry, EncodingSpec, source, "encodings") for entry in _as_list(data["encodings"])

@@ -34,7 +34,14 @@ from posbench.encodings import REGISTRY as ENCODINGS, create_encoding
 from posbench.errors import ConfigError
 from posbench.encodings.base import Span
 from posbench.store import PROFILE_PREFIX, RunFolder, environment
-from posbench.experiment.memory import MEMORY_METHOD, measure_peak_mb, peak_or_none, too_big
+from posbench.experiment.memory import (
+    MEMORY_HEADROOM,
+    MEMORY_METHOD,
+    available_bytes,
+    measure_peak_mb,
+    peak_or_none,
+    too_big,
+)
 from posbench.experiment.timing import Guarded, guarded, interleaved_times, noise_note, time_ms
 
 BASELINE = "nope"
@@ -103,6 +110,26 @@ def bench_specs(text: str) -> tuple[EncodingSpec, ...]:
             "--encodings names no encoding; give at least one, e.g. --encodings alibi,t5."
         )
     return tuple(specs)
+
+
+def check_bench_lengths(specs: tuple[EncodingSpec, ...], config: BenchConfig) -> None:
+    """Refuse, in one sentence and before anything is written, a sequence length whose largest
+    attention tensor alone would not fit in the memory available now."""
+    free = available_bytes(config.device)
+    if free is None:
+        return
+    longest = max(config.seq_lens + config.window_lens)
+    for spec in specs:
+        encoding = create_encoding(
+            spec.name, config.n_heads, config.d_head, True, 1, **dict(spec.options)
+        )
+        needed = attention_tensor_bytes(encoding, config.batch_size, longest)
+        if needed > MEMORY_HEADROOM * free:
+            raise ConfigError(
+                f"length {longest} with {spec.display()!r} needs about {needed / 2**30:.1f} GiB "
+                f"for one attention tensor, more than the {free / 2**30:.1f} GiB available; lower "
+                "--seq-lens / --window-lens or --batch-size."
+            )
 
 
 class AttentionUnderTest(nn.Module):

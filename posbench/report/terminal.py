@@ -457,8 +457,12 @@ def _check_training_run(run: RunFolder) -> None:
         )
         raise ResultsError(
             f"{folder} ({run.label()}) {state}, so it stored no diagnostics; run the sweep's "
-            "command "
-            "again to finish it, or pass another run's folder."
+            "command again to finish it, or pass another run's folder."
+        )
+    damage = run.damage()
+    if damage:
+        raise ResultsError(
+            f"{damage}; run the sweep's command again: the damaged run is set aside and redone."
         )
 
 
