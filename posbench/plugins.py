@@ -80,6 +80,13 @@ def load_plugin_dir(directory: Path) -> None:
     if directory in _loaded_dirs:
         return
     _loaded_dirs.add(directory)
+    if directory.is_file():
+        warnings.warn(
+            f"posbench: {directory} is a file; --plugins and plugin-dirs take a folder of plugin "
+            f"files (pass {directory.parent}); skipped.",
+            PluginWarning,
+        )
+        return
     if not directory.is_dir():
         warnings.warn(
             f"posbench: plugin folder {directory} does not exist; skipped.", PluginWarning

@@ -10,6 +10,7 @@ import io
 import json
 import os
 import platform
+import re
 import subprocess
 import time
 import uuid
@@ -105,6 +106,20 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
             raise
     except OSError as err:
         raise ResultsError(describe_os_error(err, path)) from None
+
+
+#: The temporary file atomic_write_bytes writes before renaming it into place.
+TEMPORARY_FILE = re.compile(r"\..+\.[0-9a-f]{12}\.tmp")
+
+
+def sweep_temporary_files(folder: Path) -> None:
+    """Remove the temporary files a killed write left in `folder`, in its run folders and in a
+    figures/ folder (only ever called while posbench holds `folder`: no write of its own to
+    those is in flight)."""
+    folders = [folder, folder / "figures", *(run.path for run in run_folders(folder))]
+    for path in (p for f in folders for p in f.glob(".*.tmp")):
+        if TEMPORARY_FILE.fullmatch(path.name):
+            path.unlink(missing_ok=True)
 
 
 def atomic_write_text(path: Path, text: str) -> None:

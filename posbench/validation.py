@@ -186,8 +186,13 @@ def check_value(option: str, value: Any, annotation: Any, what: str) -> None:
     """Raise OptionError in one sentence when `value` does not fit `annotation`."""
     if not conforms(value, annotation):
         raise OptionError(
-            f"{what}: option {option!r} must be {describe(annotation)}, got {value!r}."
+            f"{what}: option {option!r} must be {describe(annotation)}, got {_shown(value)}."
         )
+
+
+def _shown(value: Any) -> str:
+    """A value as the user wrote it: a list for the tuples flags and TOML arrays become."""
+    return repr(list(value)) if isinstance(value, tuple) else repr(value)
 
 
 def declared_options(factory: Callable[..., Any]) -> dict[str, Any]:

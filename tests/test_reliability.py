@@ -49,7 +49,7 @@ def test_repeated_seeds_train_once_and_negative_seeds_are_refused(tmp_path: Path
     one_sentence_error(
         invoke("run", "--config", str(config), "--seeds", "-1", "--out", str(tmp_path / "neg")),
         "option 'seeds' must be a list of integers >= 0",
-        "(-1,)",
+        "got [-1].",
     )
     assert not (tmp_path / "neg").exists()
 
@@ -330,3 +330,29 @@ def test_inspect_checks_what_it_reads(tmp_path: Path) -> None:
     with open(run / "terms.csv", "ab") as handle:
         handle.write(b"\x00")
     one_sentence_error(invoke("inspect", str(run)), "terms.csv was changed or cut short")
+
+
+def test_advice_that_works(tmp_path: Path) -> None:
+    """Each sentence's fix is one the tool accepts: a run folder given to report names its
+    sweep folder, a plugin file names its folder, a bad seed shows the list as written."""
+    import warnings
+
+    from posbench.plugins import PluginWarning
+
+    out = tmp_path / "sweep"
+    run_sweep(tiny_sweep("nope", steps=1), out)
+    run = next(p for p in out.iterdir() if (p / "config.json").exists())
+    one_sentence_error(
+        invoke("report", str(run)),
+        f"is one run's folder; pass the sweep folder that holds it ({out})",
+    )
+    plugin = tmp_path / "mine.py"
+    plugin.write_text("")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        load_plugin_dir(plugin)
+    assert any(
+        issubclass(w.category, PluginWarning) and f"pass {tmp_path}" in str(w.message)
+        for w in caught
+    )
+    one_sentence_error(invoke("run", "--seeds", "-1", "--steps", "1"), "got [-1].")

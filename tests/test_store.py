@@ -332,3 +332,23 @@ def test_a_run_folder_deleted_while_the_sweep_runs_is_reported_missing(tmp_path:
     reporter = DeletesTheFirst()
     outcome = run_sweep(tiny_sweep("alibi", "nope", steps=2), out, reporter=reporter)
     assert outcome.missing == [reporter.gone] and len(outcome.ran) == 2
+
+
+def test_a_killed_writes_temporary_files_are_swept_up_on_the_next_run(tmp_path: Path) -> None:
+    from posbench.report.html import build_report
+
+    out, folder = _one_run(tmp_path)
+    left = [
+        out / ".results.csv.0123456789ab.tmp",
+        folder.path / ".measurements.csv.abcdef012345.tmp",
+    ]
+    mine = out / ".notes.tmp"  # not a posbench temporary file: kept
+    for path in [*left, mine]:
+        path.write_text("half")
+    run_sweep(tiny_sweep("alibi", "nope", steps=2), out)
+    assert not any(path.exists() for path in left) and mine.exists()
+    report = tmp_path / "report"
+    report.mkdir()
+    (report / ".report.html.0123456789ab.tmp").write_text("half")
+    build_report(out, report)
+    assert not list(report.glob(".*.tmp"))

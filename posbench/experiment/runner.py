@@ -55,6 +55,7 @@ from posbench.store import (
     RunFolder,
     prepare_sweep_dir,
     sweep_lock,
+    sweep_temporary_files,
     write_results_csv,
     write_sweep_marker,
 )
@@ -260,6 +261,7 @@ def _run_sweep(
     for warning in reachability_warnings(sweep):
         reporter.note(f"warning: {warning}")
     with sweep_lock(out_dir), compute_settings(None):
+        sweep_temporary_files(out_dir)
         members = {run.run_id: run.label for run in runs}
         members |= {job.run_id: job.label for job in variants}
         members |= {job.run_id: job.label for job in profiles}

@@ -32,6 +32,7 @@ from posbench.store import (
     run_folders,
     sweep_marker,
     sweep_members,
+    sweep_temporary_files,
 )
 from posbench.report.stats import GENERALISES_AT, Interval
 from posbench.report.summary import (
@@ -383,6 +384,11 @@ def build_report(sweep_dir: Path, out_dir: Path, linked: Collection[str] = ()) -
             f"{sweep_dir} is not a folder; pass the folder `posbench run` wrote (e.g. "
             "results/default)."
         )
+    if RunFolder(sweep_dir).exists():
+        raise ResultsError(
+            f"{sweep_dir} is one run's folder; pass the sweep folder that holds it "
+            f"({sweep_dir.parent})."
+        )
     problems: list[str] = []
     frame = collect(sweep_dir, problems)
     if frame.empty:
@@ -392,6 +398,8 @@ def build_report(sweep_dir: Path, out_dir: Path, linked: Collection[str] = ()) -
             f"{sweep_dir}` first."
         )
     results_csv, summary_csv = out_dir / RESULTS_FILE, out_dir / "summary.csv"
+    if out_dir.is_dir():
+        sweep_temporary_files(out_dir)
     for path, signature in (
         (results_csv, "run_id,task,encoding,"),
         (summary_csv, "task,encoding_label,"),
