@@ -66,20 +66,21 @@ COLUMNS = [
 MEASUREMENT_COLUMNS = ["eval_len", "position", "mem_len", "seq_len", "metric", "value", "note"]
 
 
-def describe_os_error(err: OSError, path: Path | str, action: str = "write") -> str:
-    """One sentence for a failed read or write, naming the path and the fix."""
+def describe_os_error(
+    err: OSError, path: Path | str, action: str = "write", flag: str = "--out"
+) -> str:
+    """One sentence for a failed read or write, naming the path and the fix (`flag`: the
+    command's option for its output folder)."""
     where = getattr(err, "filename", None) or path
     if err.errno == errno.ENOSPC or err.errno == errno.EDQUOT:
         return (
             f"No space left on the device to {action} {where}; free some disk space (or choose "
-            "another --out) "
-            "and run the same command again: finished runs are kept."
+            f"another {flag}) and run the same command again: finished runs are kept."
         )
     if err.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
         return (
             f"Cannot {action} {where} ({err.strerror}); make that folder writable or choose "
-            "another --out: "
-            "finished runs are kept."
+            f"another {flag}: finished runs are kept."
         )
     return (
         f"Could not {action} {where} ({err.strerror or err}); "
@@ -87,10 +88,11 @@ def describe_os_error(err: OSError, path: Path | str, action: str = "write") -> 
     )
 
 
-def atomic_write_bytes(path: Path, data: bytes) -> None:
+def atomic_write_bytes(path: Path, data: bytes, flag: str = "--out") -> None:
     """Write then rename, so a kill at any moment never leaves a file that looks complete.
     The temporary file is created with mode 0666, so the process umask applies as usual.
-    A failing write (disk full, read-only folder) raises ResultsError in one sentence."""
+    A failing write (disk full, read-only folder) raises ResultsError in one sentence whose
+    fix names `flag`, the command's option for its output folder."""
     tmp = path.parent / f".{path.name}.{uuid.uuid4().hex[:12]}.tmp"
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -105,7 +107,7 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
             tmp.unlink(missing_ok=True)
             raise
     except OSError as err:
-        raise ResultsError(describe_os_error(err, path)) from None
+        raise ResultsError(describe_os_error(err, path, flag=flag)) from None
 
 
 #: The temporary file atomic_write_bytes writes before renaming it into place.
@@ -122,8 +124,8 @@ def sweep_temporary_files(folder: Path) -> None:
             path.unlink(missing_ok=True)
 
 
-def atomic_write_text(path: Path, text: str) -> None:
-    atomic_write_bytes(path, text.encode("utf-8"))
+def atomic_write_text(path: Path, text: str, flag: str = "--out") -> None:
+    atomic_write_bytes(path, text.encode("utf-8"), flag)
 
 
 def atomic_write_json(path: Path, data: Any) -> None:

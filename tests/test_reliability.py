@@ -229,7 +229,12 @@ def test_disk_full_during_the_report_is_one_sentence(
     config = write_config(tmp_path)
     assert invoke("run", "--config", str(config), "--no-report", "--out", str(out)).exit_code == 0
     fail_fsync_for(monkeypatch, "report.html", errno.ENOSPC)
-    one_sentence_error(invoke("report", str(out)), "No space left on the device", "report.html")
+    one_sentence_error(
+        invoke("report", str(out)),
+        "No space left on the device",
+        "report.html",
+        "choose another -o)",
+    )
     assert RunFolder(next(p for p in out.iterdir() if (p / "model.pt").exists())).is_finished()
 
 

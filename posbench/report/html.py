@@ -370,7 +370,7 @@ def _write_figures(
             f"its figures are {', '.join(sorted(files))}."
         )
     for name, png in files.items():
-        atomic_write_bytes(out_dir / FIGURES_DIR / f"{name}.png", base64.b64decode(png))
+        atomic_write_bytes(out_dir / FIGURES_DIR / f"{name}.png", base64.b64decode(png), "-o")
     return {files[name]: f"{FIGURES_DIR}/{name}.png" for name in linked}
 
 
@@ -406,8 +406,8 @@ def build_report(sweep_dir: Path, out_dir: Path, linked: Collection[str] = ()) -
         (out_dir / "report.html", "<title>posbench report"),
     ):
         check_overwritable(path, signature, "-o")
-    atomic_write_text(results_csv, frame.to_csv(index=False))
-    atomic_write_text(summary_csv, summarise(frame).to_csv(index=False))
+    atomic_write_text(results_csv, frame.to_csv(index=False), "-o")
+    atomic_write_text(summary_csv, summarise(frame).to_csv(index=False), "-o")
 
     colours = plots.colour_map(sorted(frame["encoding_label"].unique()))
     tasks = sorted(frame["task"].dropna().unique())
@@ -496,7 +496,7 @@ def build_report(sweep_dir: Path, out_dir: Path, linked: Collection[str] = ()) -
     env.filters["img_src"] = lambda png: files.get(png, f"data:image/png;base64,{png}")
     html = env.get_template("report.html.j2").render(**context)
     html_path = out_dir / "report.html"
-    atomic_write_text(html_path, html)
+    atomic_write_text(html_path, html, "-o")
     return Report(
         out_dir,
         html_path,
