@@ -21,8 +21,11 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-console = Console()
-err_console = Console(stderr=True)
+#: Off a terminal (CI, a pipe, a file) tables are laid out this wide instead of rich's 80
+#: columns, so no cell is cut.
+PIPED_WIDTH = 200
+console = Console(width=None if sys.stdout.isatty() else PIPED_WIDTH)
+err_console = Console(stderr=True, width=None if sys.stderr.isatty() else PIPED_WIDTH)
 T = TypeVar("T")
 
 

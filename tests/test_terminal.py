@@ -67,3 +67,11 @@ def test_inspect_on_a_folder_that_is_not_a_training_run_names_the_runs_it_could_
     assert "not a training run: its numbers are in" in " ".join(shown.output.split())
     assert "/ seed " in shown.output  # it names training runs of the same sweep
     assert "has not finished" in CliRunner().invoke(app, ["inspect", str(unfinished)]).output
+
+
+def test_tables_are_never_cut_when_the_output_is_piped(sweep_dir: Path, tmp_path: Path) -> None:
+    """Off a terminal (CI, a pipe, a file) the headline keeps every cell whole, intervals
+    included, instead of cutting them at 80 columns."""
+    shown = CliRunner().invoke(app, ["report", str(sweep_dir), "-o", str(tmp_path / "report")])
+    assert shown.exit_code == 0, shown.output
+    assert " ± " in shown.output and "…" not in shown.output
