@@ -4,7 +4,7 @@ ParallelKerplePower)."""
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Callable
 
 import torch
 from torch import Tensor, nn
@@ -30,6 +30,8 @@ class _Kerple(PositionalEncoding):
         "the learned bias never saturates, so attention takes it dense (H, L, L) and its "
         "(B, H, L, L) gradient is formed in the backward pass (the kernel itself runs per distance)"
     )
+    #: The bias of each distance (...,) for every head, (H, ...): each kernel's own formula.
+    kernel: Callable[[Tensor], Tensor]
     #: Largest p (power kernel only): the reference clamps p to (0, 2].
     max_power: float | None = None
 
@@ -48,10 +50,6 @@ class _Kerple(PositionalEncoding):
         a = self.a.clamp(min=self.eps)
         p = self.p.clamp(min=self.eps, max=self.max_power)
         return a, p
-
-    def kernel(self, distance: Tensor) -> Tensor:
-        """The bias of each distance (...,) for every head, (H, ...)."""
-        raise NotImplementedError
 
     def position_bias(
         self, q_span: Span, k_span: Span, layer: LayerContext, device: torch.device
