@@ -7,6 +7,7 @@ import math
 
 import pytest
 import torch
+from torch import Tensor
 
 from posbench import create_encoding
 from posbench.encodings.alibi import alibi_slopes
@@ -432,31 +433,83 @@ def test_kerple_initialisation_follows_the_reference() -> None:
     assert float(enc.p.mean()) == pytest.approx(1.0, abs=0.25)  # U(0, 2)
 
 
-def test_partial_rotary_follows_hugging_face_and_p_rope_drops_the_lowest_frequencies() -> None:
-    torch.manual_seed(0)
-    q = torch.randn(1, 2, 6, 16)
-    partial = create_encoding("rope", n_heads=2, d_head=16, rotary_fraction=0.25)
-    got, _ = partial.rotate(q, q, Span(3, 9), None)
-    # Hugging Face: rotary_dim = int(16 * 0.25) = 4, half-split rotation of q[..., :4], the
-    # rest passes
-    inv_freq = 1.0 / (10000.0 ** (torch.arange(0, 4, 2).float() / 4))
-    angles = torch.arange(3, 9).float()[:, None] * inv_freq
+def hugging_face_partial_rotary(
+    q: Tensor, positions: Tensor, d_head: int, fraction: float
+) -> Tensor:
+    """Hugging Face's partial rotary: frequencies over dim = int(d * fraction) dimensions (one per
+    started pair), half-split rotation of the first 2 * len(inv_freq) dimensions."""
+    dim = int(d_head * fraction)
+    inv_freq = 1.0 / (10000.0 ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
+    angles = positions.double()[:, None] * inv_freq  # (L, len(inv_freq))
     cos, sin = (
         torch.cat((angles.cos(), angles.cos()), -1),
         torch.cat((angles.sin(), angles.sin()), -1),
     )
-    x = q[..., :4]
-    expected = torch.cat((x * cos + torch.cat((-x[..., 2:], x[..., :2]), -1) * sin, q[..., 4:]), -1)
-    assert torch.allclose(got, expected, atol=1e-6)
+    r = cos.shape[-1]
+    x = q[..., :r]
+    half = r // 2
+    turned = x * cos.float() + torch.cat((-x[..., half:], x[..., :half]), -1) * sin.float()
+    return torch.cat((turned, q[..., r:]), -1)
+
+
+@pytest.mark.parametrize(
+    ("d_head", "fraction"), [(16, 0.25), (64, 0.3), (64, 0.5), (32, 0.4), (16, 0.2), (8, 1.0)]
+)
+def test_partial_rotary_follows_hugging_face(d_head: int, fraction: float) -> None:
+    # (64, 0.3): int(19.2) = 19 dimensions, an odd count: 10 frequencies over exponent / 19, and
+    # 20 dimensions rotate, as Hugging Face does.
+    torch.manual_seed(0)
+    q = torch.randn(1, 2, 6, d_head)
+    partial = create_encoding("rope", n_heads=2, d_head=d_head, rotary_fraction=fraction)
+    got, _ = partial.rotate(q, q, Span(3, 9), None)
+    expected = hugging_face_partial_rotary(q, torch.arange(3, 9), d_head, fraction)
+    assert torch.allclose(got, expected, atol=1e-5)
+
+
+def test_odd_partial_rotary_rotates_one_more_dimension_than_it_names() -> None:
+    enc = create_encoding("rope", n_heads=1, d_head=64, rotary_fraction=0.3)
+    inv_freq, _ = enc.frequencies()
+    assert (enc.frequency_dim, enc.rotary_dim, len(inv_freq)) == (19, 20, 10)
+    assert float(inv_freq[1]) == pytest.approx(10000.0 ** (-2 / 19), rel=1e-12)
+
+
+@pytest.mark.parametrize("d_head", [8, 16, 32, 64])
+@pytest.mark.parametrize("keep", [0.0, 0.1, 0.25, 0.3, 0.45, 0.5, 0.6, 0.7, 0.75, 0.9, 1.0])
+def test_p_rope_keeps_what_hugging_face_proportional_rope_keeps(d_head: int, keep: float) -> None:
+    # Hugging Face's "proportional" rope: int(p * head_dim // 2) highest frequencies of
+    # base^(-2k / head_dim), the rest 0 (d = 16, p = 0.45 keeps 3 of 8, rounded down).
+    rope_angles = int(keep * d_head // 2)
+    rotated = 1.0 / (10000.0 ** (torch.arange(0, 2 * rope_angles, 2, dtype=torch.float64) / d_head))
+    expected = torch.cat((rotated, torch.zeros(d_head // 2 - rope_angles, dtype=torch.float64)))
+    got, _ = create_encoding("rope", n_heads=1, d_head=d_head, keep_frequencies=keep).frequencies()
+    assert torch.equal(got, expected)
+
+
+def test_p_rope_passes_the_dropped_pairs_through() -> None:
+    torch.manual_seed(0)
+    q = torch.randn(1, 2, 6, 16)
     p_rope = create_encoding("rope", n_heads=2, d_head=16, keep_frequencies=0.5)
-    inv, _ = p_rope.frequencies()
-    full = 1.0 / (10000.0 ** (torch.arange(0, 16, 2, dtype=torch.float64) / 16))
-    assert (
-        torch.equal(inv[:4], full[:4]) and (inv[4:] == 0).all()
-    )  # the 4 lowest of 8 frequencies dropped
     turned, _ = p_rope.rotate(q, q, Span(5, 11), None)
     dropped = [4, 5, 6, 7, 12, 13, 14, 15]  # pairs (k, k + 8) for k = 4..7 do not rotate
     assert torch.allclose(turned[..., dropped], q[..., dropped])
+
+
+@pytest.mark.parametrize(
+    ("d_head", "options", "named"),
+    [
+        (16, {"rotary_fraction": 0.125, "scaling": "ntk", "factor": 2.0}, "more than 2 rotated"),
+        (
+            64,
+            {"rotary_fraction": 0.3, "scaling": "yarn", "factor": 2.0, "original_length": 64},
+            "even number of rotated dimensions",
+        ),
+    ],
+)
+def test_rope_refuses_scalings_its_rotated_width_cannot_carry(
+    d_head: int, options: dict, named: str
+) -> None:
+    with pytest.raises(OptionError, match=named):
+        create_encoding("rope", n_heads=1, d_head=d_head, **options)
 
 
 # ---- Sandwich against NeMo, xPos against torchscale ------------------------------------------

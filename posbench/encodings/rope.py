@@ -143,14 +143,26 @@ class RoPE(PositionalEncoding):
                 "encoding 'rope': llama3 scaling needs high_freq_factor > low_freq_factor, "
                 f"got {high_freq_factor} and {low_freq_factor}."
             )
-        self.rotary_dim = 2 * int(
-            shape.d_head * rotary_fraction // 2
-        )  # HF: int(d * factor), kept even
+        # Hugging Face: frequencies over int(d * fraction) dimensions, one per started pair, so an
+        # odd count rotates one dimension more than it names.
+        self.frequency_dim = int(shape.d_head * rotary_fraction)
+        self.rotary_dim = 2 * math.ceil(self.frequency_dim / 2)
         if self.rotary_dim == 0:
             raise OptionError(
                 f"encoding 'rope': rotary_fraction {rotary_fraction} of d_head {shape.d_head} "
-                "rotates no "
-                "pair of dimensions; raise it."
+                "rotates no pair of dimensions; raise it."
+            )
+        if scaling in ("ntk", "dynamic") and self.frequency_dim <= 2:
+            raise OptionError(
+                f"encoding 'rope': {scaling} scaling raises the base to the power d / (d - 2) and "
+                f"needs more than 2 rotated dimensions, got {self.frequency_dim}; raise "
+                "rotary_fraction or choose another scaling."
+            )
+        if scaling == "yarn" and self.frequency_dim % 2:
+            raise OptionError(
+                f"encoding 'rope': yarn scaling ramps over pairs of dimensions and needs an even "
+                f"number of rotated dimensions, got int(d_head * rotary_fraction) = "
+                f"{self.frequency_dim}; choose a rotary_fraction that gives an even count."
             )
         self.keep_frequencies = keep_frequencies
         self.base, self.scaling, self.factor, self.original_length = (
@@ -171,9 +183,10 @@ class RoPE(PositionalEncoding):
 
     def frequencies(self, length: int | None = None) -> tuple[Tensor, float]:
         """theta_k (rotary_dim / 2,) float64 and the attention factor, at `length` for dynamic
-        NTK; p-RoPE zeroes the lowest-frequency (last) 1 - p of them."""
+        NTK; p-RoPE zeroes the lowest-frequency (last) 1 - p of them, the count kept rounded
+        down."""
         inv_freq, attention = rope_frequencies(
-            self.rotary_dim,
+            self.frequency_dim,
             self.base,
             self.scaling,
             self.factor,
@@ -181,7 +194,7 @@ class RoPE(PositionalEncoding):
             length,
             **self.knobs,
         )
-        kept = round(self.keep_frequencies * len(inv_freq))
+        kept = int(self.keep_frequencies * self.rotary_dim // 2)  # rounded down, as HF's p-RoPE
         inv_freq[kept:] = 0.0
         return inv_freq, attention
 
