@@ -389,6 +389,9 @@ def inspect_command(
 
 def main() -> None:
     """Console-script entry point."""
+    from posbench.warning_lines import show_warnings_as_lines
+
+    show_warnings_as_lines()
     app(prog_name="posbench")
 
 

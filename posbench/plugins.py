@@ -42,9 +42,7 @@ def configured_plugin_dirs(cwd: Path | None = None) -> list[Path]:
     try:
         data = tomllib.loads(pyproject.read_text(encoding="utf-8"))
     except (tomllib.TOMLDecodeError, OSError) as err:
-        warnings.warn(
-            f"posbench: could not read plugin-dirs from {pyproject}: {err}", PluginWarning
-        )
+        warnings.warn(f"could not read plugin-dirs from {pyproject}: {err}", PluginWarning)
         return []
     dirs = data.get("tool", {}).get("posbench", {}).get("plugin-dirs", [])
     return [(root / d).resolve() for d in dirs]
@@ -58,7 +56,7 @@ def load_plugin_file(path: Path) -> bool:
         return True
     spec = importlib.util.spec_from_file_location(module_name, path)
     if spec is None or spec.loader is None:
-        warnings.warn(f"posbench: cannot load plugin {path}", PluginWarning)
+        warnings.warn(f"cannot load plugin {path}", PluginWarning)
         return False
     module = importlib.util.module_from_spec(spec)
     sys.modules[module_name] = module
@@ -67,7 +65,7 @@ def load_plugin_file(path: Path) -> bool:
     except Exception as err:  # a plugin's bug must not stop the others
         del sys.modules[module_name]
         warnings.warn(
-            f"posbench: plugin {path} failed to load ({type(err).__name__}: {err}); skipped.",
+            f"plugin {path} failed to load ({type(err).__name__}: {err}); skipped.",
             PluginWarning,
         )
         return False
@@ -82,15 +80,13 @@ def load_plugin_dir(directory: Path) -> None:
     _loaded_dirs.add(directory)
     if directory.is_file():
         warnings.warn(
-            f"posbench: {directory} is a file; --plugins and plugin-dirs take a folder of plugin "
+            f"{directory} is a file; --plugins and plugin-dirs take a folder of plugin "
             f"files (pass {directory.parent}); skipped.",
             PluginWarning,
         )
         return
     if not directory.is_dir():
-        warnings.warn(
-            f"posbench: plugin folder {directory} does not exist; skipped.", PluginWarning
-        )
+        warnings.warn(f"plugin folder {directory} does not exist; skipped.", PluginWarning)
         return
     for path in sorted(directory.glob("*.py")):
         if not path.name.startswith("_"):
@@ -109,7 +105,7 @@ def load_entry_point_plugins() -> None:
                 obj = ep.load()
             except Exception as err:
                 warnings.warn(
-                    f"posbench: plugin {ep.value!r} ({group}) failed to load "
+                    f"plugin {ep.value!r} ({group}) failed to load "
                     f"({type(err).__name__}: {err}); skipped.",
                     PluginWarning,
                 )
@@ -131,6 +127,14 @@ def load_plugins(extra_dirs: list[Path] | None = None) -> None:
     load_entry_point_plugins()
     for directory in configured_plugin_dirs() + list(extra_dirs or []):
         load_plugin_dir(directory)
+
+
+def load_worker_plugins(plugin_dirs: tuple[str, ...] | list[str]) -> None:
+    """In a worker, load the plugin folders its driver loaded, quietly: any plugin that fails
+    here failed in the driver too, which has warned about it once already."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", PluginWarning)
+        load_plugins([Path(p) for p in plugin_dirs])
 
 
 def loaded_plugin_dirs() -> tuple[str, ...]:

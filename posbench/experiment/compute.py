@@ -9,7 +9,6 @@ import math
 import time
 import traceback
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Callable, Iterable, Protocol
 
 import numpy as np
@@ -29,7 +28,7 @@ from posbench.experiment.config import (
 from posbench.kernels.cpu import compute_settings
 from posbench.experiment.evaluation import iter_evaluate, validation_exact_match, validation_excess
 from posbench.model import Decoder, ModelConfig, model_from_config
-from posbench.plugins import load_plugins
+from posbench.plugins import load_worker_plugins
 from posbench.store import (
     ANSWER_POSITIONS_FILE,
     BIAS_FILE,
@@ -172,7 +171,7 @@ def compute_run(
     Failures become a failed RunOutput. The caller's thread count, denormal mode and global
     RNG state are as they were afterwards."""
     if plugin_dirs:
-        load_plugins([Path(p) for p in plugin_dirs])
+        load_worker_plugins(plugin_dirs)
     with compute_settings(threads), torch.random.fork_rng(devices=rng_devices(job.run.device)):
         return _compute(job, progress or (lambda *_: None))
 

@@ -27,6 +27,7 @@ from posbench.experiment.compute import (
     relay,
 )
 from posbench.errors import ConfigError
+from posbench.warning_lines import show_warnings_as_lines
 
 EXECUTORS = ("local", "processes", "ray")
 #: How often the driver forwards worker progress, and a worker checks its driver is alive (s).
@@ -88,6 +89,7 @@ def die_with_parent(parent_pid: int) -> None:
 def _worker_init(parent_pid: int, events: Any) -> None:
     global _events
     die_with_parent(parent_pid)
+    show_warnings_as_lines()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's to handle
     _events = events
 

@@ -408,14 +408,14 @@ def profile_encoding(
 
 
 def _child_main(payload: str) -> None:
-    from posbench.plugins import load_plugins
+    from posbench.plugins import load_worker_plugins
 
     data = json.loads(payload)
     config_data = data["config"]
     config = BenchConfig(
         **{k: tuple(v) if isinstance(v, list) else v for k, v in config_data.items()}
     )
-    load_plugins([Path(p) for p in config.plugin_dirs])
+    load_worker_plugins(config.plugin_dirs)
     spec = EncodingSpec(
         data["spec"]["name"], data["spec"]["options"], data["spec"].get("label", "")
     )
