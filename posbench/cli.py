@@ -5,8 +5,9 @@ from __future__ import annotations
 import math
 import signal
 import sys
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, List, Optional, TypeVar
+from typing import Callable, Iterator, List, NoReturn, Optional, TypeVar
 
 import typer
 from rich.console import Console
@@ -55,6 +56,24 @@ class Terminated(KeyboardInterrupt):
 
 def _raise_terminated(signum: int, frame: object) -> None:
     raise Terminated()
+
+
+@contextmanager
+def sigterm_interrupts() -> Iterator[None]:
+    """Within the block SIGTERM raises Terminated, so it stops a command as Ctrl-C does."""
+    previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _stop(interrupt: KeyboardInterrupt, what_is_kept: str) -> NoReturn:
+    """One line saying the command was interrupted and what is kept; exit 130 (Ctrl-C) or 143
+    (SIGTERM), as a shell reports a process those signals ended."""
+    how = "terminated" if isinstance(interrupt, Terminated) else "interrupted"
+    err_console.print(Text(f"{how}: {what_is_kept}", style="yellow"), soft_wrap=True)
+    raise typer.Exit(143 if isinstance(interrupt, Terminated) else 130) from None
 
 
 @app.callback()
@@ -203,36 +222,37 @@ def run_command(
     from posbench.experiment.runner import run_sweep
 
     chosen = make_executor(executor, jobs, ray_address, cpus_per_run, gpus_per_run)
-    previous = signal.signal(signal.SIGTERM, _raise_terminated)
-    try:
-        with make_reporter(console, quick=sweep.quick) as reporter:
-            outcome = run_sweep(sweep, out_dir, force=force, reporter=reporter, executor=chosen)
-    except KeyboardInterrupt as interrupt:
-        members = sweep_members(out_dir) if out_dir.is_dir() else None
-        kept = sum(RunFolder(out_dir / run_id).is_finished() for run_id in members or {})
-        how = "terminated" if isinstance(interrupt, Terminated) else "interrupted"
-        err_console.print(
-            Text(
-                f"{how}: {kept} of {len(members or {})} run(s) of this sweep are stored in "
-                f"{out_dir}; "
+    with sigterm_interrupts():
+        try:
+            with make_reporter(console, quick=sweep.quick) as reporter:
+                outcome = run_sweep(sweep, out_dir, force=force, reporter=reporter, executor=chosen)
+        except KeyboardInterrupt as interrupt:
+            members = sweep_members(out_dir) if out_dir.is_dir() else None
+            kept = sum(RunFolder(out_dir / run_id).is_finished() for run_id in members or {})
+            _stop(
+                interrupt,
+                f"{kept} of {len(members or {})} run(s) of this sweep are stored in {out_dir}; "
                 "run the same command again to resume (finished runs are skipped).",
-                style="yellow",
-            ),
-            soft_wrap=True,
-        )
-        raise typer.Exit(143 if isinstance(interrupt, Terminated) else 130) from None
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-    print_outcome(console, outcome)
-    if report and outcome.finished_any:
-        from posbench.report.html import build_report
+            )
+        print_outcome(console, outcome)
+        if report and outcome.finished_any:
+            from posbench.report.html import build_report
 
-        written = build_report(out_dir, default_report_dir(out_dir))
-        console.print(Text(f"report: {written.html}"), soft_wrap=True)
-    elif report:
-        console.print(
-            Text("no run of this sweep finished, so no report was written"), soft_wrap=True
-        )
+            report_dir = default_report_dir(out_dir)
+            try:
+                written = build_report(out_dir, report_dir)
+            except KeyboardInterrupt as interrupt:
+                _stop(
+                    interrupt,
+                    f"every finished run is stored in {out_dir}, and {report_dir} holds its "
+                    "previous report or the whole new one, never a mix; write the report with "
+                    f"`posbench report {out_dir}`.",
+                )
+            console.print(Text(f"report: {written.html}"), soft_wrap=True)
+        elif report:
+            console.print(
+                Text("no run of this sweep finished, so no report was written"), soft_wrap=True
+            )
     if outcome.failures or outcome.missing:
         raise typer.Exit(1)
 
@@ -356,7 +376,16 @@ def report_command(
     from posbench.report.html import build_report, default_report_dir
 
     linked = [name.strip() for name in (link_figures or "").split(",") if name.strip()]
-    written = build_report(results_dir, out or default_report_dir(results_dir), linked)
+    report_dir = out or default_report_dir(results_dir)
+    with sigterm_interrupts():
+        try:
+            written = build_report(results_dir, report_dir, linked)
+        except KeyboardInterrupt as interrupt:
+            _stop(
+                interrupt,
+                f"{report_dir} holds its previous report or the whole new one, never a mix; run "
+                "the same command again to write the report.",
+            )
     print_headline(console, written.headline, written.lm_headline)
     for problem in written.problems:
         err_console.print(Text(f"skipped: {problem}", style="yellow"), soft_wrap=True)

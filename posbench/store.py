@@ -11,7 +11,9 @@ import json
 import os
 import platform
 import re
+import signal
 import subprocess
+import threading
 import time
 import uuid
 from contextlib import contextmanager
@@ -122,6 +124,36 @@ def sweep_temporary_files(folder: Path) -> None:
     for path in (p for f in folders for p in f.glob(".*.tmp")):
         if TEMPORARY_FILE.fullmatch(path.name):
             path.unlink(missing_ok=True)
+
+
+@contextmanager
+def interrupts_deferred() -> Iterator[None]:
+    """Hold Ctrl-C and SIGTERM until the block is done, then deliver them, so a set of files
+    written in the block is never left half old, half new. Only the main thread handles
+    signals; elsewhere the block runs as it is."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held: list[int] = []
+    previous = {
+        signum: signal.signal(signum, lambda signum, frame: held.append(signum))
+        for signum in (signal.SIGINT, signal.SIGTERM)
+    }
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        if held:
+            signal.raise_signal(held[0])
+
+
+def atomic_write_files(files: dict[Path, bytes], flag: str = "--out") -> None:
+    """Write several files, each atomically, with interrupts held until all are in place: a
+    reader finds the whole old set or the whole new one."""
+    with interrupts_deferred():
+        for path, data in files.items():
+            atomic_write_bytes(path, data, flag)
 
 
 def atomic_write_text(path: Path, text: str, flag: str = "--out") -> None:

@@ -256,6 +256,92 @@ def test_reports_go_beside_their_sweep_never_into_the_working_directory(
     assert custom.exit_code == 0 and (tmp_path / "mine" / "report.html").is_file()
 
 
+# ---- an interrupted report leaves a whole one -------------------------------------------------
+def _report_files(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+
+
+@pytest.mark.parametrize(
+    ("signal_name", "code", "how"), [("SIGINT", 130, "interrupted"), ("SIGTERM", 143, "terminated")]
+)
+def test_a_report_interrupted_while_it_is_built_leaves_the_previous_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, signal_name: str, code: int, how: str
+) -> None:
+    import signal
+
+    from posbench.report import plots
+
+    out = tmp_path / "out"
+    config = write_config(tmp_path)
+    assert invoke("run", "--config", str(config), "--out", str(out)).exit_code == 0
+    before = _report_files(out / "report")
+    assert "report.html" in before and "results.csv" in before
+    real = plots.cost_plot
+
+    def interrupted(*args: object, **kwargs: object) -> object:
+        signal.raise_signal(getattr(signal, signal_name))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(plots, "cost_plot", interrupted)
+    result = invoke("report", str(out))
+    assert result.exit_code == code
+    assert result.output.startswith(f"{how}: {out / 'report'} holds its previous report")
+    assert result.output.endswith("run the same command again to write the report.\n")
+    assert len(result.output.splitlines()) == 1
+    assert _report_files(out / "report") == before
+
+
+def test_a_report_interrupted_while_it_is_written_is_written_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import signal
+
+    from posbench import store
+
+    out = tmp_path / "out"
+    config = write_config(tmp_path)
+    assert invoke("run", "--config", str(config), "--no-report", "--out", str(out)).exit_code == 0
+    real, calls = store.atomic_write_bytes, []
+
+    def interrupted_after_the_first(path: Path, data: bytes, flag: str = "--out") -> None:
+        calls.append(path.name)
+        real(path, data, flag)
+        if len(calls) == 1:
+            signal.raise_signal(signal.SIGINT)
+
+    monkeypatch.setattr(store, "atomic_write_bytes", interrupted_after_the_first)
+    result = invoke("report", str(out))
+    assert result.exit_code == 130 and result.output.startswith("interrupted: ")
+    assert len(calls) > 3 and calls[-1] == "report.html"  # the whole set, then the interrupt
+    written = _report_files(out / "report")
+    assert {"report.html", "results.csv", "summary.csv"} <= set(written)
+    assert sum(name.startswith("figures/") for name in written) == len(calls) - 3
+
+
+def test_a_run_interrupted_while_its_report_is_built_says_the_runs_are_kept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import signal
+
+    from posbench.report import plots
+
+    out = tmp_path / "out"
+    config = write_config(tmp_path)
+
+    def interrupted(*args: object, **kwargs: object) -> object:
+        signal.raise_signal(signal.SIGINT)
+        raise AssertionError("the interrupt should have stopped the report")
+
+    monkeypatch.setattr(plots, "cost_plot", interrupted)
+    result = invoke("run", "--config", str(config), "--out", str(out))
+    assert result.exit_code == 130
+    assert f"interrupted: every finished run is stored in {out}" in result.output
+    assert f"`posbench report {out}`" in result.output
+    assert not (out / "report").exists()
+    monkeypatch.undo()
+    assert invoke("report", str(out)).exit_code == 0
+
+
 # ---- progress where there is no terminal ---------------------------------------------------
 def test_plain_progress_lines_when_stdout_is_not_a_terminal(tmp_path: Path) -> None:
     config = write_config(tmp_path, TINY_TOML.replace("steps = 3", "steps = 20"))

@@ -24,8 +24,7 @@ from posbench.store import (
     RESULTS_FILE,
     TERMS_FILE,
     RunFolder,
-    atomic_write_bytes,
-    atomic_write_text,
+    atomic_write_files,
     check_overwritable,
     collect,
     other_runs,
@@ -338,13 +337,9 @@ def _failures_and_missing(sweep_dir: Path) -> tuple[list[dict[str, str]], list[s
     return failures, missing
 
 
-def _write_figures(
-    out_dir: Path, context: dict[str, Any], linked: Collection[str]
-) -> dict[str, str]:
-    """The plots as PNG files too (figures/NAME.png), for papers and READMEs. Returns, for the
-    figures named in `linked`, base64 PNG -> the file the HTML refers to instead of embedding it
-    (a published report whose README shows a figure then holds it once). An unknown name in
-    `linked` is one sentence listing the known ones."""
+def _figure_files(context: dict[str, Any], linked: Collection[str]) -> dict[str, str]:
+    """The plots as PNG files too (figures/NAME.png, base64 here), for papers and READMEs. An
+    unknown name in `linked` is one sentence listing the known ones."""
     figures = {f"accuracy_vs_length_{t['name']}": t["length_plot"] for t in context["tasks"]}
     figures |= {
         f"accuracy_vs_cache_{t['name']}": t["cache_plot"]
@@ -369,15 +364,15 @@ def _write_figures(
             f"--link-figures names no figure of this report: {', '.join(unknown)}; "
             f"its figures are {', '.join(sorted(files))}."
         )
-    for name, png in files.items():
-        atomic_write_bytes(out_dir / FIGURES_DIR / f"{name}.png", base64.b64decode(png), "-o")
-    return {files[name]: f"{FIGURES_DIR}/{name}.png" for name in linked}
+    return files
 
 
 def build_report(sweep_dir: Path, out_dir: Path, linked: Collection[str] = ()) -> Report:
     """Write results.csv, summary.csv, report.html and figures/ for the sweep in `sweep_dir`.
     report.html embeds every figure (one self-contained file) except those named in `linked`,
-    which it shows from figures/."""
+    which it shows from figures/ (a published report whose README shows a figure holds it
+    once). Everything is built before anything is written, and the files are written as one
+    set: an interrupt leaves the previous report whole."""
     sweep_dir = Path(sweep_dir)
     if not sweep_dir.is_dir():
         raise ResultsError(
@@ -406,8 +401,6 @@ def build_report(sweep_dir: Path, out_dir: Path, linked: Collection[str] = ()) -
         (out_dir / "report.html", "<title>posbench report"),
     ):
         check_overwritable(path, signature, "-o")
-    atomic_write_text(results_csv, frame.to_csv(index=False), "-o")
-    atomic_write_text(summary_csv, summarise(frame).to_csv(index=False), "-o")
 
     colours = plots.colour_map(sorted(frame["encoding_label"].unique()))
     tasks = sorted(frame["task"].dropna().unique())
@@ -488,15 +481,27 @@ def build_report(sweep_dir: Path, out_dir: Path, linked: Collection[str] = ()) -
         "quick": bool(config.get("quick")),
         "about": config.get("about", ""),
     }
-    files = _write_figures(out_dir, context, linked)
+    figures = _figure_files(context, linked)
+    links = {figures[name]: f"{FIGURES_DIR}/{name}.png" for name in linked}
     env = Environment(
         loader=PackageLoader("posbench.report", "templates"),
         autoescape=select_autoescape(["html", "j2"]),
     )
-    env.filters["img_src"] = lambda png: files.get(png, f"data:image/png;base64,{png}")
+    env.filters["img_src"] = lambda png: links.get(png, f"data:image/png;base64,{png}")
     html = env.get_template("report.html.j2").render(**context)
     html_path = out_dir / "report.html"
-    atomic_write_text(html_path, html, "-o")
+    atomic_write_files(
+        {
+            results_csv: frame.to_csv(index=False).encode("utf-8"),
+            summary_csv: summarise(frame).to_csv(index=False).encode("utf-8"),
+            **{
+                out_dir / FIGURES_DIR / f"{name}.png": base64.b64decode(png)
+                for name, png in figures.items()
+            },
+            html_path: html.encode("utf-8"),
+        },
+        "-o",
+    )
     return Report(
         out_dir,
         html_path,
