@@ -54,13 +54,26 @@ class Terminated(KeyboardInterrupt):
     """SIGTERM (timeout, docker stop, Slurm) handled like Ctrl-C: workers stopped, runs kept."""
 
 
+_sigterm_received = False  # whether SIGTERM stopped the command (see _terminated)
+
+
 def _raise_terminated(signum: int, frame: object) -> None:
+    global _sigterm_received
+    _sigterm_received = True
     raise Terminated()
+
+
+def _terminated(interrupt: KeyboardInterrupt) -> bool:
+    """Whether SIGTERM, not Ctrl-C, stopped the command. Ray's blocking calls turn whatever a
+    signal handler raises into a plain KeyboardInterrupt, so the handler's record decides."""
+    return isinstance(interrupt, Terminated) or _sigterm_received
 
 
 @contextmanager
 def sigterm_interrupts() -> Iterator[None]:
     """Within the block SIGTERM raises Terminated, so it stops a command as Ctrl-C does."""
+    global _sigterm_received
+    _sigterm_received = False
     previous = signal.signal(signal.SIGTERM, _raise_terminated)
     try:
         yield
@@ -71,9 +84,10 @@ def sigterm_interrupts() -> Iterator[None]:
 def _stop(interrupt: KeyboardInterrupt, what_is_kept: str) -> NoReturn:
     """One line saying the command was interrupted and what is kept; exit 130 (Ctrl-C) or 143
     (SIGTERM), as a shell reports a process those signals ended."""
-    how = "terminated" if isinstance(interrupt, Terminated) else "interrupted"
+    terminated = _terminated(interrupt)
+    how = "terminated" if terminated else "interrupted"
     err_console.print(Text(f"{how}: {what_is_kept}", style="yellow"), soft_wrap=True)
-    raise typer.Exit(143 if isinstance(interrupt, Terminated) else 130) from None
+    raise typer.Exit(143 if terminated else 130) from None
 
 
 @app.callback()

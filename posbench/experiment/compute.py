@@ -43,6 +43,9 @@ from posbench.tasks import create_task
 from posbench.tasks.base import Task
 from posbench.experiment.training import Diverged, train
 
+#: How often a driver forwards its workers' progress, and a worker checks its driver is alive (s).
+POLL_SECONDS = 0.25
+
 #: (run id, event, payload): ("started", steps), ("step", (step, loss)), ("evaluating", None).
 ProgressSink = Callable[[str, str, Any], None]
 #: A worker sends a training-step event at most this often (seconds); the last step always.

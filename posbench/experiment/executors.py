@@ -1,6 +1,7 @@
 """Executors compute a sweep's pending runs and hand back each RunOutput as it finishes; the
 driver (runner.run_sweep) alone writes results. `local` runs in this process, `processes`
-in a pool on this machine, `ray` as Ray tasks on a local runtime or an existing cluster.
+in a pool on this machine, `ray` (ray_executor.py) as Ray tasks on a local runtime or an
+existing cluster.
 Workers forward their progress events to the driver, and die with it."""
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from concurrent.futures.process import BrokenProcessPool
 from typing import Any, Iterator, Protocol
 
 from posbench.experiment.compute import (
+    POLL_SECONDS,
     ProgressSink,
     Reporter,
     RunJob,
@@ -30,8 +32,6 @@ from posbench.errors import ConfigError
 from posbench.warning_lines import show_warnings_as_lines
 
 EXECUTORS = ("local", "processes", "ray")
-#: How often the driver forwards worker progress, and a worker checks its driver is alive (s).
-POLL_SECONDS = 0.25
 _PR_SET_PDEATHSIG = 1
 
 
@@ -95,8 +95,8 @@ def _worker_init(parent_pid: int, events: Any) -> None:
 
 
 def queue_sink(events: Any) -> ProgressSink:
-    """A ProgressSink that puts each event on a queue to the driver (a multiprocessing or a
-    Ray queue). Progress is best effort: a full or closed queue never stops a run."""
+    """A ProgressSink that puts each event on the queue to the driver. Progress is best
+    effort: a full or closed queue never stops a run."""
 
     def send(run_id: str, event: str, payload: Any) -> None:
         try:
@@ -230,105 +230,6 @@ class ProcessExecutor:
         )
 
 
-# ---- Ray ------------------------------------------------------------------------------------
-def _compute_on_ray(
-    job: RunJob, threads: int, plugin_dirs: tuple[str, ...], events: Any
-) -> RunOutput:
-    return compute_run(job, threads, queue_sink(events), plugin_dirs)
-
-
-class RayExecutor:
-    """Each run a Ray task with its resource request, retried when its worker dies."""
-
-    def __init__(
-        self,
-        address: str | None = None,
-        cpus_per_run: float = 1,
-        gpus_per_run: float = 0,
-        max_retries: int = 2,
-        num_cpus: int | None = None,
-    ) -> None:
-        try:
-            import ray  # noqa: F401
-        except ImportError:
-            raise ConfigError(
-                "--executor ray needs Ray, which is not installed; run `pip install "
-                "'posbench[ray]'`."
-            ) from None
-        self.address, self.cpus_per_run, self.gpus_per_run = address, cpus_per_run, gpus_per_run
-        self.max_retries, self.num_cpus = max_retries, num_cpus
-
-    def _start(self) -> None:
-        import ray
-
-        if ray.is_initialized():
-            return
-        if self.address:
-            ray.init(address=self.address, log_to_driver=False)
-        else:
-            ray.init(num_cpus=self.num_cpus, include_dashboard=False, log_to_driver=False)
-
-    def map(
-        self,
-        jobs: list[RunJob],
-        threads: int | None,
-        reporter: Reporter,
-        plugin_dirs: tuple[str, ...],
-    ) -> Iterator[RunOutput]:
-        import ray
-        from ray.exceptions import RayError
-        from ray.util.queue import Empty, Queue
-
-        self._start()
-        events = Queue(actor_options={"num_cpus": 0})
-        sink = relay(reporter, [job.run for job in jobs])
-        remote = ray.remote(
-            num_cpus=self.cpus_per_run,
-            num_gpus=self.gpus_per_run,
-            max_retries=self.max_retries,
-            retry_exceptions=False,
-        )(_compute_on_ray)
-        per_run = threads or max(1, int(self.cpus_per_run))
-        refs = {remote.remote(job, per_run, plugin_dirs, events): job for job in jobs}
-        reporter.note(
-            f"{len(jobs)} run(s) submitted to Ray ({self.cpus_per_run} CPU, {self.gpus_per_run} "
-            "GPU each)"
-        )
-
-        def forward() -> None:
-            while True:
-                try:
-                    sink(*events.get_nowait())
-                except Empty:
-                    return
-
-        pending = list(refs)
-        try:
-            while pending:
-                done, pending = ray.wait(pending, num_returns=1, timeout=POLL_SECONDS)
-                forward()
-                for ref in done:
-                    try:
-                        yield ray.get(ref)
-                    except RayError as err:  # the worker died on every try
-                        first_line = (
-                            str(err).strip().splitlines()[0]
-                            if str(err).strip()
-                            else type(err).__name__
-                        )
-                        yield failed_output(
-                            refs[ref].run,
-                            f"{type(err).__name__} after {self.max_retries} retries: {first_line}",
-                        )
-            forward()
-        except BaseException:
-            for ref in pending:
-                ray.cancel(ref, force=True)
-            raise
-        finally:
-            ray.kill(events.actor)
-
-
 def make_executor(
     name: str,
     jobs: int = 2,
@@ -342,5 +243,7 @@ def make_executor(
     if name == "processes":
         return ProcessExecutor(jobs)
     if name == "ray":
+        from posbench.experiment.ray_executor import RayExecutor
+
         return RayExecutor(ray_address, cpus_per_run, gpus_per_run)
     raise ConfigError(f"Unknown executor {name!r}; choose one of {', '.join(EXECUTORS)}.")
