@@ -7,7 +7,7 @@ import signal
 import sys
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Iterator, List, NoReturn, Optional, TypeVar
+from typing import TYPE_CHECKING, Callable, Iterator, List, NoReturn, Optional, TypeVar
 
 import typer
 from rich.console import Console
@@ -15,6 +15,9 @@ from rich.table import Table
 from rich.text import Text
 
 from posbench.errors import ConfigError, PosbenchError
+
+if TYPE_CHECKING:
+    from posbench.experiment.runner import SweepPlan
 
 app = typer.Typer(
     help="Compare positional encodings for Transformer attention, side by side.",
@@ -187,6 +190,12 @@ def run_command(
     report: bool = typer.Option(
         True, "--report/--no-report", help="Write reports/<sweep>/report.html at the end."
     ),
+    dry_run: bool = typer.Option(
+        False,
+        "--dry-run",
+        help="Check the sweep and list the runs it would do, and which are stored already; "
+        "run and write nothing.",
+    ),
     executor: str = typer.Option(
         "local", help="local (one run at a time), processes (--jobs N here) or ray."
     ),
@@ -236,6 +245,12 @@ def run_command(
     from posbench.experiment.runner import run_sweep
 
     chosen = make_executor(executor, jobs, ray_address, cpus_per_run, gpus_per_run)
+    if dry_run:
+        from posbench.experiment.runner import plan_sweep, reachability_warnings
+
+        plan = plan_sweep(sweep, out_dir)
+        _print_plan(plan, out_dir, reachability_warnings(plan.sweep))
+        return
     with sigterm_interrupts():
         try:
             with make_reporter(console, quick=sweep.quick) as reporter:
@@ -269,6 +284,28 @@ def run_command(
             )
     if outcome.failures or outcome.missing:
         raise typer.Exit(1)
+
+
+def _print_plan(plan: "SweepPlan", out_dir: Path, warnings: list[str]) -> None:
+    """What `posbench run --dry-run` found: each training run and whether it is stored, the
+    variants and profiles that follow, the configuration's warnings; nothing was run."""
+    table = Table(title=f"dry run: the sweep in {out_dir}", title_justify="left")
+    table.add_column("run", no_wrap=True)
+    table.add_column("state", no_wrap=True)
+    for run in plan.runs:
+        stored = run.label in plan.finished
+        table.add_row(Text(run.label), "stored" if stored else "to run")
+    console.print(table)
+    for warning in warnings:
+        console.print(Text(f"warning: {warning}", style="yellow"), soft_wrap=True)
+    console.print(
+        Text(
+            f"{len(plan.runs)} training run(s), {len(plan.finished)} stored already; "
+            f"{len(plan.variants)} evaluation variant(s) and {len(plan.profiles)} profile(s) "
+            "follow them. Nothing was run or written (--dry-run)."
+        ),
+        soft_wrap=True,
+    )
 
 
 @app.command("bench")

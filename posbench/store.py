@@ -512,10 +512,10 @@ def run_folders(sweep_dir: Path) -> list[RunFolder]:
 
 
 # ---- the sweep folder: which runs belong to it, and who is writing it ------------------------
-def prepare_sweep_dir(out_dir: Path) -> None:
-    """Create the sweep folder, refusing a file or a folder that holds files posbench did not
-    write. A folder of run folders whose sweep.json was lost is still a sweep: the runner
-    writes its record again."""
+def check_sweep_dir(out_dir: Path) -> None:
+    """Refuse a file, or a folder that holds files posbench did not write, as a sweep folder;
+    writes nothing. A folder of run folders whose sweep.json was lost is still a sweep: the
+    runner writes its record again."""
     if out_dir.exists() and not out_dir.is_dir():
         raise ResultsError(f"--out {out_dir} is a file, not a folder; choose another --out.")
     try:
@@ -529,6 +529,14 @@ def prepare_sweep_dir(out_dir: Path) -> None:
                 f"{out_dir} already holds files that are not a posbench sweep; choose another "
                 "--out."
             )
+    except OSError as err:
+        raise ResultsError(describe_os_error(err, out_dir, "read")) from None
+
+
+def prepare_sweep_dir(out_dir: Path) -> None:
+    """Check the sweep folder (check_sweep_dir) and create it."""
+    check_sweep_dir(out_dir)
+    try:
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as err:
         raise ResultsError(describe_os_error(err, out_dir, "create")) from None

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import errno
+import re
 from pathlib import Path
 
 import pandas as pd
@@ -447,3 +448,36 @@ def test_advice_that_works(tmp_path: Path) -> None:
         for w in caught
     )
     one_sentence_error(invoke("run", "--seeds", "-1", "--steps", "1"), "got [-1].")
+
+
+def test_a_model_too_big_to_train_is_one_sentence_before_it_is_built(tmp_path: Path) -> None:
+    config = write_config(tmp_path, TINY_TOML.replace("d_model = 16", "d_model = 1000000"))
+    one_sentence_error(
+        invoke("run", "--config", str(config), "--out", str(tmp_path / "o")),
+        "d_model=1000000",
+        "GiB available; lower the [model] sizes.",
+    )
+    assert not (tmp_path / "o").exists()
+
+
+def test_randomized_positions_beyond_the_bound_are_refused_not_drawn(tmp_path: Path) -> None:
+    toml = TINY_TOML.replace('"nope",', '{ name = "nope", randomize_positions = 1000000000000 },')
+    one_sentence_error(
+        invoke("run", "--config", str(write_config(tmp_path, toml)), "--dry-run"),
+        "randomize_positions",
+        "<= 1048576",
+    )
+
+
+def test_dry_run_lists_the_runs_and_what_is_stored_and_writes_nothing(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    config = write_config(tmp_path)
+    planned = invoke("run", "--config", str(config), "--out", str(out), "--dry-run")
+    assert planned.exit_code == 0, planned.output
+    assert "2 training run(s), 0 stored already" in planned.output and not out.exists()
+    assert invoke("run", "--config", str(config), "--out", str(out), "--no-report").exit_code == 0
+    before = sorted(p.name for p in out.rglob("*"))
+    again = invoke("run", "--config", str(config), "--out", str(out), "--dry-run")
+    assert "2 training run(s), 2 stored already" in again.output
+    assert re.search(r"copy / nope / seed 0\s*│\s*stored", again.output), again.output
+    assert sorted(p.name for p in out.rglob("*")) == before

@@ -86,9 +86,14 @@ class RandomPositions:
         return torch.randperm(self.max_position)[:n].sort().values
 
 
+#: The largest randomize_positions: each draw permutes 0..M-1 (8 MiB at this bound), and
+#: Ruoss et al. draw from a few thousand positions.
+MAX_RANDOM_POSITIONS = 2**20
+
+
 def random_positions_from(
     *,
-    randomize_positions: Annotated[int | None, Range(ge=2)] = None,
+    randomize_positions: Annotated[int | None, Range(ge=2, le=MAX_RANDOM_POSITIONS)] = None,
     eval_positions: Annotated[str, OneOf(("random", "plain"))] = "random",
 ) -> RandomPositions | None:
     """The options every encoding accepts for randomized positions: ``randomize_positions = M``

@@ -400,17 +400,24 @@ def _spec(entry: Any, cls: type, source: str, key: str) -> Any:
         return cls(entry)
     if isinstance(entry, Mapping) and isinstance(entry.get("name"), str):
         options = {k: v for k, v in entry.items() if k not in ("name", "label")}
-        if cls is EncodingSpec:
-            return EncodingSpec(entry["name"], options, entry.get("label", ""))
-        train = options.pop("train", {})
-        where = f"{source} [tasks] {entry['name']!r} train"
-        _reject_unknown(train, {f.name for f in dataclasses.fields(TrainConfig)}, where)
-        check_dataclass(TrainConfig, train, where)
         label = entry.get("label", "")
         if not isinstance(label, str):
+            kind = "encoding" if cls is EncodingSpec else "task"
             raise ConfigError(
-                f"{source}: the label of task {entry['name']!r} must be a string, got {label!r}."
+                f"{source}: the label of {kind} {entry['name']!r} must be a string, got "
+                f"{label!r}."
             )
+        if cls is EncodingSpec:
+            return EncodingSpec(entry["name"], options, label)
+        train = options.pop("train", {})
+        where = f"{source} [tasks] {entry['name']!r} train"
+        if not isinstance(train, Mapping):
+            raise ConfigError(
+                f"{where} must be a table of training settings, e.g. {{ steps = 500 }}, got "
+                f"{train!r}."
+            )
+        _reject_unknown(train, {f.name for f in dataclasses.fields(TrainConfig)}, where)
+        check_dataclass(TrainConfig, train, where)
         return TaskSpec(entry["name"], options, dict(train), label)
     raise ConfigError(
         f"{source}: each entry of '{key}' must be a name or a table with a 'name' key, got "

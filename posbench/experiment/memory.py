@@ -30,6 +30,18 @@ def available_bytes(device: str) -> int | None:
     return None
 
 
+def parameter_count(vocab_size: int, d_model: int, n_layers: int, d_ff: int | None) -> int:
+    """Parameters of the decoder, from its sizes alone (embedding and head, and per layer the
+    four attention projections and the feed-forward pair), before any encoding's own."""
+    ff = d_ff or 4 * d_model
+    return 2 * vocab_size * d_model + n_layers * (4 * d_model * d_model + 2 * d_model * ff)
+
+
+#: Bytes per parameter that training holds: the float32 weight, its gradient and AdamW's two
+#: moments.
+TRAINING_BYTES_PER_PARAMETER = 16
+
+
 def too_big(measured: tuple[int, float] | None, length: int, device: str) -> str | None:
     """Why forward+backward at `length` is skipped, when the peak measured at a shorter length
     (length, MiB), grown quadratically, would not fit the memory available now; else None. A

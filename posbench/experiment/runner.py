@@ -36,6 +36,7 @@ from posbench.experiment.config import (
     to_jsonable,
 )
 from posbench.experiment.variants import (
+    VariantJob,
     evaluate_variant,
     variant_applies,
     variant_jobs,
@@ -46,13 +47,18 @@ from posbench.encodings import BUILTINS, check_encoding_options
 from posbench.encodings.base import Span
 from posbench.errors import ConfigError, PosbenchError, ResultsError
 from posbench.experiment.evaluation import evaluation_memory_bytes
-from posbench.experiment.memory import available_bytes
+from posbench.experiment.memory import (
+    TRAINING_BYTES_PER_PARAMETER,
+    available_bytes,
+    parameter_count,
+)
 from posbench.experiment.outcome import SweepOutcome
 from posbench.experiment.reachability import unreached
 from posbench.plugins import loaded_plugin_dirs
 from posbench.store import (
     RESULTS_FILE,
     RunFolder,
+    check_sweep_dir,
     prepare_sweep_dir,
     sweep_lock,
     sweep_temporary_files,
@@ -124,6 +130,7 @@ def resolve_sweep(sweep: SweepConfig) -> SweepConfig:
     available = available_bytes(sweep.device)
     for task_spec in sweep.tasks:
         task = create_task(task_spec.name, **task_spec.options)
+        _check_model_fits(sweep.model, task.vocab_size, available)
         longest_eval = max(task.eval_lengths + tuple(sweep.eval.cache_eval_lengths or ()))
         specs = [
             resolve_tied_options(spec, longest_training_sequence(task_spec))
@@ -173,6 +180,20 @@ def resolve_sweep(sweep: SweepConfig) -> SweepConfig:
                     "available; lower eval_lengths or [eval] batch_size."
                 )
     return sweep
+
+
+def _check_model_fits(size: ModelSize, vocab_size: int, available: int | None) -> None:
+    """Refuse a model whose training state alone would not fit, before building it (a probe of
+    d_model 10^6 would otherwise try to allocate terabytes)."""
+    count = parameter_count(vocab_size, size.d_model, size.n_layers, size.d_ff)
+    needed = TRAINING_BYTES_PER_PARAMETER * count
+    if available is not None and needed > available:
+        raise ConfigError(
+            f"a decoder of d_model={size.d_model}, n_layers={size.n_layers}, "
+            f"d_ff={size.d_ff or 4 * size.d_model} has about {count:.3g} parameters, whose "
+            f"training state takes about {needed / 2**30:.3g} GiB, more than the "
+            f"{available / 2**30:.1f} GiB available; lower the [model] sizes."
+        )
 
 
 def reachability_warnings(sweep: SweepConfig) -> list[str]:
@@ -250,13 +271,35 @@ def run_sweep(
         )
 
 
+@dataclasses.dataclass
+class SweepPlan:
+    """What a sweep would do, checked as run_sweep checks it: the configuration with defaults
+    filled, its training runs, evaluation-time variants and profiles, and which of its runs
+    the folder stores already."""
+
+    sweep: SweepConfig
+    runs: list[RunConfig]
+    variants: list[VariantJob]
+    profiles: list["ProfileRun"]
+    finished: list[str]  # labels of the runs stored finished
+
+
+def plan_sweep(sweep: SweepConfig, out_dir: Path) -> SweepPlan:
+    """Check `sweep` and its folder and say what running it would do, writing nothing (the
+    command line's --dry-run, and the first step of run_sweep)."""
+    sweep = resolve_sweep(sweep)
+    runs = expand_runs(sweep)
+    plan = SweepPlan(sweep, runs, variant_jobs(sweep, runs), profile_jobs(sweep), [])
+    check_sweep_dir(out_dir)
+    plan.finished = [run.label for run in runs if RunFolder(out_dir / run.run_id).is_finished()]
+    return plan
+
+
 def _run_sweep(
     sweep: SweepConfig, out_dir: Path, force: bool, reporter: Reporter, executor: "Executor"
 ) -> SweepOutcome:
-    sweep = resolve_sweep(sweep)
-    runs = expand_runs(sweep)
-    profiles = profile_jobs(sweep)
-    variants = variant_jobs(sweep, runs)
+    plan = plan_sweep(sweep, out_dir)
+    sweep, runs, profiles, variants = plan.sweep, plan.runs, plan.profiles, plan.variants
     prepare_sweep_dir(out_dir)
     for warning in reachability_warnings(sweep):
         reporter.note(f"warning: {warning}")
