@@ -161,6 +161,35 @@ def test_resume_across_executors_redoes_only_missing_runs(
 
 
 @RAY_TIMEOUT
+def test_ray_progress_never_waits_on_a_lost_mailbox(ray_runtime) -> None:
+    """Workers post without waiting and the driver collects without blocking: a mailbox actor
+    that is gone (or starved) costs progress lines, never a run or the driver's loop."""
+    import time
+
+    import ray
+
+    from posbench.experiment.ray_executor import MailboxReader, ProgressMailbox, mailbox_sink
+
+    mailbox = ray.remote(num_cpus=0)(ProgressMailbox).remote()
+    received: list[tuple] = []
+    reader = MailboxReader(mailbox, lambda *event: received.append(event))
+    send = mailbox_sink(mailbox)
+    send("r1", "started", 10)
+    send("r1", "step", (1, 2.5))
+    deadline = time.monotonic() + 60
+    while len(received) < 2 and time.monotonic() < deadline:
+        reader(0.25)
+    assert received == [("r1", "started", 10), ("r1", "step", (1, 2.5))]  # in order
+    ray.kill(mailbox)
+    start = time.monotonic()
+    for step in range(100):
+        send("r1", "step", (step, 1.0))
+    reader(0.0)
+    reader(0.25)
+    assert time.monotonic() - start < 5 and len(received) == 2
+
+
+@RAY_TIMEOUT
 def test_ray_refuses_requests_no_node_can_meet(ray_runtime, tmp_path: Path) -> None:
     for executor, named in (
         (make_executor("ray", gpus_per_run=1000), "--gpus-per-run 1000 asks for more GPUs"),

@@ -53,6 +53,32 @@ def mailbox_sink(mailbox: Any) -> ProgressSink:
     return send
 
 
+class MailboxReader:
+    """The driver's side of the mailbox: each call hands the events posted since the last one
+    to `sink`, with at most one collect() in flight and never waiting longer than asked."""
+
+    def __init__(self, mailbox: Any, sink: ProgressSink) -> None:
+        self.mailbox, self.sink = mailbox, sink
+        self.collecting: list[Any] = []
+
+    def __call__(self, wait: float = 0.0) -> None:
+        import ray
+        from ray.exceptions import RayError
+
+        try:
+            if not self.collecting:
+                self.collecting.append(self.mailbox.collect.remote())
+            ready, _ = ray.wait(self.collecting, timeout=wait)
+            if not ready:
+                return
+            self.collecting.clear()
+            events = ray.get(ready[0])
+        except RayError:  # the mailbox is gone: progress only
+            return
+        for event in events:
+            self.sink(*event)
+
+
 def _compute_on_ray(
     job: RunJob, threads: int, plugin_dirs: tuple[str, ...], mailbox: Any
 ) -> RunOutput:
@@ -172,21 +198,7 @@ class RayExecutor:
             f"{len(jobs)} run(s) submitted to Ray ({self.cpus_per_run} CPU, {self.gpus_per_run} "
             "GPU each)"
         )
-        collecting: list[Any] = []  # at most one collect() in flight
-
-        def forward(wait: float = 0.0) -> None:
-            if not collecting:
-                collecting.append(mailbox.collect.remote())
-            ready, _ = ray.wait(collecting, timeout=wait)
-            if ready:
-                collecting.clear()
-                try:
-                    events = ray.get(ready[0])
-                except RayError:  # the mailbox is gone: progress only
-                    return
-                for event in events:
-                    sink(*event)
-
+        forward = MailboxReader(mailbox, sink)
         pending = list(refs)
         try:
             while pending:
@@ -197,7 +209,7 @@ class RayExecutor:
                         yield ray.get(ref)
                     except RayError as err:
                         yield failed_output(refs[ref].run, self._describe_failure(err))
-            forward(wait=POLL_SECONDS)
+            forward(POLL_SECONDS)
         except BaseException:
             for ref in pending:
                 ray.cancel(ref, force=True)
