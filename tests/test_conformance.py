@@ -13,6 +13,7 @@ VARIANTS = [
     ("txl", {"clamp_len": 5}),
     ("txl", {"share_uv": True, "scale": False}),
     ("t5", {"per_layer": True, "num_buckets": 8, "max_distance": 16}),
+    ("t5", {"num_buckets": 4, "max_distance": 6, "randomize_positions": 64}),  # drawn band
     ("deberta", {"position_buckets": 8, "span": 16}),
     ("deberta", {"share_att_key": True, "span": 4}),
     ("alibi", {"symmetric": True}),

@@ -134,6 +134,19 @@ class T5Bias(PositionalEncoding):
                     )
         return "no bucket layout reaches them: train on longer sequences"
 
+    def _drawn_band(self, span: Span, W: int, table: nn.Embedding, device: torch.device) -> Tensor:
+        """The band (1, H, L, W) at drawn positions p: row i, column c is key j = i - W + 1 + c
+        at distance p_i - p_j, relative to the last bucket. Drawn positions are distinct and
+        increasing, so p_i - p_j >= i - j: keys W or more tokens back are at least W positions
+        back and read the last bucket, exactly as in the plain band."""
+        positions = span.arange(device)  # (L,)
+        rows = torch.arange(len(span), device=device)[:, None]
+        keys = rows - (W - 1) + torch.arange(W, device=device)[None, :]  # (L, W)
+        distance = positions[:, None] - positions[keys.clamp(min=0)]  # keys before 0: masked
+        last = table.weight[self.num_buckets - 1]  # (H,)
+        band = table(self.bucket_of(distance)) - last  # (L, W, H)
+        return band.permute(2, 0, 1)[None]  # (1, H, L, W)
+
     def buckets(self, q_span: Span, k_span: Span, device: torch.device) -> Tensor:
         """Bucket of each distance i - j from the spans' nearest to farthest reach, ascending,
         (Lq + Lk - 1,) for contiguous spans."""
@@ -149,25 +162,32 @@ class T5Bias(PositionalEncoding):
         self, q_span: Span, k_span: Span, layer: LayerContext, device: torch.device
     ) -> Tensor | BandBias:
         table = self.tables[layer.index if len(self.tables) > 1 else 0]
-        if not (q_span.contiguous and k_span.contiguous):  # drawn positions: not Toeplitz
+        square = q_span == k_span and (  # the same positions, not only the same tokens
+            (q_span.contiguous and k_span.contiguous)
+            or q_span.positions is k_span.positions
+            or torch.equal(q_span.arange(), k_span.arange())
+        )
+        banded = (
+            self.causal and not self.bidirectional and square and len(q_span) > self.max_distance
+        )
+        if not (q_span.contiguous and k_span.contiguous) and not banded:  # drawn: not Toeplitz
             return table(
                 self.distance_lookup("buckets", q_span, k_span, device, self.bucket_of)
             ).permute(2, 0, 1)  # (H, Lq, Lk)
-        if (
-            self.causal
-            and not self.bidirectional
-            and q_span == k_span
-            and len(q_span) > self.max_distance
-        ):
+        if banded:
             # every distance >= max_distance reads the last bucket (the log term reaches 1 before
             # the cap): the band holds the nearer buckets relative to it, the last is a constant
             D = self.max_distance
-            buckets = self.buckets(Span(0, D), Span(0, D), device)[D - 1 :]  # distances 0 .. D - 1
             W = BandBias.width_for(
                 self.buckets(Span(0, D), Span(0, D), torch.device("cpu"))[D - 1 :],
                 self.num_buckets - 1,
             )
             last = table.weight[self.num_buckets - 1]  # (H,)
+            if not q_span.contiguous:
+                return BandBias(
+                    self._drawn_band(q_span, W, table, device), last[None, :, None, None]
+                )
+            buckets = self.buckets(Span(0, D), Span(0, D), device)[D - 1 :]  # distances 0 .. D - 1
             band = (table(buckets[:W].flip(0)) - last).T  # (H, W), column c is distance W - 1 - c
             return BandBias(band[None, :, None, :], last[None, :, None, None])
         per_distance = table(self.buckets(q_span, k_span, device)).T  # (H, Lq + Lk - 1)
