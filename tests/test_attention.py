@@ -96,6 +96,8 @@ def test_band_attention_matches_the_dense_bias(
         ("deberta", {"span": 12, "position_buckets": 4}),
         ("alibi", {}),
         ("t5", {"num_buckets": 8, "max_distance": 8, "randomize_positions": 512}),  # drawn
+        ("deberta", {"span": 4, "randomize_positions": 512}),
+        ("deberta", {"span": 12, "position_buckets": 4, "randomize_positions": 512}),
     ],
 )
 def test_fast_attention_paths_match_the_math_path_in_a_layer(

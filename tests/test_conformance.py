@@ -16,6 +16,8 @@ VARIANTS = [
     ("t5", {"num_buckets": 4, "max_distance": 6, "randomize_positions": 64}),  # drawn band
     ("deberta", {"position_buckets": 8, "span": 16}),
     ("deberta", {"share_att_key": True, "span": 4}),
+    ("deberta", {"span": 4, "randomize_positions": 64}),  # drawn band
+    ("deberta", {"span": 12, "position_buckets": 4, "randomize_positions": 64}),
     ("alibi", {"symmetric": True}),
     ("rope", {"base": 500.0, "scaling": "linear", "factor": 2.0}),
     ("rope", {"scaling": "ntk", "factor": 4.0}),

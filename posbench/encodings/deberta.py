@@ -169,10 +169,17 @@ class DeBERTa(PositionalEncoding):
         B, H, Lq, d = q.shape
         scale = 1.0 / math.sqrt(3 * d)
         kr, qr = self.projected_positions(layer, q.dtype)
-        if self.causal and q_span == k_span and q_span.contiguous:
+        square = q_span == k_span and (  # the same positions, not only the same tokens
+            (q_span.contiguous and k_span.contiguous)
+            or q_span.positions is k_span.positions
+            or torch.equal(q_span.arange(), k_span.arange())
+        )
+        if self.causal and square:
             far = 2 * self.att_span - 1  # δ of every key far enough back
             last_row = Span(Lq - 1, Lq), Span(0, Lq)  # the last query's keys: distances L - 1 .. 0
             width = BandBias.width_for(self.delta(*last_row, torch.device("cpu"))[0].flip(0), far)
+            if Lq > width and not q_span.contiguous:
+                return self._drawn_band_scores(q, k, kr, qr, q_span, width, far, scale)
             if Lq > width:
                 band_deltas = self.delta(*last_row, q.device)[
                     0, Lq - width :
@@ -205,6 +212,40 @@ class DeBERTa(PositionalEncoding):
         kr, qr = self.projected_positions(layer, q.dtype)
         c2p, p2c = self._relative_terms(q, k, q_span, k_span, kr, qr)
         return {"c2c": scale * (q @ k.transpose(-1, -2)), "c2p": scale * c2p, "p2c": scale * p2c}
+
+    def _drawn_band_scores(
+        self,
+        q: Tensor,
+        k: Tensor,
+        kr: Tensor,
+        qr: Tensor,
+        span: Span,
+        W: int,
+        far: int,
+        scale: float,
+    ) -> Scores:
+        """_band_scores at drawn positions p: distinct increasing positions put keys W or more
+        tokens back at least W positions back, so they read δ = far as before, and only the
+        band's δ change from row to row: δ(i, c) of key j = i - W + 1 + c, gathered from each
+        query's c2p row and each key's p2c row."""
+        B, H, L, d = q.shape
+        positions = span.arange(q.device)  # (L,)
+        keys = (
+            torch.arange(L, device=q.device)[:, None] - (W - 1) + torch.arange(W, device=q.device)
+        ).clamp(min=0)  # (L, W); keys before 0 are masked by the band kernel
+        deltas = self.delta_of(positions[:, None] - positions[keys])  # (L, W)
+        rows = kr.shape[1]  # 2k
+        c2p = (q @ (kr - kr[:, far, None]).transpose(-1, -2)).gather(
+            -1, deltas.expand(B, H, L, W)
+        )  # (B, H, L, W): Qc_i . (Kr_δ - Kr_far)
+        p2c_rows = k @ (qr - qr[:, far, None]).transpose(-1, -2)  # (B, H, L, 2k): row j, δ
+        p2c = (
+            p2c_rows.flatten(-2)
+            .gather(-1, (keys * rows + deltas).flatten().expand(B, H, L * W))
+            .view(B, H, L, W)
+        )  # (Qr_δ - Qr_far) . Kc_j
+        row_constant = (q @ kr[:, far, :, None]) * scale  # (B, H, L, 1): Qc_i . Kr_far
+        return Scores(q + qr[:, None, far], k, BandBias((c2p + p2c) * scale, row_constant), scale)
 
     @staticmethod
     def _band_scores(
