@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import math
 
 import torch
 import torch.nn.functional as F
@@ -12,6 +13,7 @@ from posbench.cache import Cache
 from posbench.encodings.base import LayerContext, PositionalEncoding, Span
 from posbench.kernels.bias_types import BandBias
 from posbench.kernels.biased_attention import biased_attention
+from posbench.kernels.flex_bias import flex_available, flex_distance_attention
 from posbench.kernels.masks import causal_mask
 
 
@@ -55,8 +57,24 @@ class SelfAttention(nn.Module):
         k_span = span
         if cache is not None:
             k, v, k_span = cache.extend(self.layer, k, v)  # (B, H, M + L, d)
-        scores = encoding.score(q, k, span, k_span, context)
         q_len, k_len = q.shape[2], k.shape[2]
+        if q_len > 1 and flex_available(q.device):
+            lo, hi = span.first - k_span.last, span.last - k_span.first
+            values = encoding.distance_bias(lo, hi, context, q.device)  # (H, hi - lo + 1)
+            if values is not None:  # a bias of (head, i - j) alone: flex reads it per distance
+                y = flex_distance_attention(
+                    q,
+                    k,
+                    v,
+                    values,
+                    lo,
+                    span.arange(q.device),
+                    k_span.arange(q.device),
+                    1.0 / math.sqrt(self.d_head),
+                    self.causal,
+                )
+                return self.out(y.transpose(1, 2).reshape(B, L, D))
+        scores = encoding.score(q, k, span, k_span, context)
         d_v = v.shape[-1]
         if scores.q.shape[-1] != d_v and q_len > 1:
             # Folded encodings widen q and k; flash attention needs v just as wide. A single

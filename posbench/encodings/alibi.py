@@ -44,15 +44,17 @@ class ALiBi(PositionalEncoding):
         self.symmetric = (not shape.causal) if symmetric is None else symmetric
         self.register_buffer("slopes", torch.tensor(alibi_slopes(shape.n_heads)), persistent=False)
 
+    def penalty(self, distance: Tensor) -> Tensor:
+        """-m_h (i - j), or -m_h |i - j| when symmetric, for distances (n,) -> (n, H)."""
+        distance = distance.abs() if self.symmetric else distance
+        return -self.slopes.to(distance.device) * distance.float()[:, None]
+
     def position_bias(
         self, q_span: Span, k_span: Span, layer: LayerContext, device: torch.device
     ) -> Tensor:
-        slopes = self.slopes.to(device)
-
-        def penalty(distance: Tensor) -> Tensor:  # distance i - j -> (n, H)
-            distance = distance.abs() if self.symmetric else distance
-            return -slopes * distance.float()[:, None]
-
         return self.parameter_free_relative_bias(
-            "penalty", q_span, k_span, device, penalty
+            "penalty", q_span, k_span, device, self.penalty
         )  # (H, Lq, Lk)
+
+    def distance_bias(self, lo: int, hi: int, layer: LayerContext, device: torch.device) -> Tensor:
+        return self.distance_values("penalty", lo, hi, device, self.penalty).T  # (H, n)

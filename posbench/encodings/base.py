@@ -179,6 +179,16 @@ class PositionalEncoding(PositionTables, nn.Module):
         tables), or None."""
         return None
 
+    def distance_bias(
+        self, lo: int, hi: int, layer: LayerContext, device: torch.device
+    ) -> Tensor | None:
+        """The bias as one value per head and distance, (H, hi - lo + 1) for i - j = lo .. hi,
+        for an encoding whose logits are the base class's (1/sqrt(d) q . k) plus a bias that is
+        a function of the head and i - j alone, at any positions (ALiBi, T5, KERPLE, Sandwich);
+        None otherwise (the default). CUDA attention then runs through flex_attention with a
+        score_mod that reads this table instead of an (H, L, L) bias."""
+        return None
+
     # ---- reachability ----------------------------------------------------------------------
     def indexed_tables(self) -> list[IndexedTable]:
         """The parameters whose rows are read by position or distance (none by default)."""

@@ -58,8 +58,11 @@ class _Kerple(PositionalEncoding):
             return self.kernel(self.distances(self.relative_positions(q_span, k_span, device)))
         # a function of i - j alone: once per distance, nearest (most negative) to farthest
         lo, hi = q_span.first - k_span.last, q_span.last - k_span.first
-        per_distance = self.kernel(self.distances(torch.arange(lo, hi + 1, device=device)))
+        per_distance = self.distance_bias(lo, hi, layer, device)
         return toeplitz(per_distance, len(q_span), len(k_span))  # (H, Lq, Lk)
+
+    def distance_bias(self, lo: int, hi: int, layer: LayerContext, device: torch.device) -> Tensor:
+        return self.kernel(self.distances(torch.arange(lo, hi + 1, device=device)))  # (H, n)
 
 
 @register_encoding("kerple_log")

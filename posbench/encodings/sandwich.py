@@ -32,19 +32,22 @@ class Sandwich(PositionalEncoding):
         super().__init__(shape)
         self.dim = dim or shape.d_head
 
+    def bias_of(self, distance: Tensor) -> Tensor:
+        """The bias of each distance i - j (n,) for every head, (n, H); computed in float64
+        only when the kept table is built."""
+        H, device = self.n_heads, distance.device
+        k = torch.arange(1, self.dim // 2 + 1, device=device, dtype=torch.float64)
+        inv_freq = 1.0 / 10000 ** (2 * k / self.dim)  # (d'/2,)
+        head_scale = torch.arange(1, H + 1, device=device, dtype=torch.float64) * 8 / H  # (H,)
+        total = torch.cos(distance.abs().double()[:, None] * inv_freq).sum(-1)  # (n,)
+        return ((total - self.dim / 2)[:, None] / head_scale).float()
+
     def position_bias(
         self, q_span: Span, k_span: Span, layer: LayerContext, device: torch.device
     ) -> Tensor:
-        def bias(
-            distance: Tensor,
-        ) -> Tensor:  # distance i - j -> (n, H); only when the table is built
-            H = self.n_heads
-            k = torch.arange(1, self.dim // 2 + 1, device=device, dtype=torch.float64)
-            inv_freq = 1.0 / 10000 ** (2 * k / self.dim)  # (d'/2,)
-            head_scale = torch.arange(1, H + 1, device=device, dtype=torch.float64) * 8 / H  # (H,)
-            total = torch.cos(distance.abs().double()[:, None] * inv_freq).sum(-1)  # (n,)
-            return ((total - self.dim / 2)[:, None] / head_scale).float()
-
         return self.parameter_free_relative_bias(
-            "sandwich", q_span, k_span, device, bias
+            "sandwich", q_span, k_span, device, self.bias_of
         )  # (H, Lq, Lk)
+
+    def distance_bias(self, lo: int, hi: int, layer: LayerContext, device: torch.device) -> Tensor:
+        return self.distance_values("sandwich", lo, hi, device, self.bias_of).T  # (H, n)

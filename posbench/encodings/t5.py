@@ -190,5 +190,10 @@ class T5Bias(PositionalEncoding):
             buckets = self.buckets(Span(0, D), Span(0, D), device)[D - 1 :]  # distances 0 .. D - 1
             band = (table(buckets[:W].flip(0)) - last).T  # (H, W), column c is distance W - 1 - c
             return BandBias(band[None, :, None, :], last[None, :, None, None])
-        per_distance = table(self.buckets(q_span, k_span, device)).T  # (H, Lq + Lk - 1)
+        lo, hi = q_span.first - k_span.last, q_span.last - k_span.first
+        per_distance = self.distance_bias(lo, hi, layer, device)  # (H, Lq + Lk - 1)
         return toeplitz(per_distance, len(q_span), len(k_span))  # (H, Lq, Lk)
+
+    def distance_bias(self, lo: int, hi: int, layer: LayerContext, device: torch.device) -> Tensor:
+        table = self.tables[layer.index if len(self.tables) > 1 else 0]
+        return table(self.distance_values("buckets", lo, hi, device, self.bucket_of)).T
