@@ -13,7 +13,7 @@ from posbench.cache import Cache
 from posbench.encodings.base import LayerContext, PositionalEncoding, Span
 from posbench.kernels.bias_types import BandBias
 from posbench.kernels.biased_attention import biased_attention
-from posbench.kernels.flex_bias import flex_available, flex_distance_attention
+from posbench.kernels.flex_bias import flex_available, flex_distance_attention, flex_failed
 from posbench.kernels.masks import causal_mask
 
 
@@ -62,18 +62,21 @@ class SelfAttention(nn.Module):
             lo, hi = span.first - k_span.last, span.last - k_span.first
             values = encoding.distance_bias(lo, hi, context, q.device)  # (H, hi - lo + 1)
             if values is not None:  # a bias of (head, i - j) alone: flex reads it per distance
-                y = flex_distance_attention(
-                    q,
-                    k,
-                    v,
-                    values,
-                    lo,
-                    span.arange(q.device),
-                    k_span.arange(q.device),
-                    1.0 / math.sqrt(self.d_head),
-                    self.causal,
-                )
-                return self.out(y.transpose(1, 2).reshape(B, L, D))
+                try:
+                    y = flex_distance_attention(
+                        q,
+                        k,
+                        v,
+                        values,
+                        lo,
+                        span.arange(q.device),
+                        k_span.arange(q.device),
+                        1.0 / math.sqrt(self.d_head),
+                        self.causal,
+                    )
+                    return self.out(y.transpose(1, 2).reshape(B, L, D))
+                except Exception as error:  # a torch or driver that cannot compile it
+                    flex_failed(error)
         scores = encoding.score(q, k, span, k_span, context)
         d_v = v.shape[-1]
         if scores.q.shape[-1] != d_v and q_len > 1:

@@ -7,6 +7,7 @@ CUDA bench run where a GPU is present."""
 from __future__ import annotations
 
 import math
+import warnings
 
 import pytest
 import torch
@@ -137,6 +138,31 @@ def test_a_layer_through_flex_gives_the_output_of_the_usual_path(name: str, monk
         monkeypatch.setattr("posbench.attention.flex_available", lambda device: True)
         flex = layer(x)
     assert torch.allclose(flex, usual, atol=1e-5)
+
+
+def test_a_flex_path_that_fails_falls_back_once_with_a_warning(monkeypatch) -> None:
+    from posbench.experiment.config import EncodingSpec
+    from posbench.experiment.profiling import AttentionUnderTest
+    from posbench.kernels import flex_bias
+
+    monkeypatch.setattr(flex_bias, "_broken", [])
+    monkeypatch.setattr(  # as on CUDA, until flex fails
+        "posbench.attention.flex_available", lambda device: not flex_bias._broken
+    )
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("no compiler for this device")
+
+    monkeypatch.setattr("posbench.attention.flex_distance_attention", broken)
+    torch.manual_seed(0)
+    layer = AttentionUnderTest(EncodingSpec("alibi", {}), n_heads=2, d_head=8).eval()
+    x = torch.randn(1, 20, 16)
+    with pytest.warns(RuntimeWarning, match="no compiler for this device"):
+        first = layer(x)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        second = layer(x)  # the usual path, without a second warning
+    assert torch.allclose(first, second)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason=NO_CUDA)

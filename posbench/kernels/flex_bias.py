@@ -16,15 +16,30 @@ from torch import Tensor
 ScoreMod = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor], Tensor]
 
 
+_broken: list[str] = []  # why flex_attention failed in this process, once it has
+
+
 def flex_available(device: torch.device) -> bool:
-    """Whether attention on `device` runs through flex_attention: CUDA with a torch that has it."""
-    if device.type != "cuda":
+    """Whether attention on `device` runs through flex_attention: CUDA with a torch that has
+    it, unless it already failed in this process (see flex_failed)."""
+    if device.type != "cuda" or _broken:
         return False
     try:
         from torch.nn.attention import flex_attention  # noqa: F401
     except ImportError:  # pragma: no cover - torch older than 2.5
         return False
     return True
+
+
+def flex_failed(error: Exception) -> None:
+    """Turn the flex path off for this process after `error`, with one warning: attention then
+    takes the SDPA and dense-bias path, which gives the same numbers more slowly."""
+    _broken.append(f"{type(error).__name__}: {error}".splitlines()[0])
+    warnings.warn(
+        f"flex_attention failed on this machine ({_broken[0]}); attention uses SDPA with a dense "
+        "bias from now on, slower but the same numbers.",
+        RuntimeWarning,
+    )
 
 
 def distance_score_mod(values: Tensor, lo: int, q_pos: Tensor, k_pos: Tensor) -> ScoreMod:
