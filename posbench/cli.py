@@ -246,10 +246,11 @@ def run_command(
 
     chosen = make_executor(executor, jobs, ray_address, cpus_per_run, gpus_per_run)
     if dry_run:
-        from posbench.experiment.runner import plan_sweep, reachability_warnings
+        from posbench.experiment.runner import finished_runs, plan_sweep, reachability_warnings
 
         plan = plan_sweep(sweep, out_dir)
-        _print_plan(plan, out_dir, reachability_warnings(plan.sweep))
+        stored = finished_runs(plan.runs, out_dir)
+        _print_plan(plan, stored, out_dir, reachability_warnings(plan.sweep))
         return
     with sigterm_interrupts():
         try:
@@ -286,21 +287,20 @@ def run_command(
         raise typer.Exit(1)
 
 
-def _print_plan(plan: "SweepPlan", out_dir: Path, warnings: list[str]) -> None:
+def _print_plan(plan: "SweepPlan", stored: list[str], out_dir: Path, warnings: list[str]) -> None:
     """What `posbench run --dry-run` found: each training run and whether it is stored, the
     variants and profiles that follow, the configuration's warnings; nothing was run."""
     table = Table(title=f"dry run: the sweep in {out_dir}", title_justify="left")
     table.add_column("run", no_wrap=True)
     table.add_column("state", no_wrap=True)
     for run in plan.runs:
-        stored = run.label in plan.finished
-        table.add_row(Text(run.label), "stored" if stored else "to run")
+        table.add_row(Text(run.label), "stored" if run.label in stored else "to run")
     console.print(table)
     for warning in warnings:
         console.print(Text(f"warning: {warning}", style="yellow"), soft_wrap=True)
     console.print(
         Text(
-            f"{len(plan.runs)} training run(s), {len(plan.finished)} stored already; "
+            f"{len(plan.runs)} training run(s), {len(stored)} stored already; "
             f"{len(plan.variants)} evaluation variant(s) and {len(plan.profiles)} profile(s) "
             "follow them. Nothing was run or written (--dry-run)."
         ),

@@ -274,14 +274,12 @@ def run_sweep(
 @dataclasses.dataclass
 class SweepPlan:
     """What a sweep would do, checked as run_sweep checks it: the configuration with defaults
-    filled, its training runs, evaluation-time variants and profiles, and which of its runs
-    the folder stores already."""
+    filled, its training runs, evaluation-time variants and profiles."""
 
     sweep: SweepConfig
     runs: list[RunConfig]
     variants: list[VariantJob]
     profiles: list["ProfileRun"]
-    finished: list[str]  # labels of the runs stored finished
 
 
 def plan_sweep(sweep: SweepConfig, out_dir: Path) -> SweepPlan:
@@ -289,10 +287,13 @@ def plan_sweep(sweep: SweepConfig, out_dir: Path) -> SweepPlan:
     command line's --dry-run, and the first step of run_sweep)."""
     sweep = resolve_sweep(sweep)
     runs = expand_runs(sweep)
-    plan = SweepPlan(sweep, runs, variant_jobs(sweep, runs), profile_jobs(sweep), [])
     check_sweep_dir(out_dir)
-    plan.finished = [run.label for run in runs if RunFolder(out_dir / run.run_id).is_finished()]
-    return plan
+    return SweepPlan(sweep, runs, variant_jobs(sweep, runs), profile_jobs(sweep))
+
+
+def finished_runs(runs: list[RunConfig], out_dir: Path) -> list[str]:
+    """The labels of the runs that `out_dir` stores finished and whole (read only)."""
+    return [run.label for run in runs if RunFolder(out_dir / run.run_id).is_finished()]
 
 
 def _run_sweep(
