@@ -27,6 +27,7 @@ VARIANTS = [
     ("rope", {"rotary_fraction": 0.25}),
     ("rope", {"keep_frequencies": 0.5}),
     ("learned", {"max_positions": 30}),
+    ("fire", {"init_threshold": 4.0}),  # rows past the threshold: per pair, recomputed blocks
 ]
 
 
