@@ -168,12 +168,13 @@ def test_ray_progress_never_waits_on_a_lost_mailbox(ray_runtime) -> None:
 
     import ray
 
-    from posbench.experiment.ray_executor import MailboxReader, ProgressMailbox, mailbox_sink
+    from posbench.experiment.compute import posting_sink
+    from posbench.experiment.ray_executor import MailboxReader, ProgressMailbox
 
     mailbox = ray.remote(num_cpus=0)(ProgressMailbox).remote()
     received: list[tuple] = []
     reader = MailboxReader(mailbox, lambda *event: received.append(event))
-    send = mailbox_sink(mailbox)
+    send = posting_sink(mailbox.post.remote)
     send("r1", "started", 10)
     send("r1", "step", (1, 2.5))
     deadline = time.monotonic() + 60

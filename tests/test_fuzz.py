@@ -286,6 +286,7 @@ def test_real_runs_under_path_like_names_write_only_inside_their_folders(
     config = mutated([((None, "name"), name), (("encoding", "label"), label)])
     config["encodings"] = config["encodings"][1:]  # one run: t5 under the label
     (work / "sweep.toml").write_text(toml_document(config))
+
     def beside_work() -> set[str]:
         return {p for p in files_under(work.parent) if Path(p).parts[0] != work.name}
 

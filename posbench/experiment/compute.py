@@ -8,6 +8,7 @@ import io
 import math
 import time
 import traceback
+from contextlib import suppress
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Protocol
 
@@ -109,6 +110,18 @@ def relay(reporter: Reporter, runs: Iterable[RunConfig]) -> ProgressSink:
             reporter.evaluating(run)
 
     return sink
+
+
+def posting_sink(post: Callable[[tuple[str, str, Any]], object]) -> ProgressSink:
+    """A worker's ProgressSink: each event goes to `post` (a queue's put_nowait, a Ray actor's
+    post.remote) and the run moves on. Progress is best effort: a full, closed or lost channel
+    drops that event and never stops a run."""
+
+    def send(run_id: str, event: str, payload: Any) -> None:
+        with suppress(Exception):
+            post((run_id, event, payload))
+
+    return send
 
 
 @dataclass

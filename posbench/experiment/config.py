@@ -404,8 +404,7 @@ def _spec(entry: Any, cls: type, source: str, key: str) -> Any:
         if not isinstance(label, str):
             kind = "encoding" if cls is EncodingSpec else "task"
             raise ConfigError(
-                f"{source}: the label of {kind} {entry['name']!r} must be a string, got "
-                f"{label!r}."
+                f"{source}: the label of {kind} {entry['name']!r} must be a string, got {label!r}."
             )
         if cls is EncodingSpec:
             return EncodingSpec(entry["name"], options, label)

@@ -26,6 +26,7 @@ from posbench.experiment.compute import (
     RunOutput,
     compute_run,
     failed_output,
+    posting_sink,
     relay,
 )
 from posbench.errors import ConfigError
@@ -94,21 +95,8 @@ def _worker_init(parent_pid: int, events: Any) -> None:
     _events = events
 
 
-def queue_sink(events: Any) -> ProgressSink:
-    """A ProgressSink that puts each event on the queue to the driver. Progress is best
-    effort: a full or closed queue never stops a run."""
-
-    def send(run_id: str, event: str, payload: Any) -> None:
-        try:
-            events.put_nowait((run_id, event, payload))
-        except Exception:  # full, closed, or its Ray actor gone: drop this event only
-            pass
-
-    return send
-
-
 def _compute_in_worker(job: RunJob, threads: int, plugin_dirs: tuple[str, ...]) -> RunOutput:
-    return compute_run(job, threads, queue_sink(_events), plugin_dirs)
+    return compute_run(job, threads, posting_sink(_events.put_nowait), plugin_dirs)
 
 
 def _drain(events: Any, sink: ProgressSink) -> None:

@@ -20,6 +20,7 @@ from posbench.experiment.compute import (
     RunOutput,
     compute_run,
     failed_output,
+    posting_sink,
     relay,
 )
 from posbench.experiment.reaper import start_reaper
@@ -39,18 +40,6 @@ class ProgressMailbox:
     def collect(self) -> list[tuple[str, str, Any]]:
         events, self.events = self.events, []
         return events
-
-
-def mailbox_sink(mailbox: Any) -> ProgressSink:
-    """A ProgressSink that posts each event to the driver's mailbox actor and moves on."""
-
-    def send(run_id: str, event: str, payload: Any) -> None:
-        try:
-            mailbox.post.remote((run_id, event, payload))
-        except Exception:  # the actor is gone: drop this event only
-            pass
-
-    return send
 
 
 class MailboxReader:
@@ -82,7 +71,7 @@ class MailboxReader:
 def _compute_on_ray(
     job: RunJob, threads: int, plugin_dirs: tuple[str, ...], mailbox: Any
 ) -> RunOutput:
-    return compute_run(job, threads, mailbox_sink(mailbox), plugin_dirs)
+    return compute_run(job, threads, posting_sink(mailbox.post.remote), plugin_dirs)
 
 
 class RayExecutor:
