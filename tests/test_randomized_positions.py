@@ -179,3 +179,15 @@ def test_training_shorter_than_the_drawn_range_needs_sequences_that_fit(tmp_path
     )
     with pytest.raises(ConfigError, match="randomized positions place at most 4 tokens"):
         run_sweep(sweep, tmp_path / "sweep")
+
+
+def test_spans_tell_the_same_positions_from_the_same_tokens() -> None:
+    drawn = torch.tensor([0, 3, 4, 9])
+    assert Span(0, 4).same_positions(Span(0, 4))
+    assert Span(0, 4, drawn).same_positions(Span(0, 4, drawn.clone()))
+    assert Span(0, 4, torch.arange(4)).same_positions(Span(0, 4))
+    assert not Span(0, 4, drawn).same_positions(Span(0, 4))  # same tokens, other positions
+    assert not Span(0, 4).same_positions(Span(1, 5))
+    keys, distance = Span(0, 4, drawn).band(2, torch.device("cpu"))
+    assert keys.tolist() == [[0, 0], [0, 1], [1, 2], [2, 3]]  # key -1 clamped: masked later
+    assert distance.tolist() == [[0, 0], [3, 0], [1, 0], [5, 0]]

@@ -169,12 +169,7 @@ class DeBERTa(PositionalEncoding):
         B, H, Lq, d = q.shape
         scale = 1.0 / math.sqrt(3 * d)
         kr, qr = self.projected_positions(layer, q.dtype)
-        square = q_span == k_span and (  # the same positions, not only the same tokens
-            (q_span.contiguous and k_span.contiguous)
-            or q_span.positions is k_span.positions
-            or torch.equal(q_span.arange(), k_span.arange())
-        )
-        if self.causal and square:
+        if self.causal and q_span.same_positions(k_span):
             far = 2 * self.att_span - 1  # δ of every key far enough back
             last_row = Span(Lq - 1, Lq), Span(0, Lq)  # the last query's keys: distances L - 1 .. 0
             width = BandBias.width_for(self.delta(*last_row, torch.device("cpu"))[0].flip(0), far)
@@ -229,11 +224,8 @@ class DeBERTa(PositionalEncoding):
         band's δ change from row to row: δ(i, c) of key j = i - W + 1 + c, gathered from each
         query's c2p row and each key's p2c row."""
         B, H, L, d = q.shape
-        positions = span.arange(q.device)  # (L,)
-        keys = (
-            torch.arange(L, device=q.device)[:, None] - (W - 1) + torch.arange(W, device=q.device)
-        ).clamp(min=0)  # (L, W); keys before 0 are masked by the band kernel
-        deltas = self.delta_of(positions[:, None] - positions[keys])  # (L, W)
+        keys, distance = span.band(W, q.device)  # (L, W) each
+        deltas = self.delta_of(distance)  # (L, W)
         rows = kr.shape[1]  # 2k
         c2p = (q @ (kr - kr[:, far, None]).transpose(-1, -2)).gather(
             -1, deltas.expand(B, H, L, W)

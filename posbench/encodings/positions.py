@@ -59,6 +59,22 @@ class Span:
             return self.positions.to(device)
         return torch.arange(self.start, self.stop, device=device)
 
+    def same_positions(self, other: Span) -> bool:
+        """Whether `other` holds the same tokens at the same positions (``==`` compares the
+        tokens only): square self-attention scores, at plain or drawn positions."""
+        if self != other:
+            return False
+        return self.positions is other.positions or torch.equal(self.arange(), other.arange())
+
+    def band(self, width: int, device: torch.device) -> tuple[Tensor, Tensor]:
+        """For square causal scores kept in a band of `width` keys (a BandBias): the key of
+        each (row i, column c), i - width + 1 + c clamped at 0 (the band kernel masks keys
+        before the first), and its distance p_i - p_key, each (L, width)."""
+        rows = torch.arange(len(self), device=device)[:, None]
+        keys = (rows - (width - 1) + torch.arange(width, device=device)).clamp(min=0)
+        positions = self.arange(device)
+        return keys, positions[:, None] - positions[keys]
+
 
 @dataclass(frozen=True)
 class RandomPositions:

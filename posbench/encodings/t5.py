@@ -139,10 +139,7 @@ class T5Bias(PositionalEncoding):
         at distance p_i - p_j, relative to the last bucket. Drawn positions are distinct and
         increasing, so p_i - p_j >= i - j: keys W or more tokens back are at least W positions
         back and read the last bucket, exactly as in the plain band."""
-        positions = span.arange(device)  # (L,)
-        rows = torch.arange(len(span), device=device)[:, None]
-        keys = rows - (W - 1) + torch.arange(W, device=device)[None, :]  # (L, W)
-        distance = positions[:, None] - positions[keys.clamp(min=0)]  # keys before 0: masked
+        _, distance = span.band(W, device)  # (L, W)
         last = table.weight[self.num_buckets - 1]  # (H,)
         band = table(self.bucket_of(distance)) - last  # (L, W, H)
         return band.permute(2, 0, 1)[None]  # (1, H, L, W)
@@ -162,13 +159,11 @@ class T5Bias(PositionalEncoding):
         self, q_span: Span, k_span: Span, layer: LayerContext, device: torch.device
     ) -> Tensor | BandBias:
         table = self.tables[layer.index if len(self.tables) > 1 else 0]
-        square = q_span == k_span and (  # the same positions, not only the same tokens
-            (q_span.contiguous and k_span.contiguous)
-            or q_span.positions is k_span.positions
-            or torch.equal(q_span.arange(), k_span.arange())
-        )
         banded = (
-            self.causal and not self.bidirectional and square and len(q_span) > self.max_distance
+            self.causal
+            and not self.bidirectional
+            and q_span.same_positions(k_span)
+            and len(q_span) > self.max_distance
         )
         if not (q_span.contiguous and k_span.contiguous) and not banded:  # drawn: not Toeplitz
             return table(
