@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sys
 import warnings
+from contextlib import suppress
 from pathlib import Path
 from typing import TextIO
 
@@ -34,10 +35,7 @@ def show_warnings_as_lines() -> None:
         file: TextIO | None = None,
         line: str | None = None,
     ) -> None:
-        stream = file or sys.stderr
-        try:
-            stream.write(warning_line(message, category, filename) + "\n")
-        except OSError:  # stderr closed: a warning is not worth a crash
-            pass
+        with suppress(OSError):  # stderr closed: a warning is not worth a crash
+            (file or sys.stderr).write(warning_line(message, category, filename) + "\n")
 
     warnings.showwarning = show

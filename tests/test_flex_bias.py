@@ -11,7 +11,6 @@ import warnings
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 import posbench
 from posbench import create_encoding
@@ -57,9 +56,11 @@ def test_the_per_distance_encodings_are_the_ones_expected() -> None:
     assert not {"nope", "rope", "txl", "deberta", "fire", "cope"} & set(DISTANCE_BIASED)
 
 
-def _values_at(enc, q_span: Span, k_span: Span) -> tuple[torch.Tensor, int]:
+def _values_at(
+    enc, q_span: Span, k_span: Span, device: torch.device = torch.device("cpu")
+) -> tuple[torch.Tensor, int]:
     lo, hi = q_span.first - k_span.last, q_span.last - k_span.first
-    return enc.distance_bias(lo, hi, CONTEXT, torch.device("cpu")), lo
+    return enc.distance_bias(lo, hi, CONTEXT, device), lo
 
 
 @pytest.mark.parametrize("where", SPANS)
@@ -171,8 +172,7 @@ def test_the_compiled_cuda_path_matches_the_math_path(name: str) -> None:
     enc = _encoding(name).cuda()
     q_span, k_span = Span(0, 256), Span(0, 256)
     q, k, v = (torch.randn(2, 2, 256, 8, device="cuda", requires_grad=True) for _ in range(3))
-    values, lo = _values_at(enc, q_span, k_span)
-    values = enc.distance_bias(lo, -lo, CONTEXT, q.device)
+    values, lo = _values_at(enc, q_span, k_span, q.device)
     positions = q_span.arange(q.device)
     out = flex_distance_attention(q, k, v, values, lo, positions, positions, 1 / math.sqrt(8), True)
     reference = _math_path(enc, q, k, v, q_span, k_span)

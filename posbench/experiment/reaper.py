@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import time
+from contextlib import suppress
 
 import psutil
 
@@ -43,12 +44,10 @@ def reap_after(driver_pid: int) -> None:
             break
         time.sleep(WATCH_SECONDS)
     for pid, started in seen.items():
-        try:
+        with suppress(psutil.Error):  # gone already
             process = psutil.Process(pid)
             if process.create_time() == started:
                 process.kill()
-        except psutil.Error:  # gone already
-            pass
 
 
 if __name__ == "__main__":
