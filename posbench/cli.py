@@ -453,6 +453,36 @@ def report_command(
     console.print(Text(f"tables: {written.results_csv}, {written.summary_csv}"), soft_wrap=True)
 
 
+@app.command("export")
+@user_errors
+def export_command(
+    results_dir: Path = typer.Argument(..., help="A sweep folder written by `posbench run`."),
+    dest: Path = typer.Argument(
+        ..., help="The folder to write the run records into, e.g. reports/<name>/runs."
+    ),
+) -> None:
+    """Copy a sweep's finished runs without their trained weights: the records a published
+    report is checked against, small enough to keep in git, and a sweep that `posbench run
+    --out` on a copy of it resumes (it trains only the runs the copy lacks)."""
+    from posbench.store import export_sweep
+
+    with sigterm_interrupts():
+        try:
+            summary = export_sweep(results_dir, dest)
+        except KeyboardInterrupt as interrupt:
+            _stop(
+                interrupt,
+                f"each run in {dest} is whole or absent; run the same command again to finish.",
+            )
+    console.print(
+        Text(
+            f"exported {summary.exported} finished run(s) to {dest} ({summary.bytes / 1e6:.1f} MB, "
+            f"without trained weights); {summary.unfinished} run(s) of the sweep not finished"
+        ),
+        soft_wrap=True,
+    )
+
+
 @app.command("inspect")
 @user_errors
 def inspect_command(

@@ -17,6 +17,7 @@ import threading
 import time
 import uuid
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
@@ -39,6 +40,8 @@ PROFILE_PREFIX = "profile-"
 # ---- the files of one run folder ----
 CONFIG_FILE, ENV_FILE, LOG_FILE, RESULT_FILE = "config.json", "env.json", "log.txt", "result.json"
 MEASUREMENTS_FILE, MODEL_FILE = "measurements.csv", "model.pt"
+#: The key of an exported run's result.json that keeps the checksum of the weights it left out.
+MODEL_NOT_KEPT = "model_not_kept"
 #: Artefacts a run stores so that reports and `posbench inspect` need no model: the bias picture
 #: (one head's (L, L) bias, see diagnostics.positional_bias), the score-term probes, attention
 #: mass by key distance, which indexed rows training reached, accuracy by answer position.
@@ -271,6 +274,11 @@ class RunFolder:
     def model_bytes(self) -> bytes:
         """The trained model's state dict as torch saved it."""
         file = self.path / MODEL_FILE
+        if not self.model_kept():
+            raise ResultsError(
+                f"{self.path} was exported without its trained weights; run its sweep with "
+                "--force where the weights are wanted: it trains the run again."
+            )
         try:
             return file.read_bytes()
         except FileNotFoundError:
@@ -279,6 +287,13 @@ class RunFolder:
             ) from None
         except OSError as err:
             raise ResultsError(describe_os_error(err, file, "read")) from None
+
+    def model_kept(self) -> bool:
+        """False for a run exported without its weights (see export_sweep)."""
+        try:
+            return MODEL_NOT_KEPT not in (self.result() or {})
+        except ResultsError:
+            return True
 
     def model_state(self) -> dict[str, torch.Tensor]:
         """The trained model's parameters and buffers (on the CPU)."""
@@ -686,6 +701,68 @@ def task_label(config: dict[str, Any], result: dict[str, Any]) -> str:
     """What results call a stored run's task: its label (as the run recorded it), else its name."""
     task = config.get("task", {})
     return result.get("task_label") or task.get("label") or task.get("name", "?")
+
+
+@dataclass
+class ExportSummary:
+    """What `export_sweep` copied: runs written, and the sweep's runs left out unfinished."""
+
+    exported: int
+    unfinished: int
+    bytes: int
+
+
+def export_sweep(sweep_dir: Path, dest: Path) -> ExportSummary:
+    """Copy the finished runs of a sweep folder, without their trained weights, into `dest`
+    as a sweep folder of its own: what a published report needs to be checked, and what a
+    suite needs to resume on another machine (`posbench run --out` on a copy of it redoes only
+    the runs it lacks). Each exported result.json keeps model.pt's checksum under
+    MODEL_NOT_KEPT. Runs already in `dest` that `sweep_dir` lacks are kept."""
+    sweep_dir, dest = Path(sweep_dir), Path(dest)
+    if not (sweep_dir / SWEEP_MARKER).is_file():
+        raise ResultsError(
+            f"{sweep_dir} is not a posbench sweep folder (it has no {SWEEP_MARKER}); give the "
+            "--out folder of a `posbench run`."
+        )
+    if dest.resolve() == sweep_dir.resolve():
+        raise ResultsError(
+            f"{dest} is the sweep folder itself; export into another folder (the sweep keeps "
+            "its trained weights)."
+        )
+    members = sweep_members(sweep_dir) or {}
+    check_sweep_dir(dest)
+    prepare_sweep_dir(dest)
+    exported = unfinished = size = 0
+    with sweep_lock(dest):
+        atomic_write_bytes(dest / SWEEP_MARKER, (sweep_dir / SWEEP_MARKER).read_bytes())
+        for run_id in sorted(members):
+            source = RunFolder(sweep_dir / run_id)
+            if not source.is_finished():
+                unfinished += 1
+                continue
+            size += _export_run(source, RunFolder(dest / run_id))
+            exported += 1
+        write_results_csv(dest)
+    return ExportSummary(exported, unfinished, size)
+
+
+def _export_run(source: RunFolder, target: RunFolder) -> int:
+    """Copy one finished run without model.pt, result.json last; returns the bytes written."""
+    result = source.result() or {}
+    files = dict(result.get("files", {}))
+    model = files.pop(MODEL_FILE, None)
+    if model is not None:
+        result = dict(result, files=files, **{MODEL_NOT_KEPT: model})
+    target.clear()
+    size = 0
+    for name in (CONFIG_FILE, ENV_FILE, LOG_FILE, *files):
+        file = source.path / name
+        if file.is_file():
+            data = file.read_bytes()
+            atomic_write_bytes(target.path / name, data)
+            size += len(data)
+    atomic_write_json(target.path / RESULT_FILE, result)
+    return size + (target.path / RESULT_FILE).stat().st_size
 
 
 def write_results_csv(sweep_dir: Path, problems: list[str] | None = None) -> Path:

@@ -323,20 +323,24 @@ def _run_sweep(
         outcome.skipped = [run.run_id for run, job in zip(runs, jobs) if job is None]
         reporter.sweep_started(len(runs), len(pending))
         by_id = {job.run.run_id: job.run for job in pending}
+        waiting = {job.run.run_id for job in pending}
+        # While training runs are pending, a variant is evaluated on one thread beside them.
+        threads = 1 if pending else sweep.threads
+        _evaluate_variants(variants, waiting, out_dir, force, threads, reporter, outcome)
         with closing(
             executor.map(pending, sweep.threads, reporter, loaded_plugin_dirs())
         ) as outputs:
             for output in outputs:
                 store_run(RunFolder(out_dir / output.run_id), output)
                 outcome.ran.append(output.run_id)
+                waiting.discard(output.run_id)
                 reporter.run_finished(
                     by_id[output.run_id], output.status, output.result.get("seconds", 0.0)
                 )
+                threads = 1 if waiting else sweep.threads
+                mine = [job for job in variants if job.base.run_id == output.run_id]
+                _evaluate_variants(mine, waiting, out_dir, force, threads, reporter, outcome)
                 write_results_csv(out_dir, outcome.problems)
-        for job in variants:
-            reporter.note(f"evaluating {job.label} (the trained model, no retraining)")
-            run_id, ran = evaluate_variant(job, out_dir, force, sweep.threads)
-            (outcome.ran if ran else outcome.skipped).append(run_id)
         profile_ids = {job.run_id for job in profiles}
         for run_id, label in members.items():
             result = RunFolder(out_dir / run_id).result() or {}
@@ -352,6 +356,33 @@ def _run_sweep(
         outcome.results_csv = write_results_csv(out_dir, problems)
         outcome.problems = problems
     return outcome
+
+
+def _evaluate_variants(
+    variants: list[VariantJob],
+    waiting: set[str],
+    out_dir: Path,
+    force: bool,
+    threads: int | None,
+    reporter: Reporter,
+    outcome: SweepOutcome,
+) -> None:
+    """Evaluate each variant whose base run is no longer `waiting` to be trained, as soon as it
+    is stored: an interrupted sweep then keeps every variant of the runs it finished."""
+    for job in variants:
+        if job.base.run_id in waiting:
+            continue
+        base = RunFolder(out_dir / job.base.run_id)
+        if base.is_finished() and not base.model_kept():
+            if force or not RunFolder(out_dir / job.run_id).is_finished():
+                outcome.failures[job.label] = (
+                    f"its base run {job.base.run_id} was exported without its trained weights; "
+                    "run the sweep with --force to train it again"
+                )
+            continue
+        reporter.note(f"evaluating {job.label} (the trained model, no retraining)")
+        run_id, ran = evaluate_variant(job, out_dir, force, threads)
+        (outcome.ran if ran else outcome.skipped).append(run_id)
 
 
 def _job(folder: RunFolder, run: RunConfig, force: bool) -> RunJob | None:
