@@ -25,7 +25,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from posbench.experiment.config import config_id, run_label
+from posbench.experiment.config import ModelSize, config_id, run_label
 from posbench.experiment.evaluation import POSITION_METRICS
 from posbench.kernels.cpu import denormals_flushed
 from posbench.errors import ResultsError
@@ -60,12 +60,13 @@ RUN_FILES = (
     ANSWER_POSITIONS_FILE,
     RESULT_FILE,
 )
-#: The tidy results. eval_len: the task length evaluated, in the task's unit (string symbols,
+#: The tidy results. model: the run's model size (ModelSize.tag, e.g. "d64 L4 H4"); eval_len:
+#: the task length evaluated, in the task's unit (string symbols,
 #: or tokens for lm); position: a loss-by-position row's token position; mem_len: the memory
 #: length, positions kept in the cache (blank: no cache, the whole sequence at once; inf: an
 #: unbounded cache); seq_len: a profile's sequence length in tokens.
 COLUMNS = [
-    "run_id", "task", "encoding", "encoding_label", "seed", "train_len_max",
+    "run_id", "task", "encoding", "encoding_label", "seed", "model", "train_len_max",
     "eval_len", "position", "mem_len", "seq_len", "metric", "value", "note",
 ]  # fmt: skip
 MEASUREMENT_COLUMNS = ["eval_len", "position", "mem_len", "seq_len", "metric", "value", "note"]
@@ -483,7 +484,8 @@ def current_columns(frame: pd.DataFrame) -> pd.DataFrame:
     profile's memory length cache_len and keep a loss-by-position row's position in eval_len;
     they are read into mem_len and position (eval_len becomes the length evaluated, the
     run's longest), so an old store loads as it is: its files, and their checksums, are untouched.
-    Tables in today's columns pass unchanged."""
+    Results written before the model-size axis get a blank `model` column. Tables in today's
+    columns pass unchanged."""
     frame = frame.copy()
     if "cache_len" in frame:
         frame["mem_len"] = (
@@ -503,6 +505,8 @@ def current_columns(frame: pd.DataFrame) -> pd.DataFrame:
             else:
                 evaluated = lengths["eval_len"].max()
             frame.loc[by_position, "eval_len"] = evaluated
+    if "model" not in frame and "seed" in frame:  # results written before the size axis
+        frame.insert(frame.columns.get_loc("seed") + 1, "model", None)
     return frame
 
 
@@ -660,7 +664,8 @@ def collect(
         frame.insert(2, "encoding", config["encoding"]["name"])
         frame.insert(3, "encoding_label", result.get("encoding_label", config["encoding"]["name"]))
         frame.insert(4, "seed", None if profile else config["seed"])
-        frame.insert(5, "train_len_max", None if profile else result["train_len_max"])
+        frame.insert(5, "model", None if profile else ModelSize(**config["model"]).tag())
+        frame.insert(6, "train_len_max", None if profile else result["train_len_max"])
         frames.append(frame)
     if not frames:
         return pd.DataFrame(columns=COLUMNS)

@@ -51,7 +51,14 @@ LAYERS: list[set[str]] = [
     {"experiment.compute", "experiment.profiling"},
     {"experiment.executors", "experiment.ray_executor", "experiment.variants"},
     {"experiment.runner"},
-    {"report", "report.stats", "report.summary", "report.literature", "report.plots"},
+    {
+        "report",
+        "report.stats",
+        "report.summary",
+        "report.literature",
+        "report.plots",
+        "report.scale",
+    },
     {"report.html", "report.terminal"},
     {"cli", ""},  # "" is the package itself, which re-exports the public API
 ]

@@ -216,9 +216,9 @@ def _compute(job: RunJob, progress: ProgressSink) -> RunOutput:
         result["train_len_max"] = task.train_lengths[1]
         torch.manual_seed(run.seed)
         model = decoder_for(run.model, run.encoding, task)
+        result["parameters"] = sum(p.numel() for p in model.parameters())
         note(
-            f"run {run.run_id}: {run.label}, {sum(p.numel() for p in model.parameters())} "
-            "parameters, "
+            f"run {run.run_id}: {run.label}, {result['parameters']} parameters, "
             f"{torch.get_num_threads()} threads"
         )
         reach, reach_rows, result["unreached"] = _reachability(model, task, run)
@@ -510,10 +510,14 @@ def _stop_check(
 
 
 def _training_rows(result: dict[str, Any], run: RunConfig) -> list[dict[str, Any]]:
-    """What training measured, as tidy rows: the final loss and, with early stopping, the
-    steps it took to reach the threshold (NaN with a note when the cap came first)."""
-    empty = {"eval_len": None, "position": None, "mem_len": None, "seq_len": None}
-    rows = [empty | {"metric": "train_loss_final", "value": result["train_loss_final"], "note": ""}]
+    """What training measured, as tidy rows: the final loss, the model's parameter count and,
+    with early stopping, the steps it took to reach the threshold (NaN with a note when the
+    cap came first)."""
+    empty = {"eval_len": None, "position": None, "mem_len": None, "seq_len": None, "note": ""}
+    rows = [
+        empty | {"metric": "train_loss_final", "value": result["train_loss_final"]},
+        empty | {"metric": "parameters", "value": result["parameters"]},
+    ]
     if run.train.stop_at is not None or run.train.stop_within is not None:
         reached = result.get("steps_to_threshold")
         rows.append(

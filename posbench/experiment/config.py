@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import itertools
 import json
 import math
 import re
@@ -41,6 +42,30 @@ class ModelSize:
     n_layers: Annotated[int, Range(ge=1)] = N_LAYERS
     n_heads: Annotated[int, Range(ge=1)] = N_HEADS
     d_ff: Annotated[int | None, Range(ge=1)] = None
+
+    def tag(self) -> str:
+        """The size in a few characters, as results' `model` column and labels show it:
+        ``d64 L4 H4`` (d_model, layers, heads; `` F256`` when d_ff is set)."""
+        ff = f" F{self.d_ff}" if self.d_ff is not None else ""
+        return f"d{self.d_model} L{self.n_layers} H{self.n_heads}{ff}"
+
+
+def size_axis(section: Mapping[str, Any], where: str) -> tuple[ModelSize, ...]:
+    """Every model size a [model] table asks for: any of its fields may list several values
+    (the model-size axis, like seeds), and the sweep runs every combination, in the order
+    written, each checked like a single size."""
+    values = {key: _as_list(value) for key, value in section.items()}
+    for key, listed in values.items():
+        if not listed:
+            raise ConfigError(f"{where}: {key} = [] names no size; list at least one value.")
+    sizes = []
+    for combination in itertools.product(*values.values()):
+        chosen = dict(zip(values, combination))
+        check_dataclass(ModelSize, chosen, where)
+        sizes.append(ModelSize(**chosen))
+    if len(set(sizes)) < len(sizes):
+        raise ConfigError(f"{where} lists a model size twice; list each value once.")
+    return tuple(sizes)
 
 
 @dataclass(frozen=True)
@@ -131,6 +156,9 @@ class SweepConfig:
     encodings: tuple[EncodingSpec, ...] = ()  # empty: every built-in encoding
     seeds: Annotated[tuple[int, ...], Range(ge=0)] = (0,)
     model: ModelSize = ModelSize()
+    #: The model-size axis: every task x encoding x seed at each of these sizes (empty: `model`
+    #: alone; a [model] table that lists values fills it, with `model` the first size).
+    sizes: tuple[ModelSize, ...] = ()
     train: TrainConfig = TrainConfig()
     eval: EvalConfig = EvalConfig()
     device: str = "cpu"
@@ -277,26 +305,32 @@ def resolve_tied_options(spec: EncodingSpec, longest: int) -> EncodingSpec:
     return EncodingSpec(spec.name, options, spec.display())
 
 
+def model_sizes(sweep: SweepConfig) -> tuple[ModelSize, ...]:
+    """The sizes a sweep trains each run at (its size axis, or its one model)."""
+    return sweep.sizes or (sweep.model,)
+
+
 def expand_runs(sweep: SweepConfig) -> list[RunConfig]:
-    """The grid: every task x encoding x seed, in that nesting order, with options tied to the
-    training length resolved per task."""
+    """The grid: every task x model size x encoding x seed, in that nesting order, with options
+    tied to the training length resolved per task."""
     runs = []
     for task in sweep.tasks:
         longest = longest_training_sequence(task)
-        for enc in sweep.encodings:
-            for seed in sweep.seeds:
-                runs.append(
-                    RunConfig(
-                        task,
-                        resolve_tied_options(enc, longest),
-                        seed,
-                        sweep.model,
-                        dataclasses.replace(sweep.train, **task.train),
-                        sweep.eval,
-                        sweep.device,
-                        sweep.quick,
+        for size in model_sizes(sweep):
+            for enc in sweep.encodings:
+                for seed in sweep.seeds:
+                    runs.append(
+                        RunConfig(
+                            task,
+                            resolve_tied_options(enc, longest),
+                            seed,
+                            size,
+                            dataclasses.replace(sweep.train, **task.train),
+                            sweep.eval,
+                            sweep.device,
+                            sweep.quick,
+                        )
                     )
-                )
     return runs
 
 
@@ -375,7 +409,14 @@ def config_from_mapping(data: Mapping[str, Any], source: str = "config") -> Swee
         kwargs["eval_variants"] = tuple(
             _spec(e, EncodingSpec, source, "eval_variants") for e in _as_list(data["eval_variants"])
         )
-    for key, cls in (("model", ModelSize), ("train", TrainConfig), ("eval", EvalConfig)):
+    if "model" in data:
+        section = f"{source} [model]"
+        _reject_unknown(data["model"], {f.name for f in dataclasses.fields(ModelSize)}, section)
+        sizes = size_axis(data["model"], section)
+        kwargs["model"] = sizes[0]
+        if len(sizes) > 1:
+            kwargs["sizes"] = sizes
+    for key, cls in (("train", TrainConfig), ("eval", EvalConfig)):
         if key in data:
             section = f"{source} [{key}]"
             _reject_unknown(data[key], {f.name for f in dataclasses.fields(cls)}, section)

@@ -5,6 +5,7 @@ from the sweep's own runs after each run."""
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import re
 from contextlib import closing
 from dataclasses import replace
@@ -32,6 +33,7 @@ from posbench.experiment.config import (
     TrainConfig,
     expand_runs,
     longest_training_sequence,
+    model_sizes,
     resolve_tied_options,
     to_jsonable,
 )
@@ -82,8 +84,9 @@ def resolve_sweep(sweep: SweepConfig) -> SweepConfig:
         raise ConfigError("The sweep has no tasks; name at least one with --tasks.")
     if not sweep.seeds:
         raise ConfigError("The sweep has no seeds; give at least one with --seeds.")
+    sections = [("[model]", ModelSize, size) for size in model_sizes(sweep)]
     for section, cls, values in (
-        ("[model]", ModelSize, sweep.model),
+        *sections,
         ("[train]", TrainConfig, sweep.train),
         ("[eval]", EvalConfig, sweep.eval),
     ):
@@ -112,10 +115,11 @@ def resolve_sweep(sweep: SweepConfig) -> SweepConfig:
                 f"task {task_spec.display()!r}: train_mem_len 0 needs a train_segment_len to cut "
                 "sequences into."
             )
-    if sweep.model.d_model % sweep.model.n_heads:
-        raise ConfigError(
-            f"d_model={sweep.model.d_model} must be divisible by n_heads={sweep.model.n_heads}."
-        )
+    for size in model_sizes(sweep):
+        if size.d_model % size.n_heads:
+            raise ConfigError(
+                f"d_model={size.d_model} must be divisible by n_heads={size.n_heads}."
+            )
     _check_device(sweep.device)
     names = {spec.name for spec in sweep.encodings} | {
         spec.label for spec in sweep.encodings if spec.label
@@ -130,7 +134,8 @@ def resolve_sweep(sweep: SweepConfig) -> SweepConfig:
     available = available_bytes(sweep.device)
     for task_spec in sweep.tasks:
         task = create_task(task_spec.name, **task_spec.options)
-        _check_model_fits(sweep.model, task.vocab_size, available)
+        for size in model_sizes(sweep):
+            _check_model_fits(size, task.vocab_size, available)
         longest_eval = max(task.eval_lengths + tuple(sweep.eval.cache_eval_lengths or ()))
         specs = [
             resolve_tied_options(spec, longest_training_sequence(task_spec))
@@ -149,16 +154,16 @@ def resolve_sweep(sweep: SweepConfig) -> SweepConfig:
                     {**spec.options, **variant.options},
                     f"evaluation variant {variant_label(spec, variant)!r}",
                 )
-        for spec in specs:
+        for size, spec in itertools.product(model_sizes(sweep), specs):
             try:
-                probe = decoder_for(sweep.model, spec, task)
+                probe = decoder_for(size, spec, task)
             except PosbenchError:
                 raise
             except Exception as err:  # a plugin or option combination that cannot be built
                 raise ConfigError(
                     f"encoding {spec.display()!r} cannot be built for "
-                    f"d_model={sweep.model.d_model}, "
-                    f"n_heads={sweep.model.n_heads} ({type(err).__name__}: {err}); change its "
+                    f"d_model={size.d_model}, "
+                    f"n_heads={size.n_heads} ({type(err).__name__}: {err}); change its "
                     "options or the model size."
                 ) from None
             longest = Span(0, task.sequence_length(task.train_lengths[1]))

@@ -14,7 +14,7 @@ from typing import Any, Collection
 import pandas as pd
 from jinja2 import Environment, PackageLoader, select_autoescape
 
-from posbench.report import plots
+from posbench.report import plots, scale
 from posbench.errors import ResultsError
 from posbench.experiment.memory import MEMORY_METHOD
 from posbench.experiment.config import UNLEARNED_EXCESS
@@ -45,6 +45,7 @@ from posbench.report.summary import (
     headline,
     learned_in_distribution,
     lm_headline,
+    sized_tasks,
     summarise,
 )
 from posbench.experiment.timing import describe_method
@@ -299,6 +300,57 @@ def _diagnostics(
     }
 
 
+def _scale_section(results: pd.DataFrame, colours: dict[str, str]) -> dict[str, Any] | None:
+    """The model-size section: scores and ranks per size, tau between sizes, one sentence per
+    task and a score-against-parameters figure per task (None for a sweep of one size)."""
+    tasks = scale.multi_size_tasks(results)
+    if not tasks:
+        return None
+    scores = scale.scale_scores(results)
+    taus = scale.tau_table(scores)
+    ranks = scale.ranks_by_size(scores)
+    sizes = results[results["task"].isin(tasks) & (results["metric"] == "parameters")]
+    size_names = [str(m) for m in sizes.groupby("model")["value"].median().sort_values().index]
+    rows = []
+    for (task, label), group in ranks.groupby(["task", "encoding_label"]):
+        by_size = group.set_index("model")
+        rows.append(
+            {
+                "task": task,
+                "label": label,
+                "cells": [
+                    f"{by_size.at[m, 'score']:.2f} ({by_size.at[m, 'rank']:g})"
+                    if m in by_size.index
+                    else ""
+                    for m in size_names
+                ],
+            }
+        )
+    return {
+        "sizes": len(size_names),
+        "size_names": size_names,
+        "scored_by": " or ".join(sorted(scale.SCORED_BY.values())),
+        "sentences": [v.sentence() for v in scale.scale_verdicts(taus, scores, tasks)],
+        "ranks": rows,
+        "taus": [
+            {
+                "task": r.task,
+                "small": r.small,
+                "large": r.large,
+                "tau": f"{r.tau:.2f}",
+                "interval": f"[{r.low:.2f}, {r.high:.2f}]",
+                "encodings": int(r.encodings),
+            }
+            for r in taus.itertuples()
+        ],
+        "plots": [
+            {"task": task, "png": png}
+            for task in sorted(scores["task"].unique())
+            if (png := plots.score_vs_parameters(scores, task, colours)) is not None
+        ],
+    }
+
+
 def _environment(sweep_dir: Path) -> dict[str, Any]:
     """The versions and machine of the sweep's first run that recorded them."""
     for folder in run_folders(sweep_dir):
@@ -352,6 +404,8 @@ def _figure_files(context: dict[str, Any], linked: Collection[str]) -> dict[str,
         if t["position_plot"]
     }
     figures |= {f"cost_{name}": png for name, png in context["costs"].items()}
+    for plot in (context["scale"] or {}).get("plots", []):
+        figures[f"score_vs_parameters_{plot['task']}"] = plot["png"]
     if context["diagnostics"].get("distance_plot"):
         figures["attention_distance"] = context["diagnostics"]["distance_plot"]
     files = {
@@ -385,7 +439,8 @@ def build_report(sweep_dir: Path, out_dir: Path, linked: Collection[str] = ()) -
             f"({sweep_dir.parent})."
         )
     problems: list[str] = []
-    frame = collect(sweep_dir, problems)
+    results = collect(sweep_dir, problems)
+    frame = sized_tasks(results)
     if frame.empty:
         detail = f" ({'; '.join(problems)})" if problems else ""
         raise ResultsError(
@@ -480,6 +535,7 @@ def build_report(sweep_dir: Path, out_dir: Path, linked: Collection[str] = ()) -
         "other_runs": others,
         "quick": bool(config.get("quick")),
         "about": config.get("about", ""),
+        "scale": _scale_section(results, colours),
     }
     figures = _figure_files(context, linked)
     links = {figures[name]: f"{FIGURES_DIR}/{name}.png" for name in linked}
@@ -492,7 +548,7 @@ def build_report(sweep_dir: Path, out_dir: Path, linked: Collection[str] = ()) -
     html_path = out_dir / "report.html"
     atomic_write_files(
         {
-            results_csv: frame.to_csv(index=False).encode("utf-8"),
+            results_csv: results.to_csv(index=False).encode("utf-8"),
             summary_csv: summarise(frame).to_csv(index=False).encode("utf-8"),
             **{
                 out_dir / FIGURES_DIR / f"{name}.png": base64.b64decode(png)

@@ -203,6 +203,24 @@ def cost_plot(
 
 
 @styled
+def score_vs_parameters(scores: pd.DataFrame, task: str, colours: dict[str, str]) -> str | None:
+    """The ranking score of each encoding against its model's parameter count (log x), mean
+    over seeds with its 95% interval: where lines cross, the ranking changes with size."""
+    rows = scores[scores["task"] == task].rename(columns={"score": "value"})
+    if rows.empty:
+        return None
+    fig = Figure(figsize=(5.2, 3.4))
+    ax = fig.subplots()
+    _lines(ax, rows, "parameters", colours)
+    ax.set_xscale("log")
+    ax.set_xlabel("parameters")
+    ax.set_ylabel(str(rows["scored_by"].iloc[0]))
+    ax.set_title(f"{task}: does the ranking hold as the model grows?")
+    ax.legend(fontsize=7, ncol=2)
+    return to_png(fig)
+
+
+@styled
 def bias_heatmap(bias: np.ndarray, label: str) -> str:
     """One head's bias over (query, key) positions."""
     fig = Figure(figsize=(2.6, 2.4))

@@ -21,6 +21,20 @@ def encoding_order(labels: Iterable[str]) -> list[str]:
     )
 
 
+def sized_tasks(frame: pd.DataFrame) -> pd.DataFrame:
+    """The results with each task that ran at several model sizes split by size: its task label
+    becomes ``copy @ d32 L4 H4``, so every table and figure keeps sizes apart (seeds of one size
+    are pooled, sizes never are). Tasks run at one size keep their label."""
+    trained = frame[frame["task"].notna() & frame["model"].notna()]
+    sizes = trained.groupby("task")["model"].nunique()
+    split = frame["task"].isin(sizes[sizes > 1].index) & frame["model"].notna()
+    if not split.any():
+        return frame
+    frame = frame.copy()
+    frame.loc[split, "task"] = frame.loc[split, "task"] + " @ " + frame.loc[split, "model"]
+    return frame
+
+
 def _accuracy_rows(frame: pd.DataFrame, metric: str) -> pd.DataFrame:
     rows = frame[(frame["metric"] == metric) & frame["eval_len"].notna()]
     return rows.assign(eval_len=rows["eval_len"].astype(int))

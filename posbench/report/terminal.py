@@ -39,7 +39,7 @@ from posbench.store import (
 )
 from posbench.experiment.outcome import SweepOutcome
 from posbench.report.stats import Interval
-from posbench.report.summary import EFFECTIVE_AT, headline, lm_headline
+from posbench.report.summary import EFFECTIVE_AT, headline, lm_headline, sized_tasks
 
 #: Above this fwd+bwd ratio to NoPE, `posbench bench` says why the encoding costs what it does.
 COST_NOTE_ABOVE = 2.5
@@ -194,7 +194,7 @@ def print_outcome(console: Console, outcome: SweepOutcome) -> None:
     """The headline table (encoding x task), what was written, and one line per failure,
     damaged run set aside and problem."""
     if outcome.finished_any:
-        frame = collect(outcome.out_dir, [])
+        frame = sized_tasks(collect(outcome.out_dir, []))
         print_headline(console, headline(frame), lm_headline(frame))
     console.print(
         Text(f"ran {len(outcome.ran)} run(s), skipped {len(outcome.skipped)} finished run(s)")

@@ -1,0 +1,207 @@
+"""Does the ranking hold as the model grows? For a sweep with a model-size axis: each
+encoding's score and rank per size, Kendall's tau between the ranks at two sizes with a
+bootstrap interval over seeds, and one sentence per task saying whether the ranking holds,
+flips, or is not resolved at this budget."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+from scipy.stats import kendalltau
+
+from posbench.report.summary import learned_in_distribution, sized_tasks
+
+#: What a task's ranking score is, by the metric it is computed from.
+SCORED_BY = {
+    "exact_match": "exact match past the training length",
+    "lm_penalty": "minus the loss penalty past the training length (nats)",
+}
+#: Bootstrap replicates for each tau interval.
+TAU_REPLICATES = 1000
+
+
+@dataclass
+class ScaleVerdict:
+    """The ranking at the smallest size against the largest, for one task."""
+
+    task: str
+    small: str
+    large: str
+    encodings: int
+    tau: float
+    low: float
+    high: float
+    verdict: str  # "holds", "flips" or "not resolved"
+
+    def sentence(self) -> str:
+        if not self.small:
+            return (
+                f"{self.task}: not resolved at this budget; no encoding learned the task in "
+                "distribution at two sizes."
+            )
+        if self.encodings < 3:
+            return (
+                f"{self.task}: not resolved at this budget; only {self.encodings} encoding(s) "
+                f"learned the task at both {self.small} and {self.large}."
+            )
+        what = {
+            "holds": "holds",
+            "flips": "flips",
+            "not resolved": "is not resolved at this budget",
+        }[self.verdict]
+        return (
+            f"{self.task}: the ranking {what} from {self.small} to {self.large} (Kendall's tau "
+            f"{self.tau:.2f}, 95% bootstrap interval over seeds [{self.low:.2f}, {self.high:.2f}], "
+            f"{self.encodings} encodings that learned the task at both sizes)."
+        )
+
+
+def multi_size_tasks(frame: pd.DataFrame) -> list[str]:
+    """The tasks the results hold at more than one model size."""
+    trained = frame[frame["task"].notna() & frame["model"].notna()]
+    sizes = trained.groupby("task")["model"].nunique()
+    return sorted(str(task) for task in sizes[sizes > 1].index)
+
+
+def scale_scores(frame: pd.DataFrame) -> pd.DataFrame:
+    """One row per (task, model, encoding label, seed) for tasks run at several sizes: the
+    score that ranks encodings (higher is better) and the model's parameter count. Accuracy
+    tasks score the mean exact match over the lengths past the longest training length (full
+    context); language tasks score minus the mean extrapolation penalty past it (nats). Runs of
+    an encoding that did not learn the task in distribution at that size are left out."""
+    columns = ["task", "model", "encoding_label", "seed", "score", "parameters", "scored_by"]
+    trained = frame[frame["task"].isin(multi_size_tasks(frame)) & frame["model"].notna()]
+    if trained.empty:
+        return pd.DataFrame(columns=columns)
+    sized = sized_tasks(trained)
+    learned = learned_in_distribution(sized)
+    keep = [bool(learned.get(key, True)) for key in zip(sized["task"], sized["encoding_label"])]
+    trained = trained[keep]
+    keys = ["task", "model", "encoding_label", "seed"]
+    accuracy = trained[
+        (trained["metric"] == "exact_match")
+        & trained["mem_len"].isna()
+        & (trained["eval_len"].astype(float) > trained["train_len_max"].astype(float))
+    ]
+    penalty = trained[
+        (trained["metric"] == "lm_penalty")
+        & (trained["position"].astype(float) > trained["train_len_max"].astype(float))
+    ]
+    by_penalty = set(penalty["task"])
+    scores = pd.concat(
+        [
+            accuracy[~accuracy["task"].isin(by_penalty)].groupby(keys)["value"].mean(),
+            -penalty.groupby(keys)["value"].mean(),
+        ]
+    ).rename("score")
+    parameters = trained[trained["metric"] == "parameters"].groupby(keys)["value"].mean()
+    table = pd.concat([scores, parameters.rename("parameters")], axis=1).reset_index()
+    table["scored_by"] = table["task"].map(
+        lambda task: SCORED_BY["lm_penalty" if task in by_penalty else "exact_match"]
+    )
+    return table.dropna(subset=["score"]).reindex(columns=columns)
+
+
+def ranks_by_size(scores: pd.DataFrame) -> pd.DataFrame:
+    """Per (task, model, encoding label): the mean score over seeds, its rank among the
+    encodings at that size (1 = best; ties share the average rank), seeds and parameters."""
+    grouped = scores.groupby(["task", "model", "encoding_label"])
+    table = grouped.agg(
+        score=("score", "mean"), seeds=("seed", "nunique"), parameters=("parameters", "mean")
+    ).reset_index()
+    table["rank"] = table.groupby(["task", "model"])["score"].rank(
+        ascending=False, method="average"
+    )
+    return table
+
+
+def _tau(means: pd.DataFrame, small: str, large: str) -> float:
+    pair = means[[small, large]].dropna()
+    if len(pair) < 2 or pair[small].nunique() < 2 or pair[large].nunique() < 2:
+        return math.nan
+    return float(kendalltau(pair[small], pair[large]).statistic)
+
+
+def tau_between(
+    scores: pd.DataFrame, task: str, small: str, large: str, replicates: int, seed: int = 0
+) -> tuple[float, float, float, int]:
+    """Kendall's tau between the encodings' mean scores at sizes `small` and `large` on `task`,
+    with the 2.5 and 97.5 percentiles of its bootstrap distribution (seeds of each encoding
+    and size drawn with replacement), and the number of encodings scored at both sizes."""
+    rows = scores[(scores["task"] == task) & scores["model"].isin([small, large])]
+    groups = {key: g["score"].to_numpy() for key, g in rows.groupby(["model", "encoding_label"])}
+    labels = sorted({label for _, label in groups})
+    both = [label for label in labels if (small, label) in groups and (large, label) in groups]
+
+    def means(draw) -> pd.DataFrame:
+        return pd.DataFrame(
+            {size: [draw(groups[(size, label)]) for label in both] for size in (small, large)},
+            index=both,
+        )
+
+    tau = _tau(means(np.mean), small, large)
+    rng = np.random.default_rng(seed)
+    draws = [
+        _tau(means(lambda v: rng.choice(v, len(v)).mean()), small, large) for _ in range(replicates)
+    ]
+    draws = [d for d in draws if not math.isnan(d)]
+    if not draws:
+        return tau, math.nan, math.nan, len(both)
+    low, high = np.percentile(draws, [2.5, 97.5])
+    return tau, float(low), float(high), len(both)
+
+
+def sizes_by_parameters(scores: pd.DataFrame, task: str) -> list[str]:
+    """The model sizes `task` ran at, smallest first (by their median parameter count)."""
+    rows = scores[scores["task"] == task]
+    return [str(m) for m in rows.groupby("model")["parameters"].median().sort_values().index]
+
+
+def tau_table(scores: pd.DataFrame, replicates: int = TAU_REPLICATES) -> pd.DataFrame:
+    """Kendall's tau with its bootstrap interval for every pair of sizes of every task (the
+    smaller first), and how many encodings both sizes scored."""
+    rows = []
+    for task in sorted(scores["task"].unique()):
+        sizes = sizes_by_parameters(scores, task)
+        for i, small in enumerate(sizes):
+            for large in sizes[i + 1 :]:
+                tau, low, high, n = tau_between(scores, task, small, large, replicates)
+                rows.append(
+                    {"task": task, "small": small, "large": large, "tau": tau, "low": low,
+                     "high": high, "encodings": n}
+                )  # fmt: skip
+    return pd.DataFrame(rows, columns=["task", "small", "large", "tau", "low", "high", "encodings"])
+
+
+def scale_verdicts(
+    taus: pd.DataFrame, scores: pd.DataFrame, tasks: list[str] | None = None
+) -> list[ScaleVerdict]:
+    """Per task (`tasks`, default those scored): the ranking at its smallest model (by
+    parameters) against its largest; "holds" when the tau interval lies above zero, "flips"
+    when below, else "not resolved" (also for a task no two sizes scored)."""
+    verdicts = []
+    for task in tasks if tasks is not None else sorted(taus["task"].unique()):
+        sizes = sizes_by_parameters(scores, task)
+        if len(sizes) < 2:
+            nan = math.nan
+            verdicts.append(ScaleVerdict(task, "", "", 0, nan, nan, nan, "not resolved"))
+            continue
+        row = taus[(taus["task"] == task) & (taus["small"] == sizes[0])]
+        row = row[row["large"] == sizes[-1]].iloc[0]
+        resolved = row["encodings"] >= 3
+        if resolved and row["low"] > 0:
+            verdict = "holds"
+        elif resolved and row["high"] < 0:
+            verdict = "flips"
+        else:
+            verdict = "not resolved"
+        verdicts.append(
+            ScaleVerdict(
+                task, sizes[0], sizes[-1], int(row["encodings"]), float(row["tau"]),
+                float(row["low"]), float(row["high"]), verdict,
+            )
+        )  # fmt: skip
+    return verdicts
