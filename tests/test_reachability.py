@@ -59,6 +59,19 @@ def test_deberta_span_longer_than_training_distances_is_named_with_the_fix() -> 
     assert unreached(_encoding("deberta", span=32), COPY, "deberta") == []
 
 
+def test_bidirectional_deberta_suggests_the_span_that_reaches_both_ways() -> None:
+    encoder = create_task(
+        "reverse_string", train_lengths=[1, 8], eval_lengths=[8, 16], form="encoder"
+    )  # 16 tokens in training: distances -15..15
+    wide = create_encoding("deberta", 4, 16, n_layers=4, causal=False, span=16)
+    missing = unreached(wide, encoder, "deberta")
+    assert missing[0].rows == [0]  # the far-left catch-all, distances <= -16
+    suggested = int(missing[0].message().split("span = ")[1].split()[0])
+    assert suggested == 15
+    fitted = create_encoding("deberta", 4, 16, n_layers=4, causal=False, span=suggested)
+    assert unreached(fitted, encoder, "deberta") == []
+
+
 def test_learned_table_rows_past_the_training_length_are_named() -> None:
     missing = unreached(_encoding("learned"), COPY, "learned")
     assert row_ranges(missing[0].rows) == "32-127"

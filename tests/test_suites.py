@@ -59,7 +59,7 @@ def test_bad_task_training_settings_and_unknown_suites_are_one_sentence(tmp_path
     assert (
         result.exit_code == 2
         and "Unknown suite 'nonesuch'; "
-        "available: deepmind, default, kazemnejad, randomized, scale, standard"
+        "available: deepmind, deepmind-decoder, default, kazemnejad, randomized, scale, standard"
         in result.output
     )
     listed = CliRunner().invoke(app, ["list"])
@@ -86,7 +86,7 @@ def test_one_task_twice_needs_labels_that_name_results_but_not_run_ids(tmp_path:
     )
 
 
-@pytest.mark.parametrize("name", ["default", "standard", "randomized", "scale"])
+@pytest.mark.parametrize("name", ["default", "standard", "randomized", "scale", "deepmind"])
 def test_published_suites_train_every_parameter_they_evaluate(name: str) -> None:
     """Only the learned table (its untrained rows are the encoding's expected failure) and T5
     kept at its paper defaults under its own label may read rows training never reached."""

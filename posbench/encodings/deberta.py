@@ -147,11 +147,12 @@ class DeBERTa(PositionalEncoding):
         ]
 
     def reaching_span(self, longest: int) -> str | None:
-        """The span that lets training distances up to `longest` reach every row a causal
-        evaluation reads (k .. 2k - 1): k = longest + 1 (without log buckets)."""
+        """The largest span that lets training distances up to `longest` reach every row
+        evaluation reads (without log buckets): causal, rows k .. 2k - 1, so k = longest + 1;
+        bidirectional, rows 0 .. 2k - 1 (distances -k .. k - 1), so k = longest."""
         if self.position_buckets > 0:
             return None
-        return f"span = {longest + 1} would reach them all"
+        return f"span = {longest + 1 if self.causal else max(1, longest)} would reach them all"
 
     def projected_positions(self, layer: LayerContext, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
         """Kr and Qr, each (H, 2k, d)."""

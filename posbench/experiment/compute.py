@@ -157,7 +157,8 @@ class RunOutput:
 
 
 def decoder_for(size: ModelSize, spec: EncodingSpec, task: Task) -> Decoder:
-    """The decoder of a run: the sweep's size, the task's vocabulary, the encoding."""
+    """The model of a run: the sweep's size, the task's vocabulary and attention (causal, or
+    bidirectional for a task posed to an encoder), the encoding."""
     config = ModelConfig(
         task.vocab_size,
         size.d_model,
@@ -166,6 +167,7 @@ def decoder_for(size: ModelSize, spec: EncodingSpec, task: Task) -> Decoder:
         size.d_ff,
         spec.name,
         dict(spec.options),
+        task.causal,
     )
     return model_from_config(config)
 

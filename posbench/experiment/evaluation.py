@@ -89,7 +89,11 @@ def greedy_predictions(model: Decoder, tokens: torch.Tensor, answer: torch.Tenso
     token the model reads is its own earlier prediction rather than the true token (so after
     its first mistake it continues from that mistake). Tokens off the answer are read as given.
     Decodes one token at a time through an unbounded cache when the encoding is cache
-    consistent, else recomputes the prefix at every step."""
+    consistent, else recomputes the prefix at every step. A bidirectional model emits every
+    answer at once from blanks, reading none of its answers: its one forward pass is free
+    running."""
+    if not model.config.causal:
+        return model(tokens).argmax(-1)
     B, T = tokens.shape
     columns = answer.any(dim=0).nonzero()
     predictions = torch.zeros_like(tokens)
@@ -303,7 +307,8 @@ def iter_evaluate(
     """Every measurement of a trained model, one length at a time (so a failure at a long
     length keeps the shorter ones): full context at each evaluation length, then through
     caches of each memory size at the cache-evaluation lengths. `by_position` receives the
-    full-context accuracy by answer position (see _accuracy)."""
+    full-context accuracy by answer position (see _accuracy). A bidirectional model (a task's
+    encoder form) is evaluated at full context only."""
     model.eval()
     for length in task.eval_lengths:
         reason = model.encoding.supports(Span(0, task.sequence_length(length)))
@@ -326,7 +331,8 @@ def iter_evaluate(
             yield Measurement(length, None, "loss_floor", floor)
             yield Measurement(length, None, "excess_loss", scores["loss"] - floor)
     segment = default_segment_len(task, config)
-    cache_lengths = config.cache_eval_lengths or task.eval_lengths
+    # a cache continues causal attention only: a bidirectional model reads whole sequences
+    cache_lengths = (config.cache_eval_lengths or task.eval_lengths) if model.config.causal else ()
     for length in cache_lengths:
         reason = model.encoding.supports(Span(0, task.sequence_length(length)))
         for mem_len in mem_lens(task, config):

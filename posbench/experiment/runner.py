@@ -110,6 +110,14 @@ def resolve_sweep(sweep: SweepConfig) -> SweepConfig:
             )
     for task_spec in sweep.tasks:
         train = replace(sweep.train, **task_spec.train)
+        if (
+            train.train_mem_len is not None
+            and not create_task(task_spec.name, **task_spec.options).causal
+        ):
+            raise ConfigError(
+                f"task {task_spec.display()!r} is posed to a bidirectional encoder, which reads "
+                "whole sequences: a cache continues causal attention only; drop train_mem_len."
+            )
         if train.train_mem_len == 0 and not train.train_segment_len:
             raise ConfigError(
                 f"task {task_spec.display()!r}: train_mem_len 0 needs a train_segment_len to cut "

@@ -20,7 +20,7 @@ def _folder() -> Path:
 def list_suites() -> dict[str, str]:
     """Suite name -> its one-line description."""
     suites = {}
-    for path in sorted(_folder().glob("*.toml")):
+    for path in sorted(_folder().glob("*.toml"), key=lambda p: p.stem):
         first = path.read_text(encoding="utf-8").splitlines()[0] if path.stat().st_size else ""
         suites[path.stem] = first.lstrip("# ").strip()
     return suites

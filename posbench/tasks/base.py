@@ -79,6 +79,12 @@ class Task(ABC):
     def vocab_size(self) -> int:
         """Number of distinct tokens."""
 
+    @property
+    def causal(self) -> bool:
+        """Whether the task trains a causal model (next-token targets); False for a task posed
+        to a bidirectional encoder (a transduction task's encoder form)."""
+        return True
+
     @abstractmethod
     def sequence_length(self, length: int) -> int:
         """Number of input tokens the model sees for a task of size `length`."""

@@ -27,8 +27,8 @@ class Counting(Transduction):
     default_eval_lengths = (8, 16, 32, 64)
     length_unit = "symbols"
 
-    def __init__(self, *, train_lengths=None, eval_lengths=None) -> None:
-        super().__init__(train_lengths=train_lengths, eval_lengths=eval_lengths)
+    def __init__(self, *, train_lengths=None, eval_lengths=None, form: str = "decoder") -> None:
+        super().__init__(train_lengths=train_lengths, eval_lengths=eval_lengths, form=form)
         self.n_symbols = N_QUESTION_SYMBOLS + max(self.eval_lengths + (self.train_lengths[1],)) + 1
 
     def answer_length(self, length: int) -> int:

@@ -57,8 +57,10 @@ class ModularArithmeticBrackets(Transduction):
     n_symbols = MODULUS + len(CHARACTERS)
     length_unit = "expression characters"
 
-    def __init__(self, *, train_lengths=None, eval_lengths=None, mult: bool = False) -> None:
-        super().__init__(train_lengths=train_lengths, eval_lengths=eval_lengths)
+    def __init__(
+        self, *, train_lengths=None, eval_lengths=None, mult: bool = False, form: str = "decoder"
+    ) -> None:
+        super().__init__(train_lengths=train_lengths, eval_lengths=eval_lengths, form=form)
         self.mult = mult
 
     def answer_length(self, length: int) -> int:

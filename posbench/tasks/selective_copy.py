@@ -30,9 +30,14 @@ class SelectiveCopy(Transduction):
     length_unit = "question tokens"
 
     def __init__(
-        self, *, train_lengths=None, eval_lengths=None, spread: Annotated[int, Range(ge=1)] = 4
+        self,
+        *,
+        train_lengths=None,
+        eval_lengths=None,
+        spread: Annotated[int, Range(ge=1)] = 4,
+        form: str = "decoder",
     ) -> None:
-        super().__init__(train_lengths=train_lengths, eval_lengths=eval_lengths)
+        super().__init__(train_lengths=train_lengths, eval_lengths=eval_lengths, form=form)
         self.spread = spread
 
     def answer_length(self, length: int) -> int:

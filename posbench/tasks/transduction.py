@@ -4,16 +4,29 @@ from __future__ import annotations
 
 import random
 from abc import abstractmethod
-from typing import ClassVar, Sequence
+from typing import Annotated, ClassVar, Sequence
 
 import torch
 from torch import Tensor
 
-from posbench.tasks.base import Task
+from posbench.tasks.base import IGNORE, Batch, Task
+from posbench.validation import OneOf, check_value
+
+
+#: How a transduction task is posed: "decoder", next-token prediction of ``question SEP
+#: answer`` by a causal model; "encoder", DeepMind's form, a bidirectional model reading the
+#: question followed by one blank token per answer token and emitting the answer at the blanks
+#: all at once (Deletang et al. 2023).
+FORMS = ("decoder", "encoder")
 
 
 class Transduction(Task):
     """A task posed as ``question SEP answer [END] [PAD ..]``; only the answer (and END) is scored.
+
+    With ``form = "encoder"`` the model reads ``question BLANK ..`` (one blank per answer
+    token, the SEP id) with bidirectional attention, and each blank's output is scored against
+    the answer token at its place: nothing is generated token by token, so free-running and
+    teacher-forced accuracy are the same number.
 
     Subclasses set ``n_symbols`` (token ids 0..n_symbols-1, shared by questions and answers)
     and implement :meth:`answer_length` (the longest answer for a question of that length,
@@ -29,6 +42,21 @@ class Transduction(Task):
     #: DeepMind's suite trains on 1..40 and tests 41..500; on 2 CPU cores: 1..16, tested to 4x.
     default_train_lengths = (1, 16)
     default_eval_lengths = (8, 16, 24, 32, 48, 64)
+
+    def __init__(
+        self,
+        *,
+        train_lengths=None,
+        eval_lengths=None,
+        form: Annotated[str, OneOf(FORMS)] = "decoder",
+    ) -> None:
+        super().__init__(train_lengths=train_lengths, eval_lengths=eval_lengths)
+        check_value("form", form, Annotated[str, OneOf(FORMS)], f"task {self.name!r}")
+        self.form = form
+
+    @property
+    def causal(self) -> bool:
+        return self.form == "decoder"
 
     @property
     def sep(self) -> int:
@@ -84,6 +112,19 @@ class Transduction(Task):
             seq[row, q_len + 1 : q_len + 1 + len(reply)] = torch.tensor(reply, dtype=torch.long)
             answer[row, q_len + 1 : q_len + 1 + len(reply)] = True
         return seq, answer
+
+    def batch(self, length: int, batch_size: int, generator: torch.Generator) -> Batch:
+        """Decoder form: next-token targets (Task.batch). Encoder form: the question and one
+        blank per answer token, each blank's target the answer token at its place."""
+        if self.causal:
+            return super().batch(length, batch_size, generator)
+        seq, answer = self.generate(length, batch_size, generator)  # (B, q + 1 + a)
+        q_len = self.question_length(length)
+        tokens = seq[:, :-1].clone()  # (B, q + a): the question, then a blanks
+        tokens[:, q_len:] = self.sep
+        targets = torch.full_like(tokens, IGNORE)
+        targets[:, q_len:] = seq[:, q_len + 1 :].masked_fill(~answer[:, q_len + 1 :], IGNORE)
+        return Batch(tokens, targets)
 
 
 class UniformString(Transduction):

@@ -1,0 +1,100 @@
+"""DeepMind's encoder form of the transduction tasks: a bidirectional model reads the question
+and one blank per answer token, and emits the answer at the blanks all at once."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+import torch
+from helpers import invoke, one_sentence_error, tiny_sweep, write_config
+from posbench.encodings import BUILTINS
+from posbench.errors import ConfigError, OptionError
+from posbench.experiment.compute import decoder_for
+from posbench.experiment.config import EncodingSpec, ModelSize, TaskSpec
+from posbench.experiment.evaluation import greedy_predictions
+from posbench.experiment.runner import resolve_sweep, run_sweep
+from posbench.store import collect
+from posbench.tasks import REGISTRY as TASKS
+from posbench.tasks import create_task
+from posbench.tasks.base import IGNORE
+from posbench.tasks.transduction import Transduction
+
+TRANSDUCTIONS = sorted(name for name in TASKS.names() if issubclass(TASKS.get(name), Transduction))
+
+
+@pytest.mark.parametrize("name", TRANSDUCTIONS)
+def test_the_encoder_form_scores_the_same_answers_at_blanks(name: str) -> None:
+    decoder, encoder = create_task(name), create_task(name, form="encoder")
+    assert decoder.causal and not encoder.causal
+    length = decoder.train_lengths[1]
+    plain = decoder.batch(length, 4, torch.Generator().manual_seed(3))
+    posed = encoder.batch(length, 4, torch.Generator().manual_seed(3))
+    assert posed.tokens.shape == plain.tokens.shape  # (B, question + answer)
+    assert torch.equal(posed.targets, plain.targets)  # the same answer at the same places
+    q_len = encoder.question_length(length)
+    assert torch.equal(posed.tokens[:, :q_len], plain.tokens[:, :q_len])
+    assert (posed.tokens[:, q_len:] == encoder.sep).all()  # blanks: no answer token is read
+    assert (posed.targets[:, :q_len] == IGNORE).all()
+
+
+def test_an_unknown_form_is_one_sentence() -> None:
+    with pytest.raises(OptionError, match="'form' must be one of 'decoder', 'encoder'"):
+        create_task("reverse_string", form="seq2seq")
+
+
+@pytest.mark.parametrize("encoding", BUILTINS)
+def test_every_encoding_builds_bidirectional_for_the_encoder_form(encoding: str) -> None:
+    task = create_task("reverse_string", form="encoder")
+    model = decoder_for(ModelSize(16, 1, 2), EncodingSpec(encoding), task)
+    assert not model.config.causal
+    batch = task.batch(4, 2, torch.Generator().manual_seed(0))
+    # a later token changes an earlier output: attention reads both ways
+    changed = batch.tokens.clone()
+    changed[:, -1] = 1 - changed[:, -1].clamp(max=1)
+    model.eval()
+    with torch.no_grad():
+        first = model(batch.tokens)[:, 0]
+        assert not torch.allclose(first, model(changed)[:, 0])
+        assert torch.equal(greedy_predictions(model, batch.tokens, batch.targets != IGNORE),
+                           model(batch.tokens).argmax(-1))  # fmt: skip
+
+
+def test_an_encoder_sweep_evaluates_at_full_context_only(tmp_path: Path) -> None:
+    sweep = dataclasses.replace(
+        tiny_sweep("alibi", steps=3),
+        tasks=(
+            TaskSpec(
+                "reverse_string",
+                {"train_lengths": [1, 3], "eval_lengths": [2, 3, 6], "form": "encoder"},
+            ),
+        ),
+    )
+    outcome = run_sweep(sweep, tmp_path / "sweep")
+    assert not outcome.failures, outcome.failures
+    frame = collect(tmp_path / "sweep")
+    assert frame["mem_len"].isna().all()  # no cache rows: a cache is causal
+    full = frame.pivot_table(index="eval_len", columns="metric", values="value")
+    assert (full["greedy_token_accuracy"] == full["token_accuracy"]).all()
+
+
+def test_an_encoder_task_refuses_recurrent_training() -> None:
+    sweep = dataclasses.replace(
+        tiny_sweep("alibi"),
+        tasks=(TaskSpec("parity_check", {"form": "encoder"}, {"train_mem_len": 4}),),
+    )
+    with pytest.raises(ConfigError, match="bidirectional encoder.*drop train_mem_len"):
+        resolve_sweep(sweep)
+
+
+def test_the_form_is_an_option_on_the_command_line(tmp_path: Path) -> None:
+    config = write_config(
+        tmp_path,
+        """
+tasks = [{ name = "parity_check", form = "both" }]
+encodings = ["nope"]
+""",
+    )
+    result = invoke("run", "--config", str(config), "--out", str(tmp_path / "sweep"))
+    one_sentence_error(result, "'form' must be one of 'decoder', 'encoder'")
