@@ -58,6 +58,7 @@ LAYERS: list[set[str]] = [
         "report.literature",
         "report.plots",
         "report.scale",
+        "report.published",
     },
     {"report.html", "report.terminal"},
     {"cli", ""},  # "" is the package itself, which re-exports the public API
@@ -158,6 +159,7 @@ READS_OTHER_FILES = {
     "kernels.cpu": "/proc/self/maps (which OpenMP runtime torch loaded)",
     "experiment.timing": "/proc/stat (CPU contention)",
     "experiment.memory": "/proc/self/status (resident memory)",
+    "report.published": "the papers' per-task numbers shipped in report/published/*.csv",
 }
 READERS = {"read_json", "read_csv", "read_text", "read_bytes", "load", "loads", "open"}
 

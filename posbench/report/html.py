@@ -14,7 +14,7 @@ from typing import Any, Collection
 import pandas as pd
 from jinja2 import Environment, PackageLoader, select_autoescape
 
-from posbench.report import plots, scale
+from posbench.report import plots, published, scale
 from posbench.errors import ResultsError
 from posbench.experiment.memory import MEMORY_METHOD
 from posbench.experiment.config import UNLEARNED_EXCESS
@@ -300,6 +300,42 @@ def _diagnostics(
     }
 
 
+def _with_interval(value: float, low: float, high: float) -> str:
+    """A value with its bootstrap interval, '0.62 [0.50, 0.75]' (the value alone without one;
+    n/a without a value, as for a rank correlation of encodings that all scored the same)."""
+    if math.isnan(value):
+        return "n/a"
+    if math.isnan(low):
+        return f"{value:.2f}"
+    return f"{value:.2f} [{low:.2f}, {high:.2f}]"
+
+
+def _paper_tables(frame: pd.DataFrame) -> list[dict[str, Any]]:
+    """Each task of a paper whose per-task numbers posbench keeps, beside this sweep's."""
+    tables = []
+    for comparison in published.beside_papers(frame):
+        tables.append(
+            {
+                "title": f"{comparison.task} ({comparison.paper}, {comparison.metric})",
+                "source": comparison.source,
+                "tau": _with_interval(comparison.tau, comparison.low, comparison.high),
+                "rows": [
+                    {
+                        "encoding": row["encoding"],
+                        "theirs": f"{row['theirs']:.3f}",
+                        "ours": Interval(
+                            row["ours"], row["ours_low"], row["ours_high"], int(row["seeds"])
+                        ).text(3),
+                        "difference": f"{row['difference']:+.3f}",
+                        "learned": row["learned"],
+                    }
+                    for row in comparison.rows
+                ],
+            }
+        )
+    return tables
+
+
 def _scale_section(results: pd.DataFrame, colours: dict[str, str]) -> dict[str, Any] | None:
     """The model-size section: scores and ranks per size, tau between sizes, one sentence per
     task and a score-against-parameters figure per task (None for a sweep of one size)."""
@@ -515,13 +551,16 @@ def build_report(sweep_dir: Path, out_dir: Path, linked: Collection[str] = ()) -
         "lm_headline": _lm_rows(frame),
         "cross_task": [
             {
-                "label": r.encoding_label,
-                "mrr_exact_match": f"{r.mrr_exact_match:.2f}",
-                "mrr_token_accuracy": f"{r.mrr_token_accuracy:.2f}",
-                "tasks": int(r.tasks),
+                "label": r["encoding_label"],
+                **{
+                    column: _with_interval(r[column], r[f"{column}_low"], r[f"{column}_high"])
+                    for column in ("mrr_exact_match", "mrr_token_accuracy")
+                },
+                "tasks": int(r["tasks"]),
             }
-            for r in cross_task_ranking(frame).itertuples()
+            for r in cross_task_ranking(frame).to_dict("records")
         ],
+        "papers": _paper_tables(frame),
         "noisy_timings": int(frame["note"].fillna("").str.startswith("noisy").sum()),
         "bias": _bias_pictures(sweep_dir, frame, colours, problems) if tasks else [],
         "diagnostics": _diagnostics(sweep_dir, frame, colours, problems)

@@ -8,10 +8,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-import numpy as np
 import pandas as pd
 from scipy.stats import kendalltau
 
+from posbench.report.stats import percentile_interval, seed_resamples
 from posbench.report.summary import learned_in_distribution, sized_tasks
 
 #: What a task's ranking score is, by the metric it is computed from.
@@ -118,11 +118,12 @@ def ranks_by_size(scores: pd.DataFrame) -> pd.DataFrame:
     return table
 
 
-def _tau(means: pd.DataFrame, small: str, large: str) -> float:
-    pair = means[[small, large]].dropna()
-    if len(pair) < 2 or pair[small].nunique() < 2 or pair[large].nunique() < 2:
+def kendall_tau(x: list[float], y: list[float]) -> float:
+    """Kendall's tau-b of two scorings of the same encodings (NaN with fewer than two, or when
+    either scoring is constant)."""
+    if len(x) < 2 or len(set(x)) < 2 or len(set(y)) < 2:
         return math.nan
-    return float(kendalltau(pair[small], pair[large]).statistic)
+    return float(kendalltau(x, y).statistic)
 
 
 def tau_between(
@@ -135,23 +136,15 @@ def tau_between(
     groups = {key: g["score"].to_numpy() for key, g in rows.groupby(["model", "encoding_label"])}
     labels = sorted({label for _, label in groups})
     both = [label for label in labels if (small, label) in groups and (large, label) in groups]
+    groups = {key: values for key, values in groups.items() if key[1] in both}
 
-    def means(draw) -> pd.DataFrame:
-        return pd.DataFrame(
-            {size: [draw(groups[(size, label)]) for label in both] for size in (small, large)},
-            index=both,
-        )
+    def tau(means: dict) -> float:
+        return kendall_tau([means[(small, b)] for b in both], [means[(large, b)] for b in both])
 
-    tau = _tau(means(np.mean), small, large)
-    rng = np.random.default_rng(seed)
-    draws = [
-        _tau(means(lambda v: rng.choice(v, len(v)).mean()), small, large) for _ in range(replicates)
-    ]
-    draws = [d for d in draws if not math.isnan(d)]
-    if not draws:
-        return tau, math.nan, math.nan, len(both)
-    low, high = np.percentile(draws, [2.5, 97.5])
-    return tau, float(low), float(high), len(both)
+    low, high = percentile_interval(
+        tau(means) for means in seed_resamples(groups, replicates, seed)
+    )
+    return tau({key: float(values.mean()) for key, values in groups.items()}), low, high, len(both)
 
 
 def sizes_by_parameters(scores: pd.DataFrame, task: str) -> list[str]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Hashable, Iterable, Iterator, Mapping
 
 import numpy as np
 from scipy import stats
@@ -49,3 +49,26 @@ def mean_interval(values: Iterable[float], confidence: float = CONFIDENCE) -> In
         return Interval(mean, math.nan, math.nan, n)
     half = float(stats.t.ppf((1 + confidence) / 2, n - 1) * data.std(ddof=1) / math.sqrt(n))
     return Interval(mean, mean - half, mean + half, n)
+
+
+def seed_resamples(
+    groups: Mapping[Hashable, np.ndarray], replicates: int, seed: int = 0
+) -> Iterator[dict[Hashable, float]]:
+    """Bootstrap replicates of each group's mean, each group's values (one per seed) drawn with
+    replacement as many times as it has values: the spread a ranking owes to seed variance."""
+    rng = np.random.default_rng(seed)
+    for _ in range(replicates):
+        yield {key: float(rng.choice(values, len(values)).mean()) for key, values in groups.items()}
+
+
+def percentile_interval(
+    values: Iterable[float], confidence: float = CONFIDENCE
+) -> tuple[float, float]:
+    """The central `confidence` percentile interval of bootstrap replicates (NaNs dropped; NaN
+    bounds when none is left)."""
+    data = np.asarray([v for v in values if not math.isnan(v)], dtype=float)
+    if len(data) == 0:
+        return math.nan, math.nan
+    tail = 100 * (1 - confidence) / 2
+    low, high = np.percentile(data, [tail, 100 - tail])
+    return float(low), float(high)

@@ -7,11 +7,17 @@ import math
 
 from typing import Any, Iterable
 
+import numpy as np
 import pandas as pd
 
 from posbench.encodings import BUILTINS
 from posbench.experiment.config import UNDERTRAINED_BELOW, UNLEARNED_EXCESS
-from posbench.report.stats import GENERALISES_AT, mean_interval
+from posbench.report.stats import (
+    GENERALISES_AT,
+    mean_interval,
+    percentile_interval,
+    seed_resamples,
+)
 
 
 def encoding_order(labels: Iterable[str]) -> list[str]:
@@ -370,13 +376,18 @@ def comparison_kind(frame: pd.DataFrame) -> dict[str, str]:
     return {task: "equal accuracy" if task in stopped else "equal compute" for task in tasks}
 
 
+#: Bootstrap replicates for each encoding's mean reciprocal rank.
+MRR_REPLICATES = 500
+
+
 def cross_task_ranking(frame: pd.DataFrame) -> pd.DataFrame:
     """Mean reciprocal rank of each encoding across tasks (Kazemnejad et al.'s summary): per
     task, encodings are ranked by their mean over seeds and over the lengths past the longest
     training length (full context) of exact match and, separately, of token accuracy (ties
-    share the average rank); the reciprocal ranks are averaged over the tasks an encoding ran.
-    Runs of an encoding that did not learn a task in distribution are left out of that task's
-    ranking. Empty with fewer than two tasks."""
+    share the average rank); the reciprocal ranks are averaged over the tasks an encoding ran,
+    with the 2.5-97.5 percentiles of a bootstrap over seeds (NaN with one seed). Runs of an
+    encoding that did not learn a task in distribution are left out of that task's ranking.
+    Empty with fewer than two tasks."""
     rows = frame[
         frame["task"].notna()
         & frame["metric"].isin(["exact_match", "token_accuracy"])
@@ -389,23 +400,35 @@ def cross_task_ranking(frame: pd.DataFrame) -> pd.DataFrame:
     rows = rows[
         [bool(learned.get(key, True)) for key in keys]
     ]  # a model that did not learn the task is not ranked
+    metrics = ["exact_match", "token_accuracy"]
+    columns = ["encoding_label"] + [
+        f"mrr_{m}{suffix}" for m in metrics for suffix in ("", "_low", "_high")
+    ]
     if rows["task"].nunique() < 2:
-        return pd.DataFrame(
-            columns=["encoding_label", "mrr_exact_match", "mrr_token_accuracy", "tasks"]
-        )
-    scores = (
-        rows.groupby(["metric", "task", "encoding_label", "seed"])["value"]
-        .mean()
-        .groupby(level=[0, 1, 2])
-        .mean()
-    )
-    ranks = scores.groupby(level=[0, 1]).rank(
-        ascending=False, method="average"
-    )  # per (metric, task)
-    mrr = (1.0 / ranks).groupby(level=[0, 2]).mean().unstack(level=0)  # (encoding, metric)
-    mrr = mrr.reindex(columns=["exact_match", "token_accuracy"]).add_prefix("mrr_")
-    mrr["tasks"] = rows.groupby("encoding_label")["task"].nunique()
-    table = mrr.rename_axis("encoding_label").reset_index()
+        return pd.DataFrame(columns=columns + ["tasks"])
+    per_seed = rows.groupby(["metric", "task", "encoding_label", "seed"])["value"].mean()
+    groups = {key: seeds.to_numpy() for key, seeds in per_seed.groupby(level=[0, 1, 2])}
+
+    def mrr_of(means: dict) -> pd.DataFrame:
+        scores = pd.Series(list(means.values()), index=pd.MultiIndex.from_tuples(list(means)))
+        ranks = scores.groupby(level=[0, 1]).rank(ascending=False, method="average")
+        mrr = (1.0 / ranks).groupby(level=[0, 2]).mean().unstack(level=0)  # (encoding, metric)
+        return mrr.reindex(columns=metrics)
+
+    mrr = mrr_of({key: float(seeds.mean()) for key, seeds in groups.items()})
+    table = mrr.add_prefix("mrr_")
+    if any(len(seeds) > 1 for seeds in groups.values()):
+        draws = [
+            mrr_of(means).reindex_like(mrr) for means in seed_resamples(groups, MRR_REPLICATES)
+        ]
+        for metric in metrics:
+            stacked = np.stack([draw[metric].to_numpy() for draw in draws])  # (replicates, enc)
+            bounds = [percentile_interval(stacked[:, i]) for i in range(stacked.shape[1])]
+            table[f"mrr_{metric}_low"] = [low for low, _ in bounds]
+            table[f"mrr_{metric}_high"] = [high for _, high in bounds]
+    table = table.reindex(columns=columns[1:])
+    table["tasks"] = rows.groupby("encoding_label")["task"].nunique()
+    table = table.rename_axis("encoding_label").reset_index()
     return table.sort_values("mrr_token_accuracy", ascending=False).reset_index(drop=True)
 
 
