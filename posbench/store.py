@@ -212,14 +212,25 @@ def environment(device: str) -> dict[str, Any]:
 
 
 def git_commit() -> str | None:
-    """The commit of the working directory's git checkout, when there is one."""
-    try:
-        out = subprocess.run(
-            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5
-        )
-    except (OSError, subprocess.SubprocessError):
+    """The commit of the posbench source that runs, when it is a git checkout (an editable
+    install; None for an installed wheel), with ``+changes`` when its tracked files differ from
+    that commit: what a run must be reproduced from, whatever folder it was started in."""
+    source = Path(__file__).resolve().parent
+
+    def git(*args: str) -> str | None:
+        try:
+            out = subprocess.run(
+                ["git", *args], cwd=source, capture_output=True, text=True, timeout=5
+            )
+        except (OSError, subprocess.SubprocessError):
+            return None
+        return out.stdout.strip() if out.returncode == 0 else None
+
+    commit = git("rev-parse", "HEAD")
+    if not commit:
         return None
-    return out.stdout.strip() or None if out.returncode == 0 else None
+    changed = git("status", "--porcelain", "--untracked-files=no", "--", ".")
+    return f"{commit}+changes" if changed else commit
 
 
 class RunFolder:

@@ -352,3 +352,21 @@ def test_a_killed_writes_temporary_files_are_swept_up_on_the_next_run(tmp_path: 
     (report / ".report.html.0123456789ab.tmp").write_text("half")
     build_report(out, report)
     assert not list(report.glob(".*.tmp"))
+
+
+def test_runs_record_the_commit_of_the_posbench_source_not_the_working_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import subprocess
+
+    import posbench
+    from posbench.store import git_commit
+
+    source = Path(posbench.__file__).resolve().parent
+    head = subprocess.run(
+        ["git", "rev-parse", "HEAD"], cwd=source, capture_output=True, text=True
+    ).stdout.strip()
+    if not head:
+        pytest.skip("posbench does not run from a git checkout here")
+    monkeypatch.chdir(tmp_path)  # a folder outside any checkout
+    assert git_commit().removesuffix("+changes") == head
