@@ -453,6 +453,20 @@ def report_command(
     console.print(Text(f"tables: {written.results_csv}, {written.summary_csv}"), soft_wrap=True)
 
 
+@app.command("index")
+@user_errors
+def index_command(
+    reports_dir: Path = typer.Argument(
+        Path("reports"), help="The folder that holds report folders (each with a report.html)."
+    ),
+) -> None:
+    """Write REPORTS_DIR/index.html: one self-contained page linking every report there with
+    its purpose, headline, date, code and compute."""
+    from posbench.report.index import build_index
+
+    console.print(Text(f"index: {build_index(reports_dir)}"), soft_wrap=True)
+
+
 @app.command("export")
 @user_errors
 def export_command(

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import os
+import shutil
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any, Iterator
 
 import pandas as pd
 import pytest
@@ -127,3 +130,45 @@ def fail_fsync_for(monkeypatch: pytest.MonkeyPatch, name: str, code: int) -> Non
 
 #: An encoding name that is markup: reports must show it, never run it.
 EVIL = "<script>alert(1)</script>"
+
+
+def _chromium() -> str | None:
+    return shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+#: A browser test runs where Debian's chromium is installed, and always in CI (which installs it).
+needs_chromium = pytest.mark.skipif(
+    _chromium() is None and not os.environ.get("CI"), reason="Debian's chromium is not installed"
+)
+
+
+@contextmanager
+def headless_chromium(width: int = 1280, height: int = 2400) -> Iterator[Any]:
+    """A Selenium driver of headless chromium that reaches no network, closed afterwards."""
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = _chromium() or "chromium"
+    for flag in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--no-first-run",
+        "--proxy-server=http://127.0.0.1:9",
+        "--host-resolver-rules=MAP * ~NOTFOUND",
+        f"--window-size={width},{height}",
+    ):
+        options.add_argument(flag)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    driver = webdriver.Chrome(
+        service=Service(shutil.which("chromedriver") or "chromedriver"), options=options
+    )
+    try:
+        yield driver
+    finally:
+        driver.quit()

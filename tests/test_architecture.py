@@ -60,7 +60,7 @@ LAYERS: list[set[str]] = [
         "report.scale",
         "report.published",
     },
-    {"report.html", "report.terminal"},
+    {"report.html", "report.terminal", "report.index"},
     {"cli", ""},  # "" is the package itself, which re-exports the public API
 ]
 
@@ -160,6 +160,7 @@ READS_OTHER_FILES = {
     "experiment.timing": "/proc/stat (CPU contention)",
     "experiment.memory": "/proc/self/status (resident memory)",
     "report.published": "the papers' per-task numbers shipped in report/published/*.csv",
+    "report.index": "each report folder's report.json (the front page of reports)",
 }
 READERS = {"read_json", "read_csv", "read_text", "read_bytes", "load", "loads", "open"}
 

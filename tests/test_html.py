@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import shutil
 import textwrap
 from pathlib import Path
@@ -21,7 +20,7 @@ from posbench.report.html import build_report
 from posbench.store import collect
 from posbench.experiment.runner import run_sweep
 
-from helpers import EVIL, tidy, tiny_sweep
+from helpers import EVIL, headless_chromium, needs_chromium, tidy, tiny_sweep
 
 SECTIONS = (
     "headline",
@@ -124,38 +123,9 @@ def test_empty_or_missing_folder_is_a_clear_error(tmp_path: Path) -> None:
     )
 
 
-def _chromium() -> str | None:
-    return shutil.which("chromium") or shutil.which("chromium-browser")
-
-
-@pytest.mark.skipif(
-    _chromium() is None and not os.environ.get("CI"), reason="Debian's chromium is not installed"
-)
+@needs_chromium
 def test_report_in_a_real_headless_browser(report, tmp_path: Path) -> None:
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = _chromium() or "chromium"
-    for flag in (
-        "--headless=new",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-dev-shm-usage",
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--disable-sync",
-        "--no-first-run",
-        "--proxy-server=http://127.0.0.1:9",
-        "--host-resolver-rules=MAP * ~NOTFOUND",
-        "--window-size=1280,2400",
-    ):
-        options.add_argument(flag)
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    driver = webdriver.Chrome(
-        service=Service(shutil.which("chromedriver") or "chromedriver"), options=options
-    )
-    try:
+    with headless_chromium() as driver:
         driver.get(report.html.resolve().as_uri())
         assert driver.execute_script("return document.readyState") == "complete"
         images = driver.execute_script(
@@ -166,8 +136,6 @@ def test_report_in_a_real_headless_browser(report, tmp_path: Path) -> None:
         errors = [entry for entry in driver.get_log("browser") if entry["level"] == "SEVERE"]
         assert errors == [], json.dumps(errors)
         assert driver.save_screenshot(str(tmp_path / "report.png"))
-    finally:
-        driver.quit()
 
 
 def test_noisy_latency_is_marked_and_never_best(sweep_dir: Path) -> None:

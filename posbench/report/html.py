@@ -7,6 +7,7 @@ import base64
 import dataclasses
 import json
 import math
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Collection
@@ -42,6 +43,7 @@ from posbench.report.summary import (
     comparison_kind,
     cost_columns,
     cross_task_ranking,
+    effective_lengths,
     headline,
     learned_in_distribution,
     lm_headline,
@@ -49,6 +51,7 @@ from posbench.report.summary import (
     summarise,
 )
 from posbench.experiment.timing import describe_method
+from posbench.version import __version__
 
 #: The report's folder of PNG figures.
 FIGURES_DIR = "figures"
@@ -387,6 +390,75 @@ def _scale_section(results: pd.DataFrame, colours: dict[str, str]) -> dict[str, 
     }
 
 
+#: What a report folder says about itself, for the index of published reports.
+REPORT_RECORD = "report.json"
+
+
+def _report_record(
+    sweep_dir: Path,
+    out_dir: Path,
+    frame: pd.DataFrame,
+    config: dict[str, Any],
+    failures: list[dict[str, str]],
+    missing: list[str],
+) -> dict[str, Any]:
+    """The report's name and purpose, when it was built and from which code, how much compute
+    its runs took, and its headline (effective lengths, mean reciprocal ranks), so an index
+    of reports needs no results of its own."""
+    members = sweep_members(sweep_dir)
+    commits, versions, seconds, runs = set(), set(), 0.0, 0
+    for folder in run_folders(sweep_dir):
+        if members is not None and folder.run_id not in members:
+            continue
+        try:
+            if not folder.is_finished():
+                continue
+            env, result = folder.env() or {}, folder.result() or {}
+        except ResultsError:
+            continue
+        runs += 1
+        seconds += float(result.get("seconds") or 0.0)
+        commits.add(env.get("git_commit") or "not recorded")
+        versions.add(env.get("posbench") or "not recorded")
+    effective = effective_lengths(frame).dropna(subset=["effective_length"])
+    return {
+        "name": out_dir.name,
+        "about": config.get("about", ""),
+        "built": time.strftime("%Y-%m-%d"),
+        "built_by": __version__,
+        "posbench_versions": sorted(versions),
+        "commits": sorted(commits),
+        "runs": runs,
+        "failed": len(failures),
+        "missing": len(missing),
+        "compute_seconds": round(seconds, 1),
+        "effective_lengths": [
+            {
+                "task": r["task"],
+                "encoding": r["encoding_label"],
+                "value": _finite(r["effective_length"]),
+                "low": _finite(r["effective_length_low"]),
+                "high": _finite(r["effective_length_high"]),
+            }
+            for r in effective.to_dict("records")
+        ],
+        "mrr": [
+            {
+                "encoding": r["encoding_label"],
+                "value": _finite(r["mrr_token_accuracy"]),
+                "low": _finite(r["mrr_token_accuracy_low"]),
+                "high": _finite(r["mrr_token_accuracy_high"]),
+            }
+            for r in cross_task_ranking(frame).to_dict("records")
+        ],
+    }
+
+
+def _finite(value: float) -> float | None:
+    """A number for JSON: None where there is none (an interval of one seed)."""
+    return None if math.isnan(value) else float(value)
+
+
 def _environment(sweep_dir: Path) -> dict[str, Any]:
     """The versions and machine of the sweep's first run that recorded them."""
     for folder in run_folders(sweep_dir):
@@ -576,6 +648,7 @@ def build_report(sweep_dir: Path, out_dir: Path, linked: Collection[str] = ()) -
         "about": config.get("about", ""),
         "scale": _scale_section(results, colours),
     }
+    record = _report_record(sweep_dir, out_dir, frame, config, failures, missing)
     figures = _figure_files(context, linked)
     links = {figures[name]: f"{FIGURES_DIR}/{name}.png" for name in linked}
     env = Environment(
@@ -594,6 +667,7 @@ def build_report(sweep_dir: Path, out_dir: Path, linked: Collection[str] = ()) -
                 for name, png in figures.items()
             },
             html_path: html.encode("utf-8"),
+            out_dir / REPORT_RECORD: (json.dumps(record, indent=2) + "\n").encode("utf-8"),
         },
         "-o",
     )

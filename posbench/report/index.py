@@ -1,0 +1,105 @@
+"""The front page of a folder of reports: one self-contained index.html that links every report
+in it with its purpose, headline (effective lengths, mean reciprocal rank), when and from which
+code it was built, and how much compute its runs took, read from each report's report.json."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from jinja2 import Environment, PackageLoader, select_autoescape
+
+from posbench.errors import ResultsError
+from posbench.report.html import REPORT_RECORD
+from posbench.store import atomic_write_text, check_overwritable
+
+INDEX_FILE = "index.html"
+#: Encodings shown per task on the front page (by effective length, longest first).
+TOP_ENCODINGS = 3
+
+
+@dataclass
+class IndexedReport:
+    """One report on the front page (`record` empty for a report built before report.json)."""
+
+    folder: str
+    record: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def best_by_task(self) -> list[dict[str, str]]:
+        """Per task, the encodings with the longest effective length, with their intervals."""
+        by_task: dict[str, list[dict[str, Any]]] = {}
+        for row in self.record.get("effective_lengths", []):
+            if row["value"] is not None:
+                by_task.setdefault(row["task"], []).append(row)
+        return [
+            {
+                "task": task,
+                "best": ", ".join(
+                    f"{row['encoding']} {_interval(row)}"
+                    for row in sorted(rows, key=lambda r: -r["value"])[:TOP_ENCODINGS]
+                ),
+            }
+            for task, rows in sorted(by_task.items())
+        ]
+
+    @property
+    def best_mrr(self) -> str:
+        rows = [r for r in self.record.get("mrr", []) if r["value"] is not None]
+        return ", ".join(
+            f"{row['encoding']} {_interval(row, 2)}"
+            for row in sorted(rows, key=lambda r: -r["value"])[:TOP_ENCODINGS]
+        )
+
+
+def _interval(row: dict[str, Any], digits: int = 0) -> str:
+    """'32 [24, 40]', or the value alone without an interval."""
+    value = f"{row['value']:.{digits}f}"
+    if row.get("low") is None:
+        return value
+    return f"{value} [{row['low']:.{digits}f}, {row['high']:.{digits}f}]"
+
+
+def read_reports(reports_dir: Path) -> list[IndexedReport]:
+    """Every report folder in `reports_dir` (those with a report.html), with its record."""
+    found = []
+    for folder in sorted(p for p in Path(reports_dir).iterdir() if (p / "report.html").is_file()):
+        record_file = folder / REPORT_RECORD
+        record: dict[str, Any] = {}
+        if record_file.is_file():
+            try:
+                record = json.loads(record_file.read_text(encoding="utf-8"))
+            except (json.JSONDecodeError, UnicodeDecodeError) as err:
+                raise ResultsError(
+                    f"{record_file} is corrupt ({err}); rebuild that report with `posbench "
+                    "report` and run the same command again."
+                ) from None
+        found.append(IndexedReport(folder.name, record))
+    return found
+
+
+def build_index(reports_dir: Path) -> Path:
+    """Write `reports_dir`/index.html linking every report in it; returns its path."""
+    reports_dir = Path(reports_dir)
+    if not reports_dir.is_dir():
+        raise ResultsError(
+            f"{reports_dir} is not a folder; pass the folder that holds your reports (e.g. "
+            "reports)."
+        )
+    reports = read_reports(reports_dir)
+    if not reports:
+        raise ResultsError(
+            f"{reports_dir} holds no report (no <folder>/report.html); build one with "
+            "`posbench report` first."
+        )
+    path = reports_dir / INDEX_FILE
+    check_overwritable(path, "<title>posbench reports", "folder")
+    env = Environment(
+        loader=PackageLoader("posbench.report", "templates"),
+        autoescape=select_autoescape(["html", "j2"]),
+    )
+    html = env.get_template("index.html.j2").render(reports=reports, top=TOP_ENCODINGS)
+    atomic_write_text(path, html)
+    return path

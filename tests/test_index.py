@@ -1,0 +1,97 @@
+"""The front page of a folder of reports: every report linked with its record."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+from helpers import headless_chromium, invoke, needs_chromium, one_sentence_error, tiny_sweep
+from posbench.errors import ResultsError
+from posbench.experiment.runner import run_sweep
+from posbench.report.html import REPORT_RECORD, build_report
+from posbench.report.index import build_index, read_reports
+from posbench.version import __version__
+
+
+@pytest.fixture(scope="module")
+def reports(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder of two reports: one of a finished sweep, one built before report.json."""
+    root = tmp_path_factory.mktemp("index")
+    run_sweep(tiny_sweep("nope", "alibi", steps=2, seeds=(0, 1)), root / "sweep")
+    build_report(root / "sweep", root / "reports" / "tiny")
+    build_report(root / "sweep", root / "reports" / "older")
+    (root / "reports" / "older" / REPORT_RECORD).unlink()
+    return root / "reports"
+
+
+def test_a_report_records_what_the_index_shows(reports: Path) -> None:
+    record = json.loads((reports / "tiny" / REPORT_RECORD).read_text())
+    assert record["name"] == "tiny" and record["built_by"] == __version__
+    assert record["runs"] == 4 and record["failed"] == 0 and record["missing"] == 0
+    assert record["compute_seconds"] > 0 and record["commits"]
+    tasks = {row["task"] for row in record["effective_lengths"]}
+    assert tasks == {"copy"}
+    assert {row["encoding"] for row in record["effective_lengths"]} == {"nope", "alibi"}
+
+
+def test_the_index_links_every_report_with_its_record(reports: Path) -> None:
+    html = build_index(reports).read_text()
+    assert 'href="tiny/report.html"' in html and 'href="older/report.html"' in html
+    assert "4 finished" in html and f"by posbench {__version__}" in html
+    assert "wrote no report.json" in html  # the older report, listed all the same
+    assert not re.search(r'(src|href)="(https?:)?//', html)  # self-contained: nothing fetched
+    assert [r.folder for r in read_reports(reports)] == ["older", "tiny"]
+
+
+def test_a_corrupt_record_and_an_empty_folder_are_one_sentence(tmp_path: Path) -> None:
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ResultsError, match="holds no report"):
+        build_index(tmp_path / "empty")
+    broken = tmp_path / "reports" / "broken"
+    broken.mkdir(parents=True)
+    (broken / "report.html").write_text("<title>posbench report</title>")
+    (broken / REPORT_RECORD).write_text("{not json")
+    result = invoke("index", str(tmp_path / "reports"))
+    one_sentence_error(result, "report.json is corrupt", "rebuild that report")
+    result = invoke("index", str(tmp_path / "nowhere"))
+    one_sentence_error(result, "is not a folder")
+
+
+def test_the_index_never_overwrites_a_page_of_the_users(reports: Path, tmp_path: Path) -> None:
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "a").mkdir()
+    (mine / "a" / "report.html").write_text("<title>posbench report</title>")
+    (mine / "index.html").write_text("<html>my own page</html>")
+    with pytest.raises(ResultsError, match="was not written by posbench"):
+        build_index(mine)
+    assert (mine / "index.html").read_text() == "<html>my own page</html>"
+
+
+def test_the_published_index_lists_every_published_report() -> None:
+    published = Path("reports")
+    html = (published / "index.html").read_text()
+    for folder in sorted(p.name for p in published.iterdir() if (p / "report.html").is_file()):
+        assert f'href="{folder}/report.html"' in html, folder
+
+
+@needs_chromium
+@pytest.mark.parametrize("which", ["built", "published"])
+def test_the_index_in_a_real_headless_browser(reports: Path, which: str, tmp_path: Path) -> None:
+    page = build_index(reports) if which == "built" else Path("reports/index.html")
+    with headless_chromium() as driver:
+        driver.get(page.resolve().as_uri())
+        assert driver.execute_script("return document.readyState") == "complete"
+        links = driver.execute_script(
+            "return Array.from(document.links).map(a => a.getAttribute('href'))"
+        )
+        assert links and all(link.endswith("/report.html") for link in links)
+        overflow = driver.execute_script(
+            "return document.documentElement.scrollWidth > window.innerWidth"
+        )
+        assert not overflow
+        errors = [entry for entry in driver.get_log("browser") if entry["level"] == "SEVERE"]
+        assert errors == [], json.dumps(errors)
+        assert driver.save_screenshot(str(tmp_path / f"index-{which}.png"))
