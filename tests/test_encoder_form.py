@@ -98,3 +98,58 @@ encodings = ["nope"]
     )
     result = invoke("run", "--config", str(config), "--out", str(tmp_path / "sweep"))
     one_sentence_error(result, "'form' must be one of 'decoder', 'encoder'")
+
+
+def test_every_task_of_deepminds_suite_declares_its_language_class() -> None:
+    from posbench.report.summary import FAMILIES, task_family
+
+    suite = [name for name in TRANSDUCTIONS if TASKS.get(name).family]
+    assert len(suite) == 15 and {TASKS.get(n).family for n in suite} == set(FAMILIES)
+    assert task_family("parity_check") == "regular"
+    assert task_family("reverse_string") == "context-free"
+    assert task_family("duplicate_string") == "context-sensitive"
+    assert task_family("copy") == "" and task_family("my label") == ""
+
+
+def test_deepmind_scores_average_token_accuracy_past_training_per_class() -> None:
+    from helpers import tidy
+    from posbench.report.summary import deepmind_scores, family_scores
+
+    rows = []
+    for task, values in (("parity_check", (1.0, 0.6, 0.4)), ("reverse_string", (1.0, 0.8, 0.7))):
+        for seed, shift in ((0, 0.0), (1, 0.1)):
+            for length, value in zip((16, 32, 64), values):
+                rows.append(
+                    {"task": task, "encoding": "rope", "encoding_label": "rope", "seed": seed,
+                     "model": "d64 L5 H4", "train_len_max": 16, "eval_len": length,
+                     "metric": "token_accuracy", "value": value - shift}
+                )  # fmt: skip
+    scores = deepmind_scores(tidy(rows)).set_index(["task", "seed"])["score"]
+    assert scores[("parity_check", 0)] == pytest.approx(0.5)  # lengths 32 and 64 only
+    table = family_scores(deepmind_scores(tidy(rows))).set_index("family")
+    assert table.at["regular", "mean"] == pytest.approx(0.45)
+    assert table.at["regular", "best"] == pytest.approx(0.5)
+    assert table.at["all", "mean"] == pytest.approx((0.45 + 0.7) / 2)
+
+
+def test_an_encoder_report_shows_the_score_by_class_and_the_randomized_gain(
+    tmp_path: Path,
+) -> None:
+    from posbench.report.html import build_report
+
+    sweep = dataclasses.replace(
+        tiny_sweep("nope", steps=3),
+        encodings=(
+            EncodingSpec("nope"),
+            EncodingSpec("nope", {"randomize_positions": 64}, "nope+random"),
+        ),
+        tasks=tuple(
+            TaskSpec(name, {"train_lengths": [1, 3], "eval_lengths": [3, 6], "form": "encoder"})
+            for name in ("parity_check", "reverse_string")
+        ),
+    )
+    run_sweep(sweep, tmp_path / "sweep")
+    html = build_report(tmp_path / "sweep", tmp_path / "report").html.read_text()
+    section = html[html.index('id="deepmind"') :]
+    assert "context-free" in section and "regular" in section
+    assert "NAME+random minus NAME" in section

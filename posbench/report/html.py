@@ -42,8 +42,12 @@ from posbench.report.summary import (
     LM_COLUMNS,
     comparison_kind,
     cost_columns,
+    FAMILIES,
     cross_task_ranking,
+    deepmind_scores,
     effective_lengths,
+    encoding_order,
+    family_scores,
     headline,
     learned_in_distribution,
     lm_headline,
@@ -311,6 +315,53 @@ def _with_interval(value: float, low: float, high: float) -> str:
     if math.isnan(low):
         return f"{value:.2f}"
     return f"{value:.2f} [{low:.2f}, {high:.2f}]"
+
+
+def _deepmind_section(frame: pd.DataFrame) -> dict[str, Any] | None:
+    """DeepMind's score per encoding and language class, and what randomized positions add to
+    each encoding that has a NAME+random twin (None without a task of their suite)."""
+    scores = deepmind_scores(frame)
+    if scores.empty:
+        return None
+    table = family_scores(scores).set_index(["encoding_label", "family"])
+    columns = [f for f in FAMILIES if f in set(scores["family"])] + ["all"]
+    labels = encoding_order(table.index.get_level_values(0).unique())
+
+    def cell(label: str, family: str, column: str) -> str:
+        return f"{table.at[(label, family), column]:.3f}" if (label, family) in table.index else ""
+
+    gains = []
+    for label in labels:
+        twin = f"{label}+random"
+        if twin in labels:
+            gains.append(
+                {
+                    "label": label,
+                    "cells": [
+                        f"{table.at[(twin, f), 'mean'] - table.at[(label, f), 'mean']:+.3f}"
+                        if (twin, f) in table.index and (label, f) in table.index
+                        else ""
+                        for f in columns
+                    ],
+                }
+            )
+    return {
+        "columns": columns,
+        "tasks": {f: int(scores.loc[scores["family"] == f, "task"].nunique()) for f in FAMILIES},
+        "rows": [
+            {
+                "label": label,
+                "cells": [
+                    f"{cell(label, f, 'mean')} ({cell(label, f, 'best')})"
+                    if cell(label, f, "mean")
+                    else ""
+                    for f in columns
+                ],
+            }
+            for label in labels
+        ],
+        "gains": gains,
+    }
 
 
 def _paper_tables(frame: pd.DataFrame) -> list[dict[str, Any]]:
@@ -633,6 +684,7 @@ def build_report(sweep_dir: Path, out_dir: Path, linked: Collection[str] = ()) -
             for r in cross_task_ranking(frame).to_dict("records")
         ],
         "papers": _paper_tables(frame),
+        "deepmind": _deepmind_section(frame),
         "noisy_timings": int(frame["note"].fillna("").str.startswith("noisy").sum()),
         "bias": _bias_pictures(sweep_dir, frame, colours, problems) if tasks else [],
         "diagnostics": _diagnostics(sweep_dir, frame, colours, problems)

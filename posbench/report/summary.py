@@ -11,6 +11,7 @@ import numpy as np
 import pandas as pd
 
 from posbench.encodings import BUILTINS
+from posbench.tasks import REGISTRY as TASKS
 from posbench.experiment.config import UNDERTRAINED_BELOW, UNLEARNED_EXCESS
 from posbench.report.stats import (
     GENERALISES_AT,
@@ -483,3 +484,45 @@ def cost_columns(frame: pd.DataFrame) -> pd.DataFrame:
             "memory_at",
         ],
     )
+
+
+#: Deletang et al.'s language classes, in the order their tables list them.
+FAMILIES = ("regular", "context-free", "context-sensitive")
+
+
+def task_family(task_label: str) -> str:
+    """The language class of a task by its label (the registered name the shipped suites use);
+    empty for a task outside DeepMind's suite or under a label of its own."""
+    return TASKS.get(task_label).family if task_label in TASKS.names() else ""
+
+
+def deepmind_scores(frame: pd.DataFrame) -> pd.DataFrame:
+    """DeepMind's score per (task, encoding label, seed) for the tasks of their suite: token
+    accuracy averaged over every full-context length past the longest training length, with the
+    task's language class."""
+    rows = frame[
+        frame["task"].notna()
+        & (frame["metric"] == "token_accuracy")
+        & frame["mem_len"].isna()
+        & frame["eval_len"].notna()
+    ]
+    rows = rows[rows["eval_len"].astype(float) > rows["train_len_max"].astype(float)]
+    families = {task: task_family(str(task)) for task in rows["task"].unique()}
+    rows = rows[rows["task"].map(families) != ""]
+    scores = rows.groupby(["task", "encoding_label", "seed"])["value"].mean().rename("score")
+    table = scores.reset_index()
+    table.insert(1, "family", table["task"].map(families))
+    return table
+
+
+def family_scores(scores: pd.DataFrame) -> pd.DataFrame:
+    """Per (encoding label, family, and "all"): the mean over the family's tasks of each task's
+    mean over seeds, with the same mean of each task's best seed (their tables report the best),
+    and the number of tasks."""
+    per_task = scores.groupby(["family", "task", "encoding_label"])["score"].agg(["mean", "max"])
+    every = per_task.reset_index().assign(family="all")
+    per_task = pd.concat([per_task.reset_index(), every], ignore_index=True)
+    table = per_task.groupby(["encoding_label", "family"]).agg(
+        mean=("mean", "mean"), best=("max", "mean"), tasks=("task", "nunique")
+    )
+    return table.reset_index()

@@ -46,6 +46,9 @@ class Task(ABC):
     #: Whether evaluation also measures loss by position (full context and sliding window).
     per_position: ClassVar[bool] = False
     min_length: ClassVar[int] = 1
+    #: The task's language class as Deletang et al. 2023 group their tasks ("regular",
+    #: "context-free", "context-sensitive"); empty for a task outside that suite.
+    family: ClassVar[str] = ""
 
     def __init__(
         self,

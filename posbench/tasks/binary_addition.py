@@ -22,6 +22,8 @@ class BinaryAddition(Transduction):
     tasks/cs/binary_addition.py.
     """
 
+    family = "context-sensitive"
+
     n_symbols = 3
     ends = True
     length_unit = "question tokens"

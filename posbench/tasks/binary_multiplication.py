@@ -17,6 +17,8 @@ class BinaryMultiplication(BinaryAddition):
     google-deepmind/neural_networks_chomsky_hierarchy tasks/cs/binary_multiplication.py.
     """
 
+    family = "context-sensitive"
+
     def answer_length(self, length: int) -> int:
         return length
 

@@ -15,6 +15,8 @@ class BucketSort(UniformString):
     google-deepmind/neural_networks_chomsky_hierarchy tasks/cs/bucket_sort.py (5 symbols).
     """
 
+    family = "context-sensitive"
+
     n_symbols = 5
     length_unit = "symbols"
 

@@ -18,6 +18,8 @@ class ComputeSqrt(Transduction):
     google-deepmind/neural_networks_chomsky_hierarchy tasks/cs/compute_sqrt.py.
     """
 
+    family = "context-sensitive"
+
     length_unit = "bits"
 
     def answer_length(self, length: int) -> int:

@@ -17,6 +17,8 @@ class CycleNavigation(UniformString):
     tasks/regular/cycle_navigation.py.
     """
 
+    family = "regular"
+
     n_symbols = 5
     question_symbols = 3
     length_unit = "actions"

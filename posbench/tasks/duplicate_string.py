@@ -14,6 +14,8 @@ class DuplicateString(UniformString):
     google-deepmind/neural_networks_chomsky_hierarchy tasks/cs/duplicate_string.py.
     """
 
+    family = "context-sensitive"
+
     length_unit = "bits"
 
     def answer_length(self, length: int) -> int:

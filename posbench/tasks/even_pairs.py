@@ -15,6 +15,8 @@ class EvenPairs(UniformString):
     As google-deepmind/neural_networks_chomsky_hierarchy tasks/regular/even_pairs.py.
     """
 
+    family = "regular"
+
     length_unit = "bits"
 
     def answer(self, question: list[int]) -> list[int]:

@@ -21,6 +21,8 @@ class MissingDuplicateString(Transduction):
     tasks/cs/missing_duplicate_string.py.
     """
 
+    family = "context-sensitive"
+
     n_symbols = 4
     length_unit = "tokens"
 

@@ -22,6 +22,8 @@ class ModularArithmetic(Transduction):
     tasks/regular/modular_arithmetic.py (modulus 5, all three operators).
     """
 
+    family = "regular"
+
     n_symbols = MODULUS + len(OPERATORS)
     length_unit = "expression tokens"
 

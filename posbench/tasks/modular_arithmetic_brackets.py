@@ -54,6 +54,8 @@ class ModularArithmeticBrackets(Transduction):
     tasks/dcf/modular_arithmetic_brackets.py (modulus 5, no multiplication by default).
     """
 
+    family = "context-free"
+
     n_symbols = MODULUS + len(CHARACTERS)
     length_unit = "expression characters"
 

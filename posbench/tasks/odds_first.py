@@ -17,6 +17,8 @@ class OddsFirst(UniformString):
     google-deepmind/neural_networks_chomsky_hierarchy tasks/cs/odds_first.py.
     """
 
+    family = "context-sensitive"
+
     length_unit = "bits"
 
     def answer_length(self, length: int) -> int:

@@ -14,6 +14,8 @@ class ParityCheck(UniformString):
     As google-deepmind/neural_networks_chomsky_hierarchy tasks/regular/parity_check.py.
     """
 
+    family = "regular"
+
     length_unit = "bits"
 
     def answer(self, question: list[int]) -> list[int]:

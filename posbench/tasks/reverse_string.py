@@ -15,6 +15,8 @@ class ReverseString(UniformString):
     in their paper); the `reverse` task is the same over 10 symbols (Kazemnejad et al.'s form).
     """
 
+    family = "context-free"
+
     length_unit = "bits"
 
     def answer_length(self, length: int) -> int:

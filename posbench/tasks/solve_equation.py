@@ -26,6 +26,8 @@ class SolveEquation(Transduction):
     lengths 1 and 2 are all-zero placeholders; here the shortest equation is 3 (``x=v``).
     """
 
+    family = "context-free"
+
     n_symbols = MODULUS + len(CHARACTERS)
     default_train_lengths = (3, 16)
     length_unit = "equation characters"

@@ -23,6 +23,8 @@ class StackManipulation(Transduction):
     tasks/dcf/stack_manipulation.py.
     """
 
+    family = "context-free"
+
     n_symbols = 5
     ends = True
     length_unit = "stack and action tokens"
