@@ -256,23 +256,26 @@ def test_report_never_marks_a_model_that_did_not_learn_its_task_as_best(tmp_path
     from posbench.report.html import _headline_rows
 
     def rows(label: str, in_dist: float, beyond: float) -> list[dict]:
-        base = {
-            "task": "copy",
-            "encoding": label,
-            "encoding_label": label,
-            "seed": 0,
-            "train_len_max": 8,
-            "mem_len": math.nan,
-            "seq_len": math.nan,
-            "note": "",
-        }
-        return [
-            base | {"metric": m, "eval_len": 8, "value": in_dist}
-            for m in ("exact_match", "token_accuracy")
-        ] + [
-            base | {"metric": m, "eval_len": 16, "value": beyond}
-            for m in ("exact_match", "token_accuracy")
-        ]
+        out = []
+        for seed, offset in enumerate((-0.01, 0.0, 0.01)):  # 3 seeds: intervals separate
+            base = {
+                "task": "copy",
+                "encoding": label,
+                "encoding_label": label,
+                "seed": seed,
+                "train_len_max": 8,
+                "mem_len": math.nan,
+                "seq_len": math.nan,
+                "note": "",
+            }
+            out += [
+                base | {"metric": m, "eval_len": 8, "value": in_dist}
+                for m in ("exact_match", "token_accuracy")
+            ] + [
+                base | {"metric": m, "eval_len": 16, "value": beyond + offset}
+                for m in ("exact_match", "token_accuracy")
+            ]
+        return out
 
     table, _ = _headline_rows(
         tidy(rows("nope", 0.5, 0.9) + rows("alibi", 1.0, 0.6) + rows("rope", 1.0, 0.1))
@@ -280,3 +283,19 @@ def test_report_never_marks_a_model_that_did_not_learn_its_task_as_best(tmp_path
     by_label = {row["label"]: row for row in table}
     assert by_label["nope"]["undertrained"] and not by_label["nope"]["cells"]["token_at_2x"]["best"]
     assert by_label["alibi"]["cells"]["token_at_2x"]["best"]
+
+
+@pytest.mark.parametrize("spread, bold", [(0.01, True), (0.45, False)])
+def test_bold_marks_only_an_encoding_separated_from_the_rest(spread: float, bold: bool) -> None:
+    from posbench.report.html import _headline_rows
+
+    rows = []
+    for label, at_2x in (("alibi", 0.5), ("t5", 0.3)):
+        for seed, offset in enumerate((-spread, 0.0, spread)):
+            common = {"task": "copy", "encoding": label, "encoding_label": label, "seed": seed}
+            common |= {"model": "d64 L4 H4", "train_len_max": 16, "metric": "exact_match"}
+            rows.append(common | {"eval_len": 16, "value": 1.0})
+            rows.append(common | {"eval_len": 32, "value": at_2x + offset})
+    headline_rows, _ = _headline_rows(tidy(rows))
+    cells = {row["label"]: row["cells"]["at_2x"]["best"] for row in headline_rows}
+    assert cells == {"alibi": bold, "t5": False}

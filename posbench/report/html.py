@@ -34,7 +34,7 @@ from posbench.store import (
     sweep_members,
     sweep_temporary_files,
 )
-from posbench.report.stats import GENERALISES_AT, Interval
+from posbench.report.stats import GENERALISES_AT, Interval, rank_groups
 from posbench.report.summary import (
     EFFECTIVE_AT,
     EFFECTIVE_PENALTY,
@@ -109,15 +109,23 @@ def _headline_rows(frame: pd.DataFrame) -> tuple[list[dict[str, Any]], dict[str,
     )  # a model that did not learn its task is never "best"
     best: dict[tuple[str, str], float] = {}
     for task, group in table.groupby("task"):
-        for column in ACCURACY_COLUMNS + COST_COLUMNS:
+        for column in ACCURACY_COLUMNS:
+            rows = group[ranked[group.index] & group[column].notna()]
+            intervals = [
+                Interval(r[column], r[f"{column}_low"], r[f"{column}_high"], int(r["seeds"]))
+                for r in rows.to_dict("records")
+            ]
+            groups = rank_groups(intervals)
+            if groups.count(1) == 1 and len(groups) > 1:  # bold only a group of one
+                best[(task, column)] = intervals[groups.index(1)].mean
+        for column in COST_COLUMNS:
             values = (
                 group[column][~noisy[group.index]]
                 if column == "latency_ratio"
                 else group[column][ranked[group.index]]
-            )
-            values = values.dropna()
+            ).dropna()
             if values.nunique() > 1:  # a tie everywhere marks nothing
-                best[(task, column)] = values.max() if column in ACCURACY_COLUMNS else values.min()
+                best[(task, column)] = values.min()
     rows = []
     for record in table.to_dict("records"):
         cells = {}

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Hashable, Iterable, Iterator, Mapping
+from typing import Hashable, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 from scipy import stats
@@ -72,3 +72,32 @@ def percentile_interval(
     tail = 100 * (1 - confidence) / 2
     low, high = np.percentile(data, [tail, 100 - tail])
     return float(low), float(high)
+
+
+def rank_groups(intervals: Sequence[Interval], higher_is_better: bool = True) -> list[int]:
+    """Rank groups that respect the intervals, 1 for the best: the encodings in order of their
+    means, each joining the group of the one that leads it unless their intervals are apart
+    (then it leads a new group). An interval that is missing (one seed) is apart from nothing,
+    so without seeds every encoding shares group 1: nothing is separated. NaN means rank
+    last, in a group of their own."""
+    order = sorted(
+        (i for i, interval in enumerate(intervals) if not math.isnan(interval.mean)),
+        key=lambda i: -intervals[i].mean if higher_is_better else intervals[i].mean,
+    )
+    groups = [0] * len(intervals)
+    group, leader = 0, None
+    for i in order:
+        if leader is None or _apart(intervals[leader], intervals[i]):
+            group, leader = group + 1, i
+        groups[i] = group
+    for i, interval in enumerate(intervals):
+        if math.isnan(interval.mean):
+            groups[i] = group + 1
+    return groups
+
+
+def _apart(a: Interval, b: Interval) -> bool:
+    """Whether two intervals do not overlap (False when either is missing)."""
+    if any(math.isnan(x) for x in (a.low, a.high, b.low, b.high)):
+        return False
+    return a.high < b.low or b.high < a.low
