@@ -133,6 +133,13 @@ def test_report_in_a_real_headless_browser(report, tmp_path: Path) -> None:
         )
         assert len(images) >= 5
         assert all(complete and width > 0 for _, complete, width in images), images
+        column = "return Array.from(document.querySelector('#headline table').tBodies[0].rows)"
+        column += ".map(r => r.cells[1].textContent)"
+        driver.execute_script("document.querySelector('#headline table th:nth-child(2)').click()")
+        labels = driver.execute_script(column)
+        assert labels == sorted(labels, key=str.lower)  # sorted by encoding, a click away
+        driver.execute_script("document.querySelector('#headline table th:nth-child(2)').click()")
+        assert driver.execute_script(column) == labels[::-1]
         errors = [entry for entry in driver.get_log("browser") if entry["level"] == "SEVERE"]
         assert errors == [], json.dumps(errors)
         assert driver.save_screenshot(str(tmp_path / "report.png"))

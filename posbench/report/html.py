@@ -513,6 +513,42 @@ def _report_record(
     }
 
 
+def _config_rows(config: dict[str, Any]) -> list[tuple[str, str]]:
+    """The sweep's configuration as a reader takes it in: one row per setting, tasks and
+    encodings by their labels and options, model, training and evaluation as key = value."""
+
+    def options(entry: dict[str, Any], keys: tuple[str, ...]) -> str:
+        values = {k: v for k, v in entry.get("options", {}).items()}
+        values |= {k: entry[k] for k in keys if entry.get(k)}
+        return ", ".join(
+            f"{k}: {section(v)}" if isinstance(v, dict) else f"{k} = {v}"
+            for k, v in sorted(values.items())
+        )
+
+    def named(entry: dict[str, Any], keys: tuple[str, ...] = ()) -> str:
+        name = entry.get("label") or entry.get("name", "?")
+        detail = options(entry, keys)
+        return f"{name} ({detail})" if detail else name
+
+    def section(values: Any) -> str:
+        if not isinstance(values, dict):
+            return str(values)
+        return ", ".join(f"{k} = {v}" for k, v in sorted(values.items()) if v is not None)
+
+    rows = [
+        ("tasks", "; ".join(named(t, ("train",)) for t in config.get("tasks", []))),
+        ("encodings", "; ".join(named(e) for e in config.get("encodings", []))),
+        ("seeds", ", ".join(str(s) for s in config.get("seeds", []))),
+    ]
+    sizes = config.get("sizes") or [config.get("model", {})]
+    rows.append(("model" if len(sizes) == 1 else "model sizes", "; ".join(map(section, sizes))))
+    rows += [(key, section(config.get(key, {}))) for key in ("train", "eval")]
+    if config.get("eval_variants"):
+        rows.append(("evaluation variants", "; ".join(named(v) for v in config["eval_variants"])))
+    rows += [(key, str(config[key])) for key in ("device", "threads") if config.get(key)]
+    return [(key, value) for key, value in rows if value]
+
+
 def _finite(value: float) -> float | None:
     """A number for JSON: None where there is none (an interval of one seed)."""
     return None if math.isnan(value) else float(value)
@@ -699,6 +735,7 @@ def build_report(sweep_dir: Path, out_dir: Path, linked: Collection[str] = ()) -
         if tasks
         else {"terms": [], "distance_plot": None},
         "config": json.dumps(config, indent=2, sort_keys=True),
+        "config_rows": _config_rows(config),
         "environment": _environment(sweep_dir),
         "failures": failures,
         "missing": missing,
