@@ -74,6 +74,10 @@ def test_the_grid_runs_every_size_with_its_own_id() -> None:
     assert len(runs) == 2 * 2 * 2 and len({run.run_id for run in runs}) == 8
     assert {run.model.d_model for run in runs} == {16, 32}
     assert runs[0].model == runs[3].model == ModelSize(16, 1, 2)  # size outside encoding x seed
+    assert len({run.label for run in runs}) == 8  # people tell the sizes apart
+    assert runs[0].label == "copy @ d16 L1 H2 / nope / seed 0"
+    assert "show_size" not in runs[0].to_dict()  # labels never change a run's id
+    assert dataclasses.replace(runs[0], show_size=False).run_id == runs[0].run_id
 
 
 @pytest.mark.parametrize(

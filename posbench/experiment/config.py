@@ -186,14 +186,24 @@ class RunConfig:
     eval: EvalConfig
     device: str = "cpu"
     quick: bool = False
+    #: Whether labels name the model size (a sweep with a size axis); not stored, not hashed.
+    show_size: bool = field(default=False, compare=False)
 
     def to_dict(self) -> dict[str, Any]:
-        return to_jsonable(dataclasses.asdict(self))
+        data = to_jsonable(dataclasses.asdict(self))
+        del data["show_size"]
+        return data
+
+    @property
+    def task_display(self) -> str:
+        """The task as labels show it: with the model size in a sweep of several sizes."""
+        task = self.task.display()
+        return f"{task} @ {self.model.tag()}" if self.show_size else task
 
     @property
     def label(self) -> str:
         """How the run is named to people (see run_label)."""
-        return run_label(self.task.display(), self.encoding.display(), self.seed)
+        return run_label(self.task_display, self.encoding.display(), self.seed)
 
     @property
     def run_id(self) -> str:
@@ -329,6 +339,7 @@ def expand_runs(sweep: SweepConfig) -> list[RunConfig]:
                             sweep.eval,
                             sweep.device,
                             sweep.quick,
+                            show_size=len(model_sizes(sweep)) > 1,
                         )
                     )
     return runs

@@ -82,7 +82,7 @@ class VariantJob:
 
     @property
     def label(self) -> str:
-        return run_label(self.base.task.display(), self.encoding.display(), self.base.seed)
+        return run_label(self.base.task_display, self.encoding.display(), self.base.seed)
 
 
 def variant_jobs(sweep: SweepConfig, runs: list[RunConfig]) -> list[VariantJob]:
