@@ -542,12 +542,12 @@ def run_folders(sweep_dir: Path) -> list[RunFolder]:
 
 
 # ---- the sweep folder: which runs belong to it, and who is writing it ------------------------
-def check_sweep_dir(out_dir: Path) -> None:
+def check_sweep_dir(out_dir: Path, flag: str = "--out") -> None:
     """Refuse a file, or a folder that holds files posbench did not write, as a sweep folder;
     writes nothing. A folder of run folders whose sweep.json was lost is still a sweep: the
-    runner writes its record again."""
+    runner writes its record again. `flag` names the folder in the command's own terms."""
     if out_dir.exists() and not out_dir.is_dir():
-        raise ResultsError(f"--out {out_dir} is a file, not a folder; choose another --out.")
+        raise ResultsError(f"{flag} {out_dir} is a file, not a folder; choose another {flag}.")
     try:
         if (
             out_dir.is_dir()
@@ -557,19 +557,19 @@ def check_sweep_dir(out_dir: Path) -> None:
         ):
             raise ResultsError(
                 f"{out_dir} already holds files that are not a posbench sweep; choose another "
-                "--out."
+                f"{flag}."
             )
     except OSError as err:
-        raise ResultsError(describe_os_error(err, out_dir, "read")) from None
+        raise ResultsError(describe_os_error(err, out_dir, "read", flag)) from None
 
 
-def prepare_sweep_dir(out_dir: Path) -> None:
+def prepare_sweep_dir(out_dir: Path, flag: str = "--out") -> None:
     """Check the sweep folder (check_sweep_dir) and create it."""
-    check_sweep_dir(out_dir)
+    check_sweep_dir(out_dir, flag)
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as err:
-        raise ResultsError(describe_os_error(err, out_dir, "create")) from None
+        raise ResultsError(describe_os_error(err, out_dir, "create", flag)) from None
 
 
 def check_overwritable(path: Path, signature: str, flag: str) -> None:
@@ -746,8 +746,7 @@ def export_sweep(sweep_dir: Path, dest: Path) -> ExportSummary:
             "its trained weights)."
         )
     members = sweep_members(sweep_dir) or {}
-    check_sweep_dir(dest)
-    prepare_sweep_dir(dest)
+    prepare_sweep_dir(dest, "DEST")
     exported = unfinished = size = 0
     with sweep_lock(dest):
         atomic_write_bytes(dest / SWEEP_MARKER, (sweep_dir / SWEEP_MARKER).read_bytes())

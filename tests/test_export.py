@@ -138,3 +138,9 @@ def test_export_command_says_what_it_wrote(finished: Path, tmp_path: Path) -> No
     assert "0 run(s) of the sweep not finished" in result.output
     marker = json.loads((tmp_path / "runs" / "sweep.json").read_text())
     assert marker == json.loads((finished / "sweep.json").read_text())
+
+
+def test_export_command_refuses_a_file_as_its_destination(finished: Path, tmp_path: Path) -> None:
+    (tmp_path / "runs").write_text("not a folder")
+    result = invoke("export", str(finished), str(tmp_path / "runs"))
+    one_sentence_error(result, "DEST", "is a file, not a folder")

@@ -55,6 +55,9 @@ def test_a_corrupt_record_and_an_empty_folder_are_one_sentence(tmp_path: Path) -
     (broken / REPORT_RECORD).write_text("{not json")
     result = invoke("index", str(tmp_path / "reports"))
     one_sentence_error(result, "report.json is corrupt", "rebuild that report")
+    (broken / REPORT_RECORD).write_text("[1, 2]")
+    result = invoke("index", str(tmp_path / "reports"))
+    one_sentence_error(result, "is not a posbench report record", "lacks about")
     result = invoke("index", str(tmp_path / "nowhere"))
     one_sentence_error(result, "is not a folder")
 

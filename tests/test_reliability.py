@@ -315,8 +315,8 @@ def test_a_report_interrupted_while_it_is_written_is_written_whole(
     assert result.exit_code == 130 and result.output.startswith("interrupted: ")
     assert len(calls) > 3 and calls[-1] == "report.html"  # the whole set, then the interrupt
     written = _report_files(out / "report")
-    assert {"report.html", "results.csv", "summary.csv"} <= set(written)
-    assert sum(name.startswith("figures/") for name in written) == len(calls) - 3
+    assert {"report.html", "report.json", "results.csv", "summary.csv"} <= set(written)
+    assert sum(name.startswith("figures/") for name in written) == len(calls) - 4
 
 
 def test_a_run_interrupted_while_its_report_is_built_says_the_runs_are_kept(

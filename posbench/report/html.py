@@ -763,8 +763,8 @@ def build_report(sweep_dir: Path, out_dir: Path, linked: Collection[str] = ()) -
                 out_dir / FIGURES_DIR / f"{name}.png": base64.b64decode(png)
                 for name, png in figures.items()
             },
-            html_path: html.encode("utf-8"),
             out_dir / REPORT_RECORD: (json.dumps(record, indent=2) + "\n").encode("utf-8"),
+            html_path: html.encode("utf-8"),
         },
         "-o",
     )

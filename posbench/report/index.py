@@ -16,6 +16,11 @@ from posbench.report.html import REPORT_RECORD
 from posbench.store import atomic_write_text, check_overwritable
 
 INDEX_FILE = "index.html"
+#: What the front page reads from a report's record.
+RECORD_FIELDS = frozenset(
+    {"about", "built", "built_by", "posbench_versions", "commits", "runs", "failed", "missing"}
+    | {"compute_seconds", "effective_lengths", "mrr"}
+)
 #: Encodings shown per task on the front page (by effective length, longest first).
 TOP_ENCODINGS = 3
 
@@ -76,6 +81,13 @@ def read_reports(reports_dir: Path) -> list[IndexedReport]:
                     f"{record_file} is corrupt ({err}); rebuild that report with `posbench "
                     "report` and run the same command again."
                 ) from None
+            lacking = sorted(RECORD_FIELDS - set(record if isinstance(record, dict) else ()))
+            if lacking:
+                raise ResultsError(
+                    f"{record_file} is not a posbench report record (it lacks "
+                    f"{', '.join(lacking)}); rebuild that report with `posbench report` and run "
+                    "the same command again."
+                )
         found.append(IndexedReport(folder.name, record))
     return found
 
