@@ -51,6 +51,7 @@ from posbench.report.summary import (
     headline,
     learned_in_distribution,
     lm_headline,
+    multi_size_tasks,
     sized_tasks,
     summarise,
 )
@@ -401,7 +402,7 @@ def _paper_tables(frame: pd.DataFrame) -> list[dict[str, Any]]:
 def _scale_section(results: pd.DataFrame, colours: dict[str, str]) -> dict[str, Any] | None:
     """The model-size section: scores and ranks per size, tau between sizes, one sentence per
     task and a score-against-parameters figure per task (None for a sweep of one size)."""
-    tasks = scale.multi_size_tasks(results)
+    tasks = multi_size_tasks(results)
     if not tasks:
         return None
     scores = scale.scale_scores(results)
@@ -464,18 +465,14 @@ def _report_record(
     """The report's name and purpose, when it was built and from which code, how much compute
     its runs took, and its headline (effective lengths, mean reciprocal ranks), so an index
     of reports needs no results of its own."""
-    members = sweep_members(sweep_dir)
-    commits, versions, seconds, runs = set(), set(), 0.0, 0
-    for folder in run_folders(sweep_dir):
-        if members is not None and folder.run_id not in members:
-            continue
+    # the runs whose numbers the report holds: collect() already checked them whole
+    read = sorted(set(frame["run_id"].dropna()))
+    commits, versions, seconds = set(), set(), 0.0
+    for folder in (RunFolder(sweep_dir / run_id) for run_id in read):
         try:
-            if not folder.is_finished():
-                continue
             env, result = folder.env() or {}, folder.result() or {}
         except ResultsError:
             continue
-        runs += 1
         seconds += float(result.get("seconds") or 0.0)
         commits.add(env.get("git_commit") or "not recorded")
         versions.add(env.get("posbench") or "not recorded")
@@ -487,7 +484,7 @@ def _report_record(
         "built_by": __version__,
         "posbench_versions": sorted(versions),
         "commits": sorted(commits),
-        "runs": runs,
+        "runs": len(read),
         "failed": len(failures),
         "missing": len(missing),
         "compute_seconds": round(seconds, 1),

@@ -19,7 +19,7 @@ import pandas as pd
 from scipy import stats
 
 from posbench.experiment.config import UNLEARNED_EXCESS
-from posbench.report.published import published_numbers
+from posbench.report.published import published_numbers, unseen_scores
 from posbench.report.summary import learned_in_distribution
 
 AGREES, PARTLY, DISAGREES, NOT_MEASURED = "agrees", "partly agrees", "disagrees", "not measured"
@@ -146,17 +146,9 @@ def _kazemnejad_copy() -> dict[str, float]:
 
 def _unseen_exact_match(frame: pd.DataFrame, task: str) -> pd.Series:
     """Per built-in encoding (by name, default options only): mean exact match over lengths
-    past the longest training length up to twice it, full context, all seeds."""
-    rows = frame[
-        (frame["task"] == task)
-        & (frame["metric"] == "exact_match")
-        & frame["mem_len"].isna()
-        & (frame["encoding_label"] == frame["encoding"])
-    ]
-    rows = rows[
-        (rows["eval_len"] > rows["train_len_max"]) & (rows["eval_len"] <= 2 * rows["train_len_max"])
-    ]
-    return rows.groupby("encoding")["value"].mean()
+    past the longest training length up to twice it, full context, mean over seeds."""
+    scores = unseen_scores(frame, "exact_match")
+    return scores[scores["task"] == task].groupby("encoding")["value"].mean()
 
 
 def _rank_verdict(published: dict[str, float], measured: pd.Series, what: str) -> tuple[str, str]:

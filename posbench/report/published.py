@@ -12,8 +12,7 @@ from importlib import resources
 
 import pandas as pd
 
-from posbench.report.scale import kendall_tau
-from posbench.report.stats import mean_interval, percentile_interval, seed_resamples
+from posbench.report.stats import kendall_tau, mean_interval, seed_bootstrap_interval
 from posbench.report.summary import learned_in_distribution
 
 #: Bootstrap replicates for each task's rank correlation.
@@ -111,9 +110,8 @@ def beside_papers(frame: pd.DataFrame, replicates: int = RANK_REPLICATES) -> lis
         def tau(means: dict) -> float:
             return kendall_tau(reference, [means[n] for n in names])
 
-        comparison.tau = tau({n: float(groups[n].mean()) for n in names})
-        comparison.low, comparison.high = percentile_interval(
-            tau(means) for means in seed_resamples(groups, replicates)
+        comparison.tau, comparison.low, comparison.high = seed_bootstrap_interval(
+            groups, tau, replicates
         )
         comparisons.append(comparison)
     return comparisons

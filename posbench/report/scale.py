@@ -9,10 +9,9 @@ import math
 from dataclasses import dataclass
 
 import pandas as pd
-from scipy.stats import kendalltau
 
-from posbench.report.stats import percentile_interval, seed_resamples
-from posbench.report.summary import learned_in_distribution, sized_tasks
+from posbench.report.stats import kendall_tau, seed_bootstrap_interval
+from posbench.report.summary import learned_in_distribution, multi_size_tasks, sized_tasks
 
 #: What a task's ranking score is, by the metric it is computed from.
 SCORED_BY = {
@@ -57,13 +56,6 @@ class ScaleVerdict:
             f"{self.tau:.2f}, 95% bootstrap interval over seeds [{self.low:.2f}, {self.high:.2f}], "
             f"{self.encodings} encodings that learned the task at both sizes)."
         )
-
-
-def multi_size_tasks(frame: pd.DataFrame) -> list[str]:
-    """The tasks the results hold at more than one model size."""
-    trained = frame[frame["task"].notna() & frame["model"].notna()]
-    sizes = trained.groupby("task")["model"].nunique()
-    return sorted(str(task) for task in sizes[sizes > 1].index)
 
 
 def scale_scores(frame: pd.DataFrame) -> pd.DataFrame:
@@ -118,14 +110,6 @@ def ranks_by_size(scores: pd.DataFrame) -> pd.DataFrame:
     return table
 
 
-def kendall_tau(x: list[float], y: list[float]) -> float:
-    """Kendall's tau-b of two scorings of the same encodings (NaN with fewer than two, or when
-    either scoring is constant)."""
-    if len(x) < 2 or len(set(x)) < 2 or len(set(y)) < 2:
-        return math.nan
-    return float(kendalltau(x, y).statistic)
-
-
 def tau_between(
     scores: pd.DataFrame, task: str, small: str, large: str, replicates: int, seed: int = 0
 ) -> tuple[float, float, float, int]:
@@ -141,10 +125,7 @@ def tau_between(
     def tau(means: dict) -> float:
         return kendall_tau([means[(small, b)] for b in both], [means[(large, b)] for b in both])
 
-    low, high = percentile_interval(
-        tau(means) for means in seed_resamples(groups, replicates, seed)
-    )
-    return tau({key: float(values.mean()) for key, values in groups.items()}), low, high, len(both)
+    return (*seed_bootstrap_interval(groups, tau, replicates, seed), len(both))
 
 
 def sizes_by_parameters(scores: pd.DataFrame, task: str) -> list[str]:

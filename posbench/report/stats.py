@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Hashable, Iterable, Iterator, Mapping, Sequence
+from typing import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 from scipy import stats
@@ -101,3 +101,26 @@ def _apart(a: Interval, b: Interval) -> bool:
     if any(math.isnan(x) for x in (a.low, a.high, b.low, b.high)):
         return False
     return a.high < b.low or b.high < a.low
+
+
+def kendall_tau(x: Sequence[float], y: Sequence[float]) -> float:
+    """Kendall's tau-b of two scorings of the same encodings (NaN with fewer than two, or when
+    either scoring is constant)."""
+    if len(x) < 2 or len(set(x)) < 2 or len(set(y)) < 2:
+        return math.nan
+    return float(stats.kendalltau(x, y).statistic)
+
+
+def seed_bootstrap_interval(
+    groups: Mapping[Hashable, np.ndarray],
+    statistic: Callable[[dict[Hashable, float]], float],
+    replicates: int,
+    seed: int = 0,
+) -> tuple[float, float, float]:
+    """A statistic of the groups' means, with the percentile interval of its bootstrap over
+    each group's seeds (see seed_resamples): (value, low, high)."""
+    value = statistic({key: float(values.mean()) for key, values in groups.items()})
+    low, high = percentile_interval(
+        statistic(means) for means in seed_resamples(groups, replicates, seed)
+    )
+    return value, low, high

@@ -28,13 +28,18 @@ def encoding_order(labels: Iterable[str]) -> list[str]:
     )
 
 
+def multi_size_tasks(frame: pd.DataFrame) -> list[str]:
+    """The tasks the results hold at more than one model size."""
+    trained = frame[frame["task"].notna() & frame["model"].notna()]
+    sizes = trained.groupby("task")["model"].nunique()
+    return sorted(str(task) for task in sizes[sizes > 1].index)
+
+
 def sized_tasks(frame: pd.DataFrame) -> pd.DataFrame:
     """The results with each task that ran at several model sizes split by size: its task label
     becomes ``copy @ d32 L4 H4``, so every table and figure keeps sizes apart (seeds of one size
     are pooled, sizes never are). Tasks run at one size keep their label."""
-    trained = frame[frame["task"].notna() & frame["model"].notna()]
-    sizes = trained.groupby("task")["model"].nunique()
-    split = frame["task"].isin(sizes[sizes > 1].index) & frame["model"].notna()
+    split = frame["task"].isin(multi_size_tasks(frame)) & frame["model"].notna()
     if not split.any():
         return frame
     frame = frame.copy()
