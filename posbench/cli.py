@@ -423,7 +423,7 @@ def report_command(
 ) -> None:
     """Build results.csv, summary.csv, figures/ and a self-contained report.html from stored
     results."""
-    from posbench.report.terminal import print_headline
+    from posbench.report.terminal import print_overview
     from posbench.report.html import build_report, default_report_dir
 
     linked = [name.strip() for name in (link_figures or "").split(",") if name.strip()]
@@ -437,7 +437,7 @@ def report_command(
                 f"{report_dir} holds its previous report or the whole new one, never a mix; run "
                 "the same command again to write the report.",
             )
-    print_headline(console, written.headline, written.lm_headline)
+    print_overview(console, written.overview)
     for problem in written.problems:
         err_console.print(Text(f"skipped: {problem}", style="yellow"), soft_wrap=True)
     if written.missing:
@@ -450,7 +450,10 @@ def report_command(
             )
         )
     console.print(Text(f"report: {written.html}"), soft_wrap=True)
-    console.print(Text(f"tables: {written.results_csv}, {written.summary_csv}"), soft_wrap=True)
+    console.print(
+        Text(f"tables: {written.results_csv}, {written.summary_csv}, {written.by_length_csv}"),
+        soft_wrap=True,
+    )
 
 
 @app.command("index")

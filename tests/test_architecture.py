@@ -55,6 +55,7 @@ LAYERS: list[set[str]] = [
         "report",
         "report.stats",
         "report.summary",
+        "report.overview",
         "report.literature",
         "report.plots",
         "report.scale",

@@ -133,7 +133,7 @@ def test_the_report_shows_loss_by_position_and_the_penalty(tmp_path: Path) -> No
     assert not outcome.failures
     report = build_report(tmp_path / "sw", tmp_path / "report")
     html = report.html.read_text()
-    assert "lm: loss by position" in html and "Language modelling: loss by position" in html
+    assert "lm: loss by position" in html and "penalty 2x (nats)" in html
     assert (tmp_path / "report" / "figures" / "loss_vs_position_lm.png").is_file()
     assert " ± " in html  # two seeds: intervals
 

@@ -36,7 +36,7 @@ def test_a_second_configuration_in_the_same_folder_is_never_pooled(tmp_path: Pat
     assert result.exit_code == 0, result.output
     frame = pd.read_csv(out / "results.csv")
     assert not first_ids & set(frame["run_id"])  # only the 4-step runs
-    summary = pd.read_csv(out / "report" / "summary.csv")
+    summary = pd.read_csv(out / "report" / "by_length.csv")
     assert (summary["n"] == 1).all()  # one seed, one run: nothing averaged across configurations
     html = (out / "report" / "report.html").read_text()
     assert "other configurations" in html and all(run_id in html for run_id in first_ids)
@@ -315,8 +315,9 @@ def test_a_report_interrupted_while_it_is_written_is_written_whole(
     assert result.exit_code == 130 and result.output.startswith("interrupted: ")
     assert len(calls) > 3 and calls[-1] == "report.html"  # the whole set, then the interrupt
     written = _report_files(out / "report")
-    assert {"report.html", "report.json", "results.csv", "summary.csv"} <= set(written)
-    assert sum(name.startswith("figures/") for name in written) == len(calls) - 4
+    tables = {"report.html", "report.json", "results.csv", "summary.csv", "by_length.csv"}
+    assert tables <= set(written)
+    assert sum(name.startswith("figures/") for name in written) == len(calls) - len(tables)
 
 
 def test_a_run_interrupted_while_its_report_is_built_says_the_runs_are_kept(

@@ -16,6 +16,8 @@ import pandas as pd
 from jinja2 import Environment, PackageLoader, select_autoescape
 
 from posbench.report import plots, published, scale
+from posbench.report.overview import HEADLINE_METRICS, overview, overview_cells
+from posbench.tasks import REGISTRY as TASKS
 from posbench.errors import ResultsError
 from posbench.experiment.memory import MEMORY_METHOD
 from posbench.experiment.config import UNLEARNED_EXCESS
@@ -38,10 +40,7 @@ from posbench.report.stats import GENERALISES_AT, Interval, rank_groups
 from posbench.report.summary import (
     EFFECTIVE_AT,
     EFFECTIVE_PENALTY,
-    HEADLINE_COLUMNS,
-    LM_COLUMNS,
     comparison_kind,
-    cost_columns,
     FAMILIES,
     cross_task_ranking,
     deepmind_scores,
@@ -60,8 +59,8 @@ from posbench.version import __version__
 
 #: The report's folder of PNG figures.
 FIGURES_DIR = "figures"
-ACCURACY_COLUMNS = tuple(column for column, _, _ in HEADLINE_COLUMNS)
-COST_COLUMNS = ("latency_ratio", "memory_ratio")
+#: Every aggregate the report reads, per task x encoding x length x metric.
+BY_LENGTH_FILE = "by_length.csv"
 
 
 @dataclass
@@ -72,11 +71,11 @@ class Report:
     html: Path
     results_csv: Path
     summary_csv: Path
-    headline: pd.DataFrame
+    by_length_csv: Path
+    overview: pd.DataFrame
     problems: list[str] = field(default_factory=list)
     missing: list[str] = field(default_factory=list)
     other_runs: list[dict[str, str]] = field(default_factory=list)
-    lm_headline: pd.DataFrame = field(default_factory=pd.DataFrame)
 
 
 def default_report_dir(sweep_dir: Path) -> Path:
@@ -88,119 +87,36 @@ def default_report_dir(sweep_dir: Path) -> Path:
     return sweep_dir / "report"
 
 
-def _headline_rows(frame: pd.DataFrame) -> tuple[list[dict[str, Any]], dict[str, str]]:
-    table = headline(frame)
-    comparisons = comparison_kind(frame)
-    costs = cost_columns(frame)
-    if not costs.empty:
-        table = table.merge(costs, on="encoding_label", how="left")
-    for column in COST_COLUMNS:
-        if column not in table:
-            table[column] = math.nan
-    noisy = (
-        table["latency_noisy"].fillna(False).astype(bool)
-        if "latency_noisy" in table
-        else pd.Series(False, index=table.index)
-    )
-    learned = learned_in_distribution(frame)
-    ranked = pd.Series(
-        [bool(learned.get((t, e), True)) for t, e in zip(table["task"], table["encoding_label"])],
-        index=table.index,
-        dtype=bool,
-    )  # a model that did not learn its task is never "best"
-    best: dict[tuple[str, str], float] = {}
-    for task, group in table.groupby("task"):
-        for column in ACCURACY_COLUMNS:
-            rows = group[ranked[group.index] & group[column].notna()]
-            intervals = [
-                Interval(r[column], r[f"{column}_low"], r[f"{column}_high"], int(r["seeds"]))
-                for r in rows.to_dict("records")
-            ]
-            groups = rank_groups(intervals)
-            if groups.count(1) == 1 and len(groups) > 1:  # bold only a group of one
-                best[(task, column)] = intervals[groups.index(1)].mean
-        for column in COST_COLUMNS:
-            values = (
-                group[column][~noisy[group.index]]
-                if column == "latency_ratio"
-                else group[column][ranked[group.index]]
-            ).dropna()
-            if values.nunique() > 1:  # a tie everywhere marks nothing
-                best[(task, column)] = values.min()
-    rows = []
-    for record in table.to_dict("records"):
-        cells = {}
-        for column in ACCURACY_COLUMNS + COST_COLUMNS:
-            value = record.get(column)
-            missing = value is None or (isinstance(value, float) and math.isnan(value))
-            if column in ACCURACY_COLUMNS:
-                text = Interval(
-                    value if not missing else math.nan,
-                    record[f"{column}_low"],
-                    record[f"{column}_high"],
-                    0,
-                ).text()
-            else:
-                text = "n/a" if missing else f"{value:.2f}x"
-            flagged = (
-                column == "latency_ratio" and bool(record.get("latency_noisy")) and not missing
-            )
-            untrained = _reads_untrained(record, column) and not missing
-            cells[column] = {
-                "text": text + (" (noisy)" if flagged else "") + (" †" if untrained else ""),
-                "best": not missing and not flagged and best.get((record["task"], column)) == value,
-            }
-        effective = record.get("effective_length")
-        cells["effective_length"] = {
-            "text": "n/a"
-            if effective is None or math.isnan(effective)
-            else Interval(
-                effective, record["effective_length_low"], record["effective_length_high"], 0
-            ).text(1),
-            "best": False,
-        }
-        chance = record.get("chance_at_2x")
-        cells["chance_at_2x"] = {
-            "text": "n/a" if chance is None or math.isnan(chance) else f"{chance:.2f}",
-            "best": False,
-        }
-        rows.append(
-            {
-                "task": record["task"],
-                "comparison": comparisons.get(record["task"], ""),
-                "label": record["encoding_label"],
-                "seeds": int(record["seeds"]),
-                "best_at_2x": "n/a"
-                if math.isnan(record["best_at_2x"])
-                else f"{record['best_at_2x']:.2f}",
-                "generalising": "n/a"
-                if math.isnan(record["generalising"])
-                else f"{record['generalising']:.0%}",
-                "steps": ""
-                if not isinstance(record.get("reached_threshold"), str)
-                else (
-                    f"{record['steps_to_threshold']:.0f} ({record['reached_threshold']})"
-                    if not math.isnan(record["steps_to_threshold"])
-                    else f"not reached (0/{record['reached_threshold'].split('/')[1]})"
-                ),
-                "undertrained": not learned.get((record["task"], record["encoding_label"]), True),
-                "cells": cells,
-            }
-        )
-    notes = {
-        "interval": "mean over seeds ± the half-width of its 95% Student-t interval"
-        if (table["seeds"] > 1).any()
-        else "one seed per encoding: no interval can be given (run --seeds 0,1,2)",
-        "generalises": f"{GENERALISES_AT:.0%}",
-        "unlearned_excess": f"{UNLEARNED_EXCESS}",
-        "effective_at": f"{EFFECTIVE_AT}",
-        "effective_penalty": f"{EFFECTIVE_PENALTY}",
-    }
-    if costs["latency_at"].notna().any():
-        notes["latency"] = f"fwd+bwd latency / nope at L={int(costs['latency_at'].max())}"
-    if costs["memory_at"].notna().any():
-        notes["memory"] = f"peak memory / nope at L={int(costs['memory_at'].max())}"
-    return rows, notes
+#: A task table's accuracy columns: (column, header). Accuracies are shares from 0 to 1.
+ANSWER_COLUMNS = (
+    ("in_distribution", "exact match in-dist"),
+    ("at_2x", "exact match 2x"),
+    ("at_4x", "exact match 4x"),
+    ("greedy_at_2x", "free-running token 2x"),
+    ("greedy_at_4x", "free-running token 4x"),
+    ("token_at_2x", "teacher-forced token 2x"),
+    ("token_at_4x", "teacher-forced token 4x"),
+    ("longest_cache", "exact match, longest cache"),
+)
+#: A loss-by-position task's columns: (column, header), all in nats.
+LOSS_COLUMNS = (
+    ("loss_in_distribution", "loss in-dist (nats)"),
+    ("loss_longest", "loss at the end (nats)"),
+    ("penalty_2x", "penalty 2x (nats)"),
+    ("penalty_longest", "penalty at the end (nats)"),
+    ("excess_in_distribution", "above floor (nats)"),
+)
+
+
+def _length_units(config: dict[str, Any]) -> dict[str, str]:
+    """Each task label's length unit (from its registered task; none for a task posbench
+    cannot look up, such as a plugin the report was built without)."""
+    units = {}
+    for entry in config.get("tasks", []):
+        name = entry.get("name", "")
+        if name in TASKS.names():
+            units[entry.get("label") or name] = TASKS.get(name).length_unit
+    return units
 
 
 def _reads_untrained(record: dict[str, Any], column: str) -> bool:
@@ -212,31 +128,212 @@ def _reads_untrained(record: dict[str, Any], column: str) -> bool:
     return False
 
 
-def _lm_rows(frame: pd.DataFrame) -> list[dict[str, Any]]:
-    """The loss-by-position headline as table cells (mean ± 95% interval)."""
-    table = lm_headline(frame)
+def _best_accuracy(group: pd.DataFrame, column: str, learned: pd.Series) -> float | None:
+    """The value to bold in a task's accuracy column: the mean of the encoding that its
+    interval separates from every other learned encoding (None where nothing is separated)."""
+    rows = group[
+        [bool(learned.get((t, e), True)) for t, e in zip(group["task"], group["encoding_label"])]
+    ]
+    rows = rows[rows[column].notna()]
+    intervals = [
+        Interval(r[column], r[f"{column}_low"], r[f"{column}_high"], int(r["seeds"]))
+        for r in rows.to_dict("records")
+    ]
+    groups = rank_groups(intervals)
+    if groups.count(1) == 1 and len(groups) > 1:  # bold only a group of one
+        return intervals[groups.index(1)].mean
+    return None
+
+
+def _keep_informative(
+    columns: list[tuple[str, str]], rows: list[dict[str, Any]]
+) -> tuple[list[tuple[str, str]], list[str]]:
+    """The columns that say something for this task: none that is n/a for every encoding; one
+    that is the same for every encoding (of several) is stated once instead ("header: value")."""
+    kept, same = [], []
+    for key, header in columns:
+        texts = {row["cells"][key]["text"] for row in rows}
+        if texts <= {"n/a", ""}:
+            continue
+        if len(rows) > 1 and len(texts) == 1:
+            same.append(f"{header}: {texts.pop()}")
+            continue
+        kept.append((key, header))
+    return kept, same
+
+
+def _answer_table(task: str, group: pd.DataFrame, learned: pd.Series, unit: str) -> dict[str, Any]:
+    """A task with answers: its accuracy columns, effective length, seeds, best seed, share
+    generalising and steps to threshold, one row per encoding."""
+    best = {c: _best_accuracy(group, c, learned) for c, _ in ANSWER_COLUMNS}
     rows = []
-    for record in table.to_dict("records"):
-        cells = {
-            c: Interval(record[c], record[f"{c}_low"], record[f"{c}_high"], 0).text(3)
-            for c in [c for c, _, _ in LM_COLUMNS] + ["excess_in_distribution"]
+    for record in group.to_dict("records"):
+        cells: dict[str, dict[str, Any]] = {}
+        for column, _ in ANSWER_COLUMNS:
+            value = record[column]
+            text = Interval(value, record[f"{column}_low"], record[f"{column}_high"], 0).text()
+            if _reads_untrained(record, column) and text != "n/a":
+                text += " †"
+            cells[column] = {
+                "text": text,
+                "best": not pd.isna(value) and best[column] == value,
+            }
+        extra = {
+            "effective_length": Interval(
+                record["effective_length"],
+                record["effective_length_low"],
+                record["effective_length_high"],
+                0,
+            ).text(1),
+            "seeds": str(int(record["seeds"])),
+            "best_at_2x": "n/a" if pd.isna(record["best_at_2x"]) else f"{record['best_at_2x']:.2f}",
+            "generalising": "n/a"
+            if pd.isna(record["generalising"])
+            else f"{record['generalising']:.0%}",
+            "steps": ""
+            if not isinstance(record.get("reached_threshold"), str)
+            else (
+                f"{record['steps_to_threshold']:.0f} ({record['reached_threshold']})"
+                if not pd.isna(record["steps_to_threshold"])
+                else f"not reached (0/{record['reached_threshold'].split('/')[1]})"
+            ),
         }
-        cells["effective_length"] = Interval(
-            record["effective_length"],
-            record["effective_length_low"],
-            record["effective_length_high"],
-            0,
-        ).text(0)
+        cells |= {key: {"text": text, "best": False} for key, text in extra.items()}
         rows.append(
             {
-                "task": record["task"],
                 "label": record["encoding_label"],
-                "seeds": int(record["seeds"]),
+                "unlearned": not learned.get((task, record["encoding_label"]), True),
                 "cells": cells,
-                "unlearned": record["learned"] is False,
             }
         )
-    return rows
+    length = f"effective length ({unit})" if unit else "effective length"
+    columns = [("effective_length", length), *ANSWER_COLUMNS]
+    columns += [
+        ("best_at_2x", "best seed, exact match 2x"),
+        ("generalising", "seeds generalising"),
+        ("steps", "steps to threshold (seeds)"),
+        ("seeds", "seeds"),
+    ]
+    kept, same = _keep_informative(columns, rows)
+    chance = group["chance_at_2x"].dropna()
+    return {
+        "kind": "answers",
+        "columns": kept,
+        "same": same,
+        "rows": rows,
+        "chance": f"{chance.mean():.2f}" if len(chance) else "",
+        "flag": "did not learn the task",
+    }
+
+
+def _loss_table(task: str, group: pd.DataFrame, unit: str) -> dict[str, Any]:
+    """A loss-by-position task: loss and extrapolation penalty (nats, mean ± 95% interval),
+    the excess over the task's floor and the effective length, one row per encoding."""
+    rows = []
+    for record in group.to_dict("records"):
+        cells = {
+            c: {
+                "text": Interval(record[c], record[f"{c}_low"], record[f"{c}_high"], 0).text(3),
+                "best": False,
+            }
+            for c, _ in LOSS_COLUMNS
+        }
+        cells["effective_length"] = {
+            "text": Interval(
+                record["effective_length"],
+                record["effective_length_low"],
+                record["effective_length_high"],
+                0,
+            ).text(0),
+            "best": False,
+        }
+        cells["seeds"] = {"text": str(int(record["seeds"])), "best": False}
+        rows.append(
+            {
+                "label": record["encoding_label"],
+                "unlearned": record["learned"] is False,
+                "cells": cells,
+            }
+        )
+    length = f"effective length ({unit})" if unit else "effective length"
+    columns = [*LOSS_COLUMNS, ("effective_length", length), ("seeds", "seeds")]
+    kept, same = _keep_informative(columns, rows)
+    return {
+        "kind": "loss",
+        "columns": kept,
+        "same": same,
+        "rows": rows,
+        "chance": "",
+        "flag": "did not learn the language",
+    }
+
+
+def _task_tables(frame: pd.DataFrame, units: dict[str, str]) -> list[dict[str, Any]]:
+    """One table per task with only the columns that mean something for it."""
+    answers, losses = headline(frame), lm_headline(frame)
+    learned = learned_in_distribution(frame)
+    comparisons = comparison_kind(frame)
+    tables = []
+    for task in sorted(frame["task"].dropna().unique()):
+        loss = losses[losses["task"] == task] if not losses.empty else losses
+        answer = answers[answers["task"] == task] if not answers.empty else answers
+        if not loss.empty:
+            table = _loss_table(task, loss, units.get(task, ""))
+        elif not answer.empty and answer[[c for c, _ in ANSWER_COLUMNS]].notna().any().any():
+            table = _answer_table(task, answer, learned, units.get(task, ""))
+        else:
+            continue
+        tables.append(table | {"task": task, "comparison": comparisons.get(task, "")})
+    return tables
+
+
+def _headline_notes(frame: pd.DataFrame) -> dict[str, str]:
+    """The numbers the report's notes quote: how intervals are given, and the thresholds."""
+    seeds = frame.groupby(["task", "encoding_label"])["seed"].nunique()
+    return {
+        "interval": "mean over seeds ± the half-width of its 95% Student-t interval"
+        if (seeds > 1).any()
+        else "one seed per encoding: no interval can be given (run --seeds 0,1,2)",
+        "generalises": f"{GENERALISES_AT:.0%}",
+        "unlearned_excess": f"{UNLEARNED_EXCESS}",
+        "effective_at": f"{EFFECTIVE_AT}",
+        "effective_penalty": f"{EFFECTIVE_PENALTY}",
+    }
+
+
+def _glance(table: pd.DataFrame, units: dict[str, str]) -> dict[str, Any]:
+    """The first screen: the overview heatmap and one compact table per task (headline with
+    its interval and rank group, effective length, cost at the stated length)."""
+    tasks = []
+    for task, group in table.groupby("task", sort=True):
+        metric = HEADLINE_METRICS[group["headline_metric"].iloc[0]]
+        rows = [
+            {
+                "label": record["encoding_label"],
+                "unlearned": not record["learned"],
+                "best": bool(record["best"]),
+                "cells": overview_cells(record),
+            }
+            for record in group.to_dict("records")
+        ]
+        chance = group["chance"].dropna()
+        latency_at, memory_at = group["latency_at"].dropna(), group["memory_at"].dropna()
+        tasks.append(
+            {
+                "task": task,
+                "metric": metric.title,
+                "header": metric.short,
+                "comparison": group["comparison"].iloc[0],
+                "chance": f"{chance.mean():.2f}" if len(chance) else "",
+                "unit": units.get(task, ""),
+                "latency": f"latency (× nope, L={int(latency_at.max())})"
+                if len(latency_at)
+                else "",
+                "memory": f"memory (× nope, L={int(memory_at.max())})" if len(memory_at) else "",
+                "rows": rows,
+            }
+        )
+    return {"tasks": tasks, "heatmap": plots.overview_heatmap(table)}
 
 
 def _representative_runs(frame: pd.DataFrame, colours: dict[str, str]) -> list[Any]:
@@ -653,13 +750,16 @@ def build_report(sweep_dir: Path, out_dir: Path, linked: Collection[str] = ()) -
     for path, signature in (
         (results_csv, "run_id,task,encoding,"),
         (summary_csv, "task,encoding_label,"),
+        (out_dir / BY_LENGTH_FILE, "task,encoding_label,"),
         (out_dir / "report.html", "<title>posbench report"),
     ):
         check_overwritable(path, signature, "-o")
 
     colours = plots.colour_map(sorted(frame["encoding_label"].unique()))
     tasks = sorted(frame["task"].dropna().unique())
-    headline_rows, headline_notes = _headline_rows(frame)
+    config = sweep_marker(sweep_dir).get("config", {})
+    units = _length_units(config)
+    overview_table = overview(frame)
     costs = {
         "latency_fwdbwd": plots.cost_plot(
             frame,
@@ -690,13 +790,13 @@ def build_report(sweep_dir: Path, out_dir: Path, linked: Collection[str] = ()) -
         ),
     }
     failures, missing = _failures_and_missing(sweep_dir)
-    config = sweep_marker(sweep_dir).get("config", {})
     others = other_runs(sweep_dir)
     context = {
         "title": f"posbench report: {sweep_dir.name}",
         "sweep_dir": str(sweep_dir),
-        "headline": headline_rows,
-        "headline_notes": headline_notes,
+        "glance": _glance(overview_table, units),
+        "task_tables": _task_tables(frame, units),
+        "headline_notes": _headline_notes(frame),
         "tasks": [
             {
                 "name": t,
@@ -712,7 +812,6 @@ def build_report(sweep_dir: Path, out_dir: Path, linked: Collection[str] = ()) -
         "memory_method": MEMORY_METHOD,
         "timing_method": describe_method(),
         "literature": [dataclasses.asdict(v) for v in check_findings(frame)],
-        "lm_headline": _lm_rows(frame),
         "cross_task": [
             {
                 "label": r["encoding_label"],
@@ -755,7 +854,8 @@ def build_report(sweep_dir: Path, out_dir: Path, linked: Collection[str] = ()) -
     atomic_write_files(
         {
             results_csv: results.to_csv(index=False).encode("utf-8"),
-            summary_csv: summarise(frame).to_csv(index=False).encode("utf-8"),
+            summary_csv: overview_table.to_csv(index=False).encode("utf-8"),
+            out_dir / BY_LENGTH_FILE: summarise(frame).to_csv(index=False).encode("utf-8"),
             **{
                 out_dir / FIGURES_DIR / f"{name}.png": base64.b64decode(png)
                 for name, png in figures.items()
@@ -770,9 +870,9 @@ def build_report(sweep_dir: Path, out_dir: Path, linked: Collection[str] = ()) -
         html_path,
         results_csv,
         summary_csv,
-        headline(frame),
+        out_dir / BY_LENGTH_FILE,
+        overview_table,
         problems,
         missing,
         others,
-        lm_headline(frame),
     )

@@ -13,12 +13,14 @@ from typing import Any, Callable, TypeVar
 
 import matplotlib
 import matplotlib.colors
+import matplotlib.patches
 import matplotlib.ticker
 import numpy as np
 import pandas as pd
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
+from posbench.report.overview import HEADLINE_METRICS
 from posbench.report.stats import mean_interval
 from posbench.report.summary import encoding_order
 
@@ -279,4 +281,61 @@ def attention_distance(distances: dict[str, pd.DataFrame], colours: dict[str, st
         ax.set_title(f"{kind}" + (f" ({tokens} tokens)" if not rows.empty else ""), fontsize=9)
     axes[0].set_ylabel("attention mass")
     axes[1].legend(fontsize=7, loc="best")
+    return to_png(fig)
+
+
+@styled
+def overview_heatmap(table: pd.DataFrame) -> str | None:
+    """Encodings x tasks coloured by each task's headline metric (one panel per metric, each
+    with its own scale), every cell labelled with its value and rank group: the suite's answer
+    at a glance. A model that did not learn the task is grey and unranked."""
+    if table.empty:
+        return None
+    labels = encoding_order(table["encoding_label"])
+    panels = [m for m in HEADLINE_METRICS.values() if (table["headline_metric"] == m.column).any()]
+    widths = [table.loc[table["headline_metric"] == m.column, "task"].nunique() for m in panels]
+    width = min(2.4 + 1.15 * sum(widths) + 1.2 * len(panels), 13)
+    fig = Figure(figsize=(width, 0.9 + 0.3 * len(labels)), layout="constrained")
+    axes = np.atleast_1d(fig.subplots(1, len(panels), width_ratios=widths, sharey=True))
+    for ax, metric in zip(axes, panels):
+        rows = table[table["headline_metric"] == metric.column]
+        tasks = sorted(rows["task"].unique())
+        grid = rows.pivot_table(
+            index="encoding_label", columns="task", values="value", aggfunc="first"
+        )
+        grid = grid.reindex(index=labels, columns=tasks)  # (encodings, tasks)
+        limit = max(float(np.nanmax(grid.to_numpy())), 0.5) if not metric.higher_is_better else 1.0
+        image = ax.imshow(
+            grid.to_numpy(dtype=float),
+            cmap="viridis" if metric.higher_is_better else "viridis_r",
+            vmin=0.0,
+            vmax=limit,
+            aspect="auto",
+        )
+        for record in rows.to_dict("records"):
+            y, x = labels.index(record["encoding_label"]), tasks.index(record["task"])
+            if not record["learned"]:
+                ax.add_patch(
+                    matplotlib.patches.Rectangle((x - 0.5, y - 0.5), 1, 1, color="#cccccc")
+                )
+                ax.text(x, y, "not learned", ha="center", va="center", fontsize=7, color="#555")
+                continue
+            shade = image.norm(record["value"])
+            dark = shade < 0.55 if metric.higher_is_better else shade > 0.45
+            ax.text(
+                x,
+                y,
+                f"{record['value']:.{metric.digits}f} ({record['rank_group']})",
+                ha="center",
+                va="center",
+                fontsize=7,
+                color="white" if dark else "black",
+                fontweight="bold" if record["best"] else "normal",
+            )
+        ax.set_xticks(range(len(tasks)), tasks, rotation=30, ha="right")
+        ax.set_yticks(range(len(labels)), labels)
+        ax.tick_params(axis="y", labelleft=ax is axes[0])
+        ax.grid(False)
+        ax.set_title(metric.title, fontsize=9)
+        fig.colorbar(image, ax=ax, fraction=0.08, pad=0.03)
     return to_png(fig)

@@ -38,8 +38,8 @@ from posbench.store import (
     training_runs,
 )
 from posbench.experiment.outcome import SweepOutcome
-from posbench.report.stats import Interval
-from posbench.report.summary import EFFECTIVE_AT, headline, lm_headline, sized_tasks
+from posbench.report.overview import HEADLINE_METRICS, overview, overview_cells
+from posbench.report.summary import EFFECTIVE_AT, EFFECTIVE_PENALTY, sized_tasks
 
 #: Above this fwd+bwd ratio to NoPE, `posbench bench` says why the encoding costs what it does.
 COST_NOTE_ABOVE = 2.5
@@ -195,7 +195,7 @@ def print_outcome(console: Console, outcome: SweepOutcome) -> None:
     damaged run set aside and problem."""
     if outcome.finished_any:
         frame = sized_tasks(collect(outcome.out_dir, []))
-        print_headline(console, headline(frame), lm_headline(frame))
+        print_overview(console, overview(frame))
     console.print(
         Text(f"ran {len(outcome.ran)} run(s), skipped {len(outcome.skipped)} finished run(s)")
     )
@@ -220,123 +220,64 @@ def print_outcome(console: Console, outcome: SweepOutcome) -> None:
         console.print(Text(f"FAILED {label}: {error}", style="bold red"), soft_wrap=True)
 
 
-def print_headline(
-    console: Console, summary: pd.DataFrame, lm_summary: pd.DataFrame | None = None
-) -> None:
-    """Tasks with answers, encoding x task: effective length, exact match in distribution,
-    greedy (free-running) token accuracy at 2x and 4x and the chance level; then tasks with
-    loss by position: in-distribution loss above the floor, penalty at the end, effective
-    length. Means over seeds ± the half-width of their 95% t interval."""
-    answers = (
-        summary[summary["in_distribution"].notna() | summary["greedy_at_2x"].notna()]
-        if not summary.empty
-        else summary
-    )
-    one_seed = summary.empty or (summary["seeds"] <= 1).all()
+def print_overview(console: Console, table: pd.DataFrame) -> None:
+    """The answer at a glance, as summary.csv and the report's first screen give it: per task
+    and encoding, the task's headline metric (mean over seeds ± the half-width of its 95% t
+    interval), its rank group, the effective length and the cost ratios to nope."""
+    if table.empty:
+        return
+    one_seed = (table["seeds"] <= 1).all()
     interval = " (one seed: no interval)" if one_seed else " ± 95% t interval"
-    table = Table(title="accuracy, mean over seeds" + interval, title_justify="left")
-    for column in ("task", "encoding", "eff. len", "in-dist", "greedy 2x", "greedy 4x", "chance"):
-        table.add_column(
-            column, justify="left" if column in ("task", "encoding") else "right", no_wrap=True
+    out = Table(
+        title="each task's headline metric, mean over seeds" + interval, title_justify="left"
+    )
+    costs = [c for c in ("latency", "memory") if table[f"{c}_ratio"].notna().any()]
+    headers = ["task", "encoding", "metric", "value", "group", "eff. len", *costs]
+    for header in headers:
+        out.add_column(
+            header,
+            justify="left" if header in ("task", "encoding", "metric") else "right",
+            no_wrap=True,
         )
-    for row in answers.to_dict("records"):
-        cells = {
-            c: Interval(row[c], row[f"{c}_low"], row[f"{c}_high"], 0).text()
-            for c in ("in_distribution", "greedy_at_2x", "greedy_at_4x")
-        }
-        for c in ("greedy_at_2x", "greedy_at_4x"):
-            share = row.get(f"untrained_at_{c[-2:]}")
-            if isinstance(share, float) and share > 0 and cells[c] != "n/a":
-                cells[c] += " †"
-        effective = Interval(
-            row["effective_length"], row["effective_length_low"], row["effective_length_high"], 0
-        ).text(1)
-        undertrained = (
-            not math.isnan(row["in_distribution"]) and row["in_distribution"] < UNDERTRAINED_BELOW
-        )
-        in_dist = Text(cells["in_distribution"]) + (
-            Text(" *", style="yellow") if undertrained else Text("")
-        )
-        table.add_row(
-            Text(row["task"]),
-            Text(row["encoding_label"]),
-            effective,
-            in_dist,
-            cells["greedy_at_2x"],
-            cells["greedy_at_4x"],
-            _cell(row["chance_at_2x"]),
-        )
-    if len(answers):
-        console.print(table)
-        console.print(
-            Text(
-                "eff. len: longest length up to which greedy token accuracy stays >= "
-                f"{EFFECTIVE_AT}; "
-                "greedy: the model reads its own answers; chance: at 2x",
-                style="dim",
-            ),
-            soft_wrap=True,
-        )
-    if not answers.empty and (answers["in_distribution"] < UNDERTRAINED_BELOW).any():
-        console.print(
-            Text(
-                f"* undertrained: in-distribution exact match below {UNDERTRAINED_BELOW}",
-                style="yellow",
+    for task, group in table.groupby("task", sort=True):
+        metric = HEADLINE_METRICS[group["headline_metric"].iloc[0]]
+        for i, record in enumerate(group.to_dict("records")):
+            cells = overview_cells(record)
+            style = "bold" if record["best"] else ("dim" if not record["learned"] else "")
+            out.add_row(
+                Text(task if i == 0 else ""),
+                Text(record["encoding_label"]),
+                Text(metric.short if i == 0 else ""),
+                Text(cells["headline"], style=style),
+                cells["group"],
+                cells["effective_length"],
+                *[cells[c] for c in costs],
+                end_section=i == len(group) - 1,
             )
+    console.print(out)
+    notes = [
+        "group: 1 is best; encodings whose intervals overlap share a group; bold: a group of one",
+        (
+            f"eff. len: the longest length up to which free-running token accuracy stays >= "
+            f"{EFFECTIVE_AT} (loss tasks: penalty <= {EFFECTIVE_PENALTY} nats)"
+        ),
+    ]
+    if not table["learned"].all():
+        notes.append(
+            f"-: did not learn the task in distribution (exact match below "
+            f"{UNDERTRAINED_BELOW}, or loss more than {UNLEARNED_EXCESS} nats above the floor); "
+            "not ranked"
         )
-    if (
-        not answers.empty
-        and (answers[["untrained_at_2x", "untrained_at_4x"]].fillna(0) > 0).any().any()
-    ):
-        console.print(
-            Text(
-                "† reads parameter rows training never reached (posbench inspect RUN_DIR says "
-                "which)",
-                style="yellow",
-            ),
-            soft_wrap=True,
+    if (table["untrained_share"].fillna(0) > 0).any():
+        notes.append("†: reads parameter rows training never reached (posbench inspect RUN_DIR)")
+    if costs:
+        at = table["latency_at"].dropna()
+        notes.append(
+            "latency, memory: fwd+bwd time and peak memory of one layer / nope"
+            + (f" at L={int(at.max())}" if len(at) else "")
         )
-    if lm_summary is not None and not lm_summary.empty:
-        lm = Table(title="loss by position (nats)" + interval, title_justify="left")
-        for column in ("task", "encoding", "above floor", "penalty end", "eff. len"):
-            lm.add_column(
-                column, justify="left" if column in ("task", "encoding") else "right", no_wrap=True
-            )
-        for row in lm_summary.to_dict("records"):
-            flag = Text(" *", style="yellow") if row["learned"] is False else Text("")
-            lm.add_row(
-                Text(row["task"]),
-                Text(row["encoding_label"]) + flag,
-                Interval(
-                    row["excess_in_distribution"],
-                    row["excess_in_distribution_low"],
-                    row["excess_in_distribution_high"],
-                    0,
-                ).text(3),
-                Interval(
-                    row["penalty_longest"],
-                    row["penalty_longest_low"],
-                    row["penalty_longest_high"],
-                    0,
-                ).text(3),
-                Interval(
-                    row["effective_length"],
-                    row["effective_length_low"],
-                    row["effective_length_high"],
-                    0,
-                ).text(0),
-            )
-        console.print(lm)
-        if (lm_summary["learned"] == False).any():  # noqa: E712 (None where the task has no floor)
-            console.print(
-                Text(
-                    f"* did not learn the language (more than {UNLEARNED_EXCESS} nats above the "
-                    "floor): "
-                    "its penalty is not ranked",
-                    style="yellow",
-                ),
-                soft_wrap=True,
-            )
+    for note in notes:
+        console.print(Text(note, style="dim"), soft_wrap=True)
 
 
 def print_bench(console: Console, out_dir: Path) -> None:

@@ -1,0 +1,173 @@
+"""The answer at a glance: one row per task x encoding with the task's headline metric, its
+interval and rank group, the effective length and the cost. summary.csv, the terminal table and
+the report's first screen all show this one table, so every reader gets the same answer."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import pandas as pd
+
+from posbench.report.stats import Interval, rank_groups
+from posbench.report.summary import (
+    comparison_kind,
+    cost_columns,
+    encoding_order,
+    headline,
+    learned_in_distribution,
+    lm_headline,
+)
+
+
+@dataclass(frozen=True)
+class HeadlineMetric:
+    """What a task is ranked by in the overview."""
+
+    column: str  # the name in summary.csv's headline_metric column
+    title: str  # how tables and figures name it, with its unit
+    short: str  # the terminal's name for it
+    higher_is_better: bool
+    digits: int
+
+    def text(self, value: float, low: float, high: float) -> str:
+        """The value with the half-width of its interval, as every overview prints it."""
+        return Interval(value, low, high, 0).text(self.digits)
+
+
+#: Tasks with answers are ranked by free-running token accuracy at twice the longest training
+#: length (graded, unlike exact match, and free of teacher forcing); loss-by-position tasks by
+#: the extrapolation penalty there.
+GREEDY_AT_2X = HeadlineMetric(
+    "greedy_token_accuracy_at_2x", "free-running token accuracy at 2x", "token acc. 2x", True, 2
+)
+PENALTY_AT_2X = HeadlineMetric(
+    "lm_penalty_at_2x", "extrapolation penalty at 2x (nats)", "penalty 2x, nats", False, 3
+)
+HEADLINE_METRICS = {m.column: m for m in (GREEDY_AT_2X, PENALTY_AT_2X)}
+
+OVERVIEW_COLUMNS = [
+    "task",
+    "encoding_label",
+    "comparison",
+    "headline_metric",
+    "value",
+    "low",
+    "high",
+    "seeds",
+    "learned",
+    "rank_group",
+    "best",
+    "chance",
+    "untrained_share",
+    "effective_length",
+    "effective_length_low",
+    "effective_length_high",
+    "latency_ratio",
+    "latency_at",
+    "latency_noisy",
+    "memory_ratio",
+    "memory_at",
+]
+
+
+def overview(frame: pd.DataFrame) -> pd.DataFrame:
+    """One row per (task, encoding label) that has a headline metric: its mean over seeds with
+    the 95% t interval (NaN bounds with one seed), whether the model learned the task in
+    distribution, its rank group among the encodings that did (1 is best; encodings whose
+    intervals overlap share a group; none for an unlearned model), `best` where group 1 holds
+    that encoding alone, the chance level, the share of query-key pairs at 2x that read a
+    parameter row training never reached, the effective length, and the fwd+bwd latency and
+    peak-memory ratios to nope at the stated sequence length (latency_noisy where other
+    processes disturbed the timing)."""
+    answers, lm = headline(frame), lm_headline(frame)
+    untrained = (
+        answers.set_index(["task", "encoding_label"])["untrained_at_2x"]
+        if not answers.empty
+        else pd.Series(dtype=float)
+    )
+    learned = learned_in_distribution(frame)
+    comparisons = comparison_kind(frame)
+    records = []
+    for row in answers.to_dict("records") if not answers.empty else []:
+        if pd.isna(row["greedy_at_2x"]):
+            continue
+        records.append(
+            _record(row, GREEDY_AT_2X, "greedy_at_2x", learned, untrained)
+            | {"chance": row["chance_at_2x"]}
+        )
+    for row in lm.to_dict("records") if not lm.empty else []:
+        if pd.isna(row["penalty_2x"]):
+            continue
+        records.append(
+            _record(row, PENALTY_AT_2X, "penalty_2x", learned, untrained) | {"chance": math.nan}
+        )
+    table = pd.DataFrame(records, columns=[c for c in OVERVIEW_COLUMNS if c not in _COSTS])
+    if table.empty:
+        return table.reindex(columns=OVERVIEW_COLUMNS)
+    table["comparison"] = table["task"].map(comparisons)
+    table["rank_group"] = pd.array([pd.NA] * len(table), dtype="Int64")
+    table["best"] = False
+    for _, group in table.groupby("task"):
+        metric = HEADLINE_METRICS[group["headline_metric"].iloc[0]]
+        ranked = group[group["learned"]]
+        groups = rank_groups(
+            [Interval(r.value, r.low, r.high, r.seeds) for r in ranked.itertuples()],
+            metric.higher_is_better,
+        )
+        table.loc[ranked.index, "rank_group"] = groups
+        if groups.count(1) == 1 and len(groups) > 1:  # bold only a group of one
+            table.loc[ranked.index[groups.index(1)], "best"] = True
+    costs = cost_columns(frame)
+    table = table.merge(costs, on="encoding_label", how="left").reindex(columns=OVERVIEW_COLUMNS)
+    order = encoding_order(table["encoding_label"])
+    table = table.sort_values(
+        ["task", "encoding_label"],
+        key=lambda c: c.map(order.index) if c.name == "encoding_label" else c,
+    )
+    return table.reset_index(drop=True)
+
+
+_COSTS = ("latency_ratio", "latency_at", "latency_noisy", "memory_ratio", "memory_at")
+
+
+def _record(
+    row: dict, metric: HeadlineMetric, column: str, learned: pd.Series, untrained: pd.Series
+) -> dict[str, object]:
+    key = (row["task"], row["encoding_label"])
+    return {
+        "task": row["task"],
+        "encoding_label": row["encoding_label"],
+        "headline_metric": metric.column,
+        "value": row[column],
+        "low": row[f"{column}_low"],
+        "high": row[f"{column}_high"],
+        "seeds": int(row["seeds"]),
+        "learned": bool(learned.get(key, True)),
+        "untrained_share": float(untrained.get(key, math.nan)),
+        "effective_length": row["effective_length"],
+        "effective_length_low": row["effective_length_low"],
+        "effective_length_high": row["effective_length_high"],
+    }
+
+
+def overview_cells(row: dict) -> dict[str, str]:
+    """A row of the overview as the terminal and the report print it: the headline with its
+    interval (and † where it reads untrained parameter rows), the rank group ("-" for a model
+    that did not learn the task), the effective length and the cost ratios ("" where not
+    measured, "(noisy)" where the timing was disturbed)."""
+    metric = HEADLINE_METRICS[row["headline_metric"]]
+    group = row["rank_group"]
+    share = row["untrained_share"]
+    flag = row["latency_noisy"]
+    noisy = " (noisy)" if pd.notna(flag) and bool(flag) else ""
+    return {
+        "headline": metric.text(row["value"], row["low"], row["high"])
+        + (" †" if not pd.isna(share) and share > 0 else ""),
+        "group": "-" if pd.isna(group) else str(int(group)),
+        "effective_length": Interval(
+            row["effective_length"], row["effective_length_low"], row["effective_length_high"], 0
+        ).text(0),
+        "latency": "" if pd.isna(row["latency_ratio"]) else f"{row['latency_ratio']:.2f}x{noisy}",
+        "memory": "" if pd.isna(row["memory_ratio"]) else f"{row['memory_ratio']:.2f}x",
+    }
