@@ -26,6 +26,12 @@ def test_one_seed_gives_no_interval_and_nans_are_dropped() -> None:
     assert mean_interval([]).text() == "n/a"
 
 
+def test_a_mean_that_rounds_to_zero_prints_without_a_sign() -> None:
+    assert mean_interval([-0.0004]).text(3) == "0.000"
+    assert mean_interval([-0.0004, -0.0002, -0.0003]).text(3).startswith("0.000 ± ")
+    assert mean_interval([-0.004]).text(3) == "-0.004"
+
+
 def test_rank_groups_follow_the_intervals() -> None:
     from posbench.report.stats import Interval, rank_groups
 

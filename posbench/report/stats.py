@@ -33,9 +33,10 @@ class Interval:
         """'0.83 ± 0.05', or '0.83' alone when there is no interval."""
         if math.isnan(self.mean):
             return "n/a"
+        mean = self.mean + 0.0 if round(self.mean, digits) != 0 else 0.0  # never "-0.00"
         if math.isnan(self.low):
-            return f"{self.mean:.{digits}f}"
-        return f"{self.mean:.{digits}f} ± {self.half_width:.{digits}f}"
+            return f"{mean:.{digits}f}"
+        return f"{mean:.{digits}f} ± {self.half_width:.{digits}f}"
 
 
 def mean_interval(values: Iterable[float], confidence: float = CONFIDENCE) -> Interval:
