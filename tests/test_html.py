@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import shutil
 import textwrap
 from pathlib import Path
@@ -82,6 +83,8 @@ def test_every_section_is_present_with_images(report) -> None:
     assert html.count("data:image/png;base64,") >= 5  # length, cache, costs, biases
     assert "No profiling results" not in html
     assert "http://" not in html and "https://" not in html  # nothing fetched from a network
+    figures = re.findall(r"<figure[^>]*><img.*?</figure>", html, flags=re.S)
+    assert figures and all("<figcaption>" in figure for figure in figures)  # says what to see
 
 
 def test_diagnostics_are_in_the_report(report) -> None:

@@ -59,6 +59,17 @@ from posbench.version import __version__
 
 #: The report's folder of PNG figures.
 FIGURES_DIR = "figures"
+#: What each cost figure shows and what to look at in it.
+COST_CAPTIONS = {
+    "latency_fwdbwd": "Forward and backward time of one layer against sequence length: the "
+    "training cost. Lines that bend up faster than nope's add work that grows with length.",
+    "latency_fwd": "Forward time of one layer against sequence length: the cost of reading a "
+    "whole sequence once.",
+    "memory": "Peak memory of one layer's forward and backward pass: an encoding far above nope "
+    "keeps a (heads, length, length) tensor that nope does not.",
+    "decode": "Time per generated token against the cache length: lines that stay linear in "
+    "the cache keep decoding cheap; a steeper line recomputes something per step.",
+}
 #: Every aggregate the report reads, per task x encoding x length x metric.
 BY_LENGTH_FILE = "by_length.csv"
 
@@ -810,6 +821,7 @@ def build_report(sweep_dir: Path, out_dir: Path, linked: Collection[str] = ()) -
         ],
         "costs": {k: v for k, v in costs.items() if v is not None},
         "memory_method": MEMORY_METHOD,
+        "cost_captions": COST_CAPTIONS,
         "timing_method": describe_method(),
         "literature": [dataclasses.asdict(v) for v in check_findings(frame)],
         "cross_task": [
