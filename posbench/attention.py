@@ -11,7 +11,8 @@ from torch import Tensor, nn
 
 from posbench.cache import Cache
 from posbench.encodings.base import LayerContext, PositionalEncoding, Span
-from posbench.kernels.bias_types import BandBias
+from posbench.kernels.bias_types import BandBias, RowBlockBias
+from posbench.kernels.row_block_attention import BLOCK_ELEMENTS
 from posbench.kernels.biased_attention import biased_attention
 from posbench.kernels.flex_bias import flex_available, flex_distance_attention, flex_failed
 from posbench.kernels.masks import causal_mask
@@ -109,7 +110,8 @@ SHAPE_PROBE_LENGTH = 8192
 def attention_tensor_bytes(encoding: PositionalEncoding, batch_size: int, length: int) -> int:
     """Analytic size of the largest attention-side tensor for a sequence of `length`: the
     dense (B, H, L, L) score matrix when the encoding adds a dense bias (the mask SDPA must
-    read), the (B, H, L, W) band of a BandBias, else the largest of the augmented q and k
+    read), the (B, H, L, W) band of a BandBias, one block of rows of a RowBlockBias, else the
+    largest of the augmented q and k
     (fused attention never forms the scores). Found by running the hooks on the meta device,
     which computes shapes only, at up to SHAPE_PROBE_LENGTH positions: tables an encoding keeps
     on the CPU are never built for the length itself."""
@@ -129,6 +131,8 @@ def attention_tensor_bytes(encoding: PositionalEncoding, batch_size: int, length
     sizes = [scores.q.numel() // probe * L, scores.k.numel() // probe * L]
     if isinstance(scores.bias, BandBias):
         sizes.append(B * H * L * scores.bias.width)  # plus blocks of ROWS x (ROWS + W - 1) pairs
+    elif isinstance(scores.bias, RowBlockBias):  # one block of query rows at a time
+        sizes.append(B * H * L * max(1, BLOCK_ELEMENTS // (B * H * L)))
     elif scores.bias is not None:
         sizes.append(B * H * L * L)
     return 4 * max(sizes)

@@ -26,6 +26,7 @@ LAYERS: list[set[str]] = [
     {
         "kernels.band_attention",
         "kernels.biased_attention",
+        "kernels.row_block_attention",
         "kernels.flex_bias",
         "registry",
         "encodings.positions",

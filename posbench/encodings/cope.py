@@ -10,7 +10,7 @@ from torch import Tensor, nn
 
 from posbench.encodings.base import AttentionShape, LayerContext, PositionalEncoding, Span
 from posbench.encodings.registry import register_encoding
-from posbench.kernels.bias_types import Scores
+from posbench.kernels.bias_types import RowBlockBias, Scores
 from posbench.validation import Range
 
 
@@ -30,8 +30,9 @@ class CoPE(PositionalEncoding):
     relative = False  # positions are counted in gated content, not in i - j
     pairwise = False  # p_ij counts the gates of every key between j and i
     cost_note = (
-        "positions depend on content: dense (B, H, L, L) gates, a reverse "
-        "cumulative sum and two gathers per pair"
+        "positions depend on content: gates, a reverse cumulative sum and two gathers per "
+        "pair, formed a block of query rows at a time and again in the backward pass, so no "
+        "(B, H, L, L) tensor is kept"
     )
 
     def __init__(
@@ -45,18 +46,24 @@ class CoPE(PositionalEncoding):
         self, q: Tensor, k: Tensor, q_span: Span, k_span: Span, layer: LayerContext
     ) -> Scores:
         scale = 1.0 / math.sqrt(self.d_head)
-        logits = scale * (q @ k.transpose(-1, -2))  # (B, H, Lq, Lk)
-        if self.causal:
-            visible = self.relative_positions(q_span, k_span, q.device) >= 0  # (Lq, Lk)
-            gates = torch.sigmoid(logits).masked_fill(~visible, 0.0)
-        else:
-            gates = torch.sigmoid(logits)
-        positions = (
-            gates.flip(-1).cumsum(-1).flip(-1).clamp(max=self.npos_max - 1)
-        )  # (B, H, Lq, Lk)
-        floor = positions.floor()
-        weight = positions - floor  # interpolation weight of the upper integer position
-        at_integers = q @ self.pos_emb[layer.index].to(q.dtype)  # (B, H, Lq, npos_max)
-        lower = at_integers.gather(-1, floor.long())
-        upper = at_integers.gather(-1, positions.ceil().long())
-        return Scores(q, k, upper * weight + lower * (1 - weight), scale)
+        table = self.pos_emb[layer.index].to(q.dtype)  # (d, npos_max)
+        q_positions, k_positions = q_span.arange(q.device), k_span.arange(q.device)
+
+        def rows(r0: int, r1: int, keys: int) -> Tensor:
+            """The bias of query rows r0..r1-1 against keys 0..keys-1, (B, H, rows, keys)."""
+            q_rows = q[:, :, r0:r1]
+            gates = torch.sigmoid(scale * (q_rows @ k[:, :, :keys].transpose(-1, -2)))
+            if self.causal:  # future keys open no gate
+                visible = q_positions[r0:r1, None] >= k_positions[None, :keys]  # (rows, keys)
+                gates = gates.masked_fill(~visible, 0.0)
+            positions = (
+                gates.flip(-1).cumsum(-1).flip(-1).clamp(max=self.npos_max - 1)
+            )  # (B, H, rows, keys): p_ij = sum of the gates from key j to query i
+            floor = positions.floor()
+            weight = positions - floor  # interpolation weight of the upper integer position
+            at_integers = q_rows @ table  # (B, H, rows, npos_max)
+            lower = at_integers.gather(-1, floor.long())
+            upper = at_integers.gather(-1, positions.ceil().long())
+            return upper * weight + lower * (1 - weight)
+
+        return Scores(q, k, RowBlockBias(rows, q.shape[2], k.shape[2]), scale)

@@ -1,13 +1,16 @@
 """What an encoding hands attention: the scores' inputs and the bias types the kernels take.
 
-A bias is either a tensor broadcastable to (B, H, Lq, Lk) or a :class:`BandBias` (a causal
-band of W keys plus a row constant), which the band kernel runs in O(L * W) memory. Toeplitz
+A bias is a tensor broadcastable to (B, H, Lq, Lk), a :class:`BandBias` (a causal band of W
+keys plus a row constant), which the band kernel runs in O(L * W) memory, or a
+:class:`RowBlockBias` (formed a block of query rows at a time, for a bias that depends on
+content everywhere), which attention never holds whole. Toeplitz
 expansion of per-distance values, with a backward pass that sums diagonals, lives here too.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 from torch import Tensor
@@ -19,7 +22,7 @@ class Scores:
 
     q: Tensor  # (B, H, Lq, d')
     k: Tensor  # (B, H, Lk, d')
-    bias: Tensor | BandBias | None  # broadcastable to (B, H, Lq, Lk), on the scaled-logit scale
+    bias: Tensor | BandBias | RowBlockBias | None  # (B, H, Lq, Lk), on the scaled-logit scale
     scale: float
 
     def logits(self) -> Tensor:
@@ -65,9 +68,27 @@ class BandBias:
         return values.masked_fill((distance < 0) | (distance >= W), 0.0) + self.row_constant
 
 
-def dense_bias(bias: Tensor | BandBias, length: int) -> Tensor:
+@dataclass
+class RowBlockBias:
+    """A bias formed a block of query rows at a time: ``rows(r0, r1, keys)`` is the bias of
+    query rows r0..r1-1 against keys 0..keys-1, (B|1, H, r1 - r0, keys). For a bias that
+    depends on content at every pair (CoPE's gated positions), whose (B, H, Lq, Lk)
+    intermediates would otherwise all be kept for the backward pass: attention
+    (posbench.kernels.row_block_attention) forms each block, uses it and drops it, and forms it
+    again in the backward pass."""
+
+    rows: Callable[[int, int, int], Tensor]
+    q_len: int
+    k_len: int
+
+    def dense(self, length: int | None = None) -> Tensor:
+        """The whole (B|1, H, Lq, Lk) bias; for tests, pictures and probes."""
+        return self.rows(0, self.q_len, self.k_len)
+
+
+def dense_bias(bias: Tensor | BandBias | RowBlockBias, length: int) -> Tensor:
     """A bias as a tensor broadcastable to (B, H, Lq, Lk); ``length`` is L for a BandBias."""
-    return bias.dense(length) if isinstance(bias, BandBias) else bias
+    return bias.dense(length) if isinstance(bias, (BandBias, RowBlockBias)) else bias
 
 
 class _Toeplitz(torch.autograd.Function):

@@ -8,7 +8,8 @@ both: here the forward pass runs it with the bias as a plain float mask and ``is
 so blocks above the diagonal are skipped, and the backward pass runs the flash backward for q,
 k and v and, when the bias needs a gradient, forms dS = P * (dP - rowsum(dO * O)) one block
 of query rows at a time, P = exp(S - logsumexp), over the keys those rows can see. A
-BandBias (T5, DeBERTa) goes to posbench.kernels.band_attention instead."""
+BandBias (T5, DeBERTa) goes to posbench.kernels.band_attention instead, a RowBlockBias (CoPE)
+to posbench.kernels.row_block_attention."""
 
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ from torch import Tensor
 
 from posbench.kernels import flash_ops
 from posbench.kernels.band_attention import EXP_FLOOR, band_attention
-from posbench.kernels.bias_types import BandBias
+from posbench.kernels.bias_types import BandBias, RowBlockBias
+from posbench.kernels.row_block_attention import row_block_attention
 
 FLASH_MIN_PAIRS = 128 * 128
 ROW_BLOCK = 64
@@ -93,7 +95,7 @@ def biased_attention(
     q: Tensor,
     k: Tensor,
     v: Tensor,
-    bias: Tensor | BandBias,
+    bias: Tensor | BandBias | RowBlockBias,
     scale: float,
     causal_mask: Tensor | None,
 ) -> Tensor:
@@ -110,6 +112,8 @@ def biased_attention(
         and q_len * k_len >= FLASH_MIN_PAIRS  # below, the math path's few ops win
         and flash_ops.available()
     )
+    if isinstance(bias, RowBlockBias):
+        return row_block_attention(q, k, v, bias, scale, causal_mask)
     if isinstance(bias, BandBias):
         if flash and fused_causal:
             return band_attention(q, k, v, bias.band.to(q.dtype), scale)

@@ -1,0 +1,96 @@
+"""Attention with a bias formed a block of query rows at a time (CoPE): outputs and gradients
+equal SDPA's math path on the whole dense bias, in float64, over many blocks, causal and not,
+through a cache and at drawn positions; and no (B, H, L, L) tensor is kept for backward."""
+
+from __future__ import annotations
+
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from posbench.encodings import create_encoding
+from posbench.encodings.base import LayerContext
+from posbench.encodings.positions import Span
+from posbench.kernels import row_block_attention as blocked
+from posbench.kernels.bias_types import RowBlockBias, dense_bias
+from posbench.kernels.biased_attention import biased_attention
+from posbench.kernels.masks import causal_mask
+
+
+def _cope(causal: bool) -> torch.nn.Module:
+    torch.manual_seed(0)
+    enc = create_encoding("cope", n_heads=2, d_head=8, n_layers=1, npos_max=12, causal=causal)
+    enc = enc.double()
+    with torch.no_grad():
+        enc.pos_emb.normal_()  # the zero initialisation would hide the position term
+    return enc
+
+
+CASES = {
+    "causal": (True, Span(0, 40), Span(0, 40)),
+    "through a cache": (True, Span(30, 40), Span(0, 40)),
+    "bidirectional": (False, Span(0, 40), Span(0, 40)),
+    "drawn positions": (
+        True,
+        Span(
+            0,
+            40,
+            torch.sort(torch.randperm(500, generator=torch.Generator().manual_seed(3))[:40]).values,
+        ),
+        None,
+    ),
+}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_blocks_equal_the_math_path_on_the_dense_bias(
+    case: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    causal, q_span, k_span = CASES[case]
+    k_span = k_span or q_span
+    enc = _cope(causal)
+    generator = torch.Generator().manual_seed(1)
+    q = torch.randn(2, 2, len(q_span), 8, dtype=torch.float64, generator=generator)
+    k, v = torch.randn(2, 2, 2, len(k_span), 8, dtype=torch.float64, generator=generator)
+    mask = causal_mask(len(q_span), len(k_span), q.device) if causal else None
+    ctx = LayerContext(0, None, None)
+    monkeypatch.setattr(blocked, "BLOCK_ELEMENTS", 2 * 2 * 40 * 3)  # blocks of 3 rows
+
+    def run(dense: bool) -> tuple[torch.Tensor, ...]:
+        leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
+        scores = enc.score(leaves[0], leaves[1], q_span, k_span, ctx)
+        assert isinstance(scores.bias, RowBlockBias)
+        if dense:
+            bias = dense_bias(scores.bias, len(q_span))
+            if mask is not None:
+                bias = bias.masked_fill(~mask, float("-inf"))
+            out = F.scaled_dot_product_attention(
+                scores.q, scores.k, leaves[2], attn_mask=bias, scale=scores.scale
+            )
+        else:
+            out = biased_attention(scores.q, scores.k, leaves[2], scores.bias, scores.scale, mask)
+        grads = torch.autograd.grad(out, [*leaves, enc.pos_emb], torch.cos(out))
+        return (out, *grads)
+
+    for fast, reference in zip(run(dense=False), run(dense=True)):
+        torch.testing.assert_close(fast, reference, atol=1e-10, rtol=1e-10)
+
+
+def test_no_square_tensor_is_kept_for_the_backward_pass(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What autograd saves grows with L x block rows, not L x L."""
+    enc = _cope(True).float()
+    L = 512
+    monkeypatch.setattr(blocked, "BLOCK_ELEMENTS", 2 * L * 16)  # blocks of 16 rows
+    q, k, v = (torch.randn(1, 2, L, 8, requires_grad=True) for _ in range(3))
+    saved: list[int] = []
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        saved.append(tensor.numel())
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        scores = enc.score(q, k, Span(0, L), Span(0, L), LayerContext(0, None, None))
+        out = biased_attention(q, k, v, scores.bias, scores.scale, causal_mask(L, L, q.device))
+    assert out.shape == (1, 2, L, 8)
+    assert len(saved) > L // 16 and max(saved) <= 16 * L, max(saved)  # dense: 2 x L x L each
