@@ -609,3 +609,58 @@ def test_cope_matches_the_papers_reference() -> None:
     )
     seen = mask.bool()
     assert torch.allclose(logits[..., seen], expected[..., seen], atol=1e-5)
+
+
+def _fire_per_pair(enc, q_positions: torch.Tensor, k_positions: torch.Tensor) -> torch.Tensor:
+    """FIRE's formula run through its MLP at every (query, key) pair: the math path."""
+    threshold = torch.abs(enc.threshold_multiplier * enc.init_threshold)
+    rows = q_positions.to(enc.c.dtype)
+    relative = torch.log(torch.abs(enc.c * (rows[:, None] - k_positions.to(enc.c.dtype))) + 1)
+    normaliser = torch.log(torch.abs(enc.c * torch.maximum(rows, threshold)) + 1)[:, None]
+    return enc.mlp((relative / (normaliser + enc.eps))[..., None]).permute(2, 0, 1)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize(
+    "q_span, k_span",
+    [
+        (Span(0, 40), Span(0, 40)),
+        (Span(30, 40), Span(0, 40)),  # through a cache
+        (
+            Span(
+                0,
+                24,
+                torch.tensor(
+                    sorted(
+                        torch.randperm(300, generator=torch.Generator().manual_seed(4))[
+                            :24
+                        ].tolist()
+                    )
+                ),
+            ),
+            None,
+        ),  # drawn positions
+    ],
+)
+def test_fire_past_its_threshold_equals_the_mlp_per_pair(causal, q_span, k_span) -> None:
+    """Rows past the threshold, assembled from the hidden units' switching distances, give the
+    MLP's values and gradients at every pair (float64, random weights of both signs)."""
+    k_span = k_span or q_span
+    torch.manual_seed(0)
+    enc = create_encoding("fire", n_heads=3, d_head=4, causal=causal, init_threshold=6.0)
+    enc = enc.double()
+    with torch.no_grad():
+        for p in enc.mlp.parameters():
+            p.normal_()
+        enc.c.fill_(0.3)
+    ctx = LayerContext(0, None, None)
+    weights = torch.randn(3, len(q_span), len(k_span), dtype=torch.float64)
+    params = [p for p in enc.parameters()]
+
+    def run(bias: torch.Tensor) -> list[torch.Tensor]:
+        return [bias, *torch.autograd.grad((bias * weights).sum(), params, allow_unused=True)]
+
+    fast = run(enc.position_bias(q_span, k_span, ctx, torch.device("cpu")))
+    slow = run(_fire_per_pair(enc, q_span.arange(), k_span.arange()))
+    for a, b in zip(fast, slow):
+        torch.testing.assert_close(a, b, atol=1e-10, rtol=1e-10)

@@ -6,6 +6,7 @@ import math
 from typing import Annotated
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from posbench.encodings.base import AttentionShape, LayerContext, PositionalEncoding, Span
@@ -47,23 +48,29 @@ class CoPE(PositionalEncoding):
     ) -> Scores:
         scale = 1.0 / math.sqrt(self.d_head)
         table = self.pos_emb[layer.index].to(q.dtype)  # (d, npos_max)
-        q_positions, k_positions = q_span.arange(q.device), k_span.arange(q.device)
 
-        def rows(r0: int, r1: int, keys: int) -> Tensor:
-            """The bias of query rows r0..r1-1 against keys 0..keys-1, (B, H, rows, keys)."""
+        def rows(r0: int, r1: int, keys: int, content: Tensor | None) -> Tensor:
+            """The bias of query rows r0..r1-1 against keys 0..keys-1, (B, H, rows, keys),
+            from those pairs' content logits scale * q . k (formed here when not given)."""
             q_rows = q[:, :, r0:r1]
-            gates = torch.sigmoid(scale * (q_rows @ k[:, :, :keys].transpose(-1, -2)))
-            if self.causal:  # future keys open no gate
-                visible = q_positions[r0:r1, None] >= k_positions[None, :keys]  # (rows, keys)
-                gates = gates.masked_fill(~visible, 0.0)
-            positions = (
-                gates.flip(-1).cumsum(-1).flip(-1).clamp(max=self.npos_max - 1)
-            )  # (B, H, rows, keys): p_ij = sum of the gates from key j to query i
+            if content is None:
+                content = scale * (q_rows @ k[:, :, :keys].transpose(-1, -2))
+            gates = torch.sigmoid(content)  # (B, H, rows, keys)
+            # p_ij = sum of the gates from key j to query i: the running sum at the query's own
+            # key less the running sum before j. Later keys' gates never enter it, so they need
+            # no masking (their positions come out <= 0 and attention masks them).
+            running = gates.cumsum(-1)
+            if self.causal:  # query i is the last q_len keys' i-th: its own key
+                own = torch.arange(r0, r1, device=q.device) + (k.shape[2] - q.shape[2])
+                total = running.gather(-1, own.view(1, 1, -1, 1).expand(*running.shape[:-1], 1))
+            else:
+                total = running[..., -1:]
+            positions = (total - running + gates).clamp(0, self.npos_max - 1)
             floor = positions.floor()
-            weight = positions - floor  # interpolation weight of the upper integer position
+            weight = positions - floor  # interpolation weight of the next integer position
             at_integers = q_rows @ table  # (B, H, rows, npos_max)
-            lower = at_integers.gather(-1, floor.long())
-            upper = at_integers.gather(-1, positions.ceil().long())
-            return upper * weight + lower * (1 - weight)
+            slopes = F.pad(at_integers.diff(dim=-1), (0, 1))  # to the next integer position
+            index = floor.long()
+            return at_integers.gather(-1, index) + weight * slopes.gather(-1, index)
 
         return Scores(q, k, RowBlockBias(rows, q.shape[2], k.shape[2]), scale)

@@ -23,14 +23,16 @@ class FIRE(PositionalEncoding):
     the threshold L (init ``init_threshold`` = 512), one per model, as the reference. The
     normaliser grows with the query's position i once i passes L (progressive interpolation),
     so the bias is not a function of i - j alone: FIRE is not shift-invariant past L. Rows
-    i < L read one value per distance (a Toeplitz matrix); rows past L are computed per pair in
-    blocks of rows, which costs O(L^2 * mlp_width) time there (the design, not a shortcut).
+    i < L read one value per distance (a Toeplitz matrix); rows past L, in blocks of rows, from
+    each hidden unit's switching distance (see ``_past_threshold``): O(L^2 * H) per block
+    instead of the MLP's O(L^2 * mlp_width * H).
     """
 
     relative = False  # the normaliser depends on i once i >= L
     cost_note = (
-        "an MLP runs per distance below the threshold and per (i, j) pair past "
-        "it; the learned (H, L, L) bias is dense"
+        "an MLP runs per distance below the threshold; past it each row is assembled per "
+        "distance from the hidden units' switching points; the learned (H, L, L) bias is "
+        "dense, so attention forms its (B, H, L, L) gradient"
     )
     #: The MLP's output bias adds one constant per head to every logit, which softmax ignores.
     gradient_free = ("mlp.2.bias",)
@@ -83,7 +85,44 @@ class FIRE(PositionalEncoding):
             parts.append(toeplitz(values.T, n_short, len(k_span)))  # (H, n_short, Lk)
         keys = k_span.arange(device).to(dtype)
         for start in range(n_short, len(q_span), self.ROW_BLOCK):
-            block = rows[start : start + self.ROW_BLOCK]  # (R,)
-            normalised = self._normalised(block[:, None] - keys[None, :], block[:, None])  # (R, Lk)
-            parts.append(self.mlp(normalised[..., None]).permute(2, 0, 1))  # (H, R, Lk)
+            parts.append(self._past_threshold(rows[start : start + self.ROW_BLOCK], keys))
         return torch.cat(parts, dim=1)  # (H, Lq, Lk)
+
+    def _past_threshold(self, rows: Tensor, keys: Tensor) -> Tensor:
+        """The bias of queries at positions `rows` (R,) against keys at `keys` (Lk,), (H, R,
+        Lk), without running the MLP per pair. In a row i the MLP reads x = f(u) / N_i, with
+        f(u) = log(|c u| + 1) rising in the distance u = |i - j| and N_i the row's normaliser,
+        so each hidden unit relu(w1 x + b1) is off on one side of one distance and linear in
+        f(u) on the other. The row's bias is therefore f(u) * A_i(u) + B_i(u) + b2, where A and
+        B sum w2 * w1 / N_i and w2 * b1 over the units that are on at u: piecewise constant in
+        u, built from each unit's switching distance by a cumulative sum, then read per pair."""
+        hidden, out = self.mlp[0], self.mlp[2]
+        w1, b1 = hidden.weight[:, 0], hidden.bias  # (K,)
+        threshold = torch.abs(self.threshold_multiplier * self.init_threshold)
+        normaliser = torch.log(torch.abs(self.c * torch.maximum(rows, threshold)) + 1) + self.eps
+        distance = (rows[:, None] - keys[None, :]).abs().long()  # (R, Lk)
+        longest = int(distance.max())
+        f = torch.log(torch.abs(self.c * torch.arange(longest + 1, device=rows.device)) + 1)
+        with torch.no_grad():  # where each unit is on: start <= u < stop, (R, K)
+            crossing = -b1[None, :] * normaliser[:, None] / w1[None, :]  # f(u) at w1 x + b1 = 0
+            crossing = torch.nan_to_num(crossing)  # w1 = 0: the unit's sign is b1's alone
+            rising, falling = w1 > 0, w1 < 0
+            start = torch.where(rising, torch.searchsorted(f.detach(), crossing, right=True), 0)
+            stop = torch.where(
+                falling,
+                torch.searchsorted(f.detach(), crossing, right=False),
+                torch.where(rising | (b1 > 0), longest + 1, 0),
+            )
+            stop = torch.maximum(stop, start)
+        slope = (w1[:, None] * out.weight.T)[None] / normaliser[:, None, None]  # (R, K, H)
+        offset = (b1[:, None] * out.weight.T)[None].expand_as(slope)  # (R, K, H)
+        steps = torch.cat([slope, offset], dim=-1)  # (R, K, 2H): switched on at start, off at stop
+        H2 = steps.shape[-1]
+        deltas = torch.zeros(len(rows), longest + 2, H2, dtype=steps.dtype, device=rows.device)
+        deltas = deltas.scatter_add(1, start[..., None].expand(-1, -1, H2), steps)
+        deltas = deltas.scatter_add(1, stop[..., None].expand(-1, -1, H2), -steps)
+        on = deltas.cumsum(1)[:, : longest + 1]  # (R, U + 1, 2H): A and B at every distance
+        H = H2 // 2
+        values = f[None, :, None] * on[..., :H] + on[..., H:] + out.bias  # (R, U + 1, H)
+        pairs = values.gather(1, distance[..., None].expand(-1, -1, H))  # (R, Lk, H)
+        return pairs.permute(2, 0, 1)  # (H, R, Lk)

@@ -70,20 +70,22 @@ class BandBias:
 
 @dataclass
 class RowBlockBias:
-    """A bias formed a block of query rows at a time: ``rows(r0, r1, keys)`` is the bias of
-    query rows r0..r1-1 against keys 0..keys-1, (B|1, H, r1 - r0, keys). For a bias that
-    depends on content at every pair (CoPE's gated positions), whose (B, H, Lq, Lk)
+    """A bias formed a block of query rows at a time: ``rows(r0, r1, keys, content)`` is the
+    bias of query rows r0..r1-1 against keys 0..keys-1, (B|1, H, r1 - r0, keys), given those
+    pairs' scaled content logits scale * q . k when the caller has them (attention does;
+    None: the encoding forms them). For a bias that depends on content at every pair (CoPE's
+    gated positions), whose (B, H, Lq, Lk)
     intermediates would otherwise all be kept for the backward pass: attention
     (posbench.kernels.row_block_attention) forms each block, uses it and drops it, and forms it
     again in the backward pass."""
 
-    rows: Callable[[int, int, int], Tensor]
+    rows: Callable[[int, int, int, Tensor | None], Tensor]
     q_len: int
     k_len: int
 
     def dense(self, length: int | None = None) -> Tensor:
         """The whole (B|1, H, Lq, Lk) bias; for tests, pictures and probes."""
-        return self.rows(0, self.q_len, self.k_len)
+        return self.rows(0, self.q_len, self.k_len, None)
 
 
 def dense_bias(bias: Tensor | BandBias | RowBlockBias, length: int) -> Tensor:
