@@ -73,4 +73,111 @@ class CoPE(PositionalEncoding):
             index = floor.long()
             return at_integers.gather(-1, index) + weight * slopes.gather(-1, index)
 
-        return Scores(q, k, RowBlockBias(rows, q.shape[2], k.shape[2]), scale)
+        def attend(
+            r0: int,
+            r1: int,
+            q_rows: Tensor,
+            k_rows: Tensor,
+            v: Tensor,
+            mask: Tensor | None,
+            scale: float,
+        ) -> Tensor:
+            own = (  # each query row's own key: the last q_len keys are the queries
+                torch.arange(r0, r1, device=q.device) + (k.shape[2] - q.shape[2])
+                if self.causal
+                else None
+            )
+            return _CopeBlock.apply(q_rows, k_rows, v, table, own, mask, scale, self.npos_max)
+
+        return Scores(q, k, RowBlockBias(rows, q.shape[2], k.shape[2], attend), scale)
+
+
+def _block_forward(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    table: Tensor,
+    own: Tensor | None,
+    mask: Tensor | None,
+    scale: float,
+    npos: int,
+) -> dict[str, Tensor]:
+    """One block of CoPE attention, q (B, H, R, d) against k, v (B, H, K, d): the output and
+    what the backward pass reads (each (B, H, R, K) unless named otherwise)."""
+    content = torch.matmul(q, k.transpose(-1, -2)).mul_(scale)
+    gates = torch.sigmoid(content)
+    running = gates.cumsum(-1)
+    if own is not None:
+        total = running.gather(-1, own.view(1, 1, -1, 1).expand(*running.shape[:-1], 1))
+    else:
+        total = running[..., -1:]
+    raw = total - running + gates  # sum of the gates from key j to the query's own key
+    positions = raw.clamp(0, npos - 1)
+    floor = positions.floor()
+    weight = positions - floor
+    index = floor.long()
+    at_integers = torch.matmul(q, table)  # (B, H, R, npos)
+    slopes = F.pad(at_integers.diff(dim=-1), (0, 1))
+    slope = slopes.gather(-1, index)
+    logits = content.add_(at_integers.gather(-1, index)).add_(weight * slope)
+    if mask is not None:
+        logits.masked_fill_(~mask, float("-inf"))
+    probs = torch.softmax(logits, dim=-1)
+    return {
+        "out": torch.matmul(probs, v),
+        "gates": gates,
+        "inside": (raw >= 0) & (raw <= npos - 1),  # where the clamp passes its gradient
+        "index": index,
+        "weight": weight,
+        "slope": slope,
+        "probs": probs,
+    }
+
+
+class _CopeBlock(torch.autograd.Function):
+    """CoPE attention of one block of query rows with its backward pass written out: it keeps
+    only its inputs and forms the block's gates, positions and weights again in the backward
+    pass, so no (B, H, L, L) tensor outlives its block."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, table, own, mask, scale, npos):  # type: ignore[override]
+        ctx.save_for_backward(q, k, v, table, own, mask)
+        ctx.scale, ctx.npos = scale, npos
+        with torch.no_grad():
+            return _block_forward(q, k, v, table, own, mask, scale, npos)["out"]
+
+    @staticmethod
+    def backward(ctx, grad_out: Tensor):  # type: ignore[override]
+        q, k, v, table, own, mask = ctx.saved_tensors
+        f = _block_forward(q, k, v, table, own, mask, ctx.scale, ctx.npos)
+        probs = f["probs"]
+        grad_v = torch.matmul(probs.transpose(-1, -2), grad_out)
+        grad_probs = torch.matmul(grad_out, v.transpose(-1, -2))
+        # softmax: dlogits = P * (dP - rowsum(dP * P)); masked keys have P = 0
+        grad_logits = probs.mul_(grad_probs.sub_((grad_probs * probs).sum(-1, keepdim=True)))
+        # bias = at[index] + weight * slope[index], slope[m] = at[m + 1] - at[m]
+        grad_at = torch.zeros(*q.shape[:-1], ctx.npos, dtype=q.dtype, device=q.device)
+        grad_at.scatter_add_(-1, f["index"], grad_logits)
+        grad_slopes = torch.zeros_like(grad_at).scatter_add_(
+            -1, f["index"], grad_logits * f["weight"]
+        )
+        grad_at[..., 1:] += grad_slopes[..., :-1]
+        grad_at[..., :-1] -= grad_slopes[..., :-1]
+        # positions = clamp(total - running + gates); running = cumsum(gates)
+        grad_raw = (grad_logits * f["slope"]).mul_(f["inside"])
+        grad_running = -grad_raw
+        grad_total = grad_raw.sum(-1, keepdim=True)
+        if own is not None:
+            index = own.view(1, 1, -1, 1).expand(*grad_running.shape[:-1], 1)
+            grad_running.scatter_add_(-1, index, grad_total)
+        else:
+            grad_running[..., -1:] += grad_total
+        # cumsum's gradient is the reverse cumulative sum: the total less the running sum before
+        reverse = grad_running.sum(-1, keepdim=True) - grad_running.cumsum(-1) + grad_running
+        grad_gates = grad_raw.add_(reverse)
+        gates = f["gates"]
+        grad_content = grad_logits.add_(grad_gates.mul_(gates * (1 - gates))).mul_(ctx.scale)
+        grad_q = torch.matmul(grad_content, k) + torch.matmul(grad_at, table.transpose(0, 1))
+        grad_k = torch.matmul(grad_content.transpose(-1, -2), q)
+        grad_table = torch.einsum("bhrd,bhrn->dn", q, grad_at)
+        return grad_q, grad_k, grad_v, grad_table, None, None, None, None

@@ -74,14 +74,19 @@ class RowBlockBias:
     bias of query rows r0..r1-1 against keys 0..keys-1, (B|1, H, r1 - r0, keys), given those
     pairs' scaled content logits scale * q . k when the caller has them (attention does;
     None: the encoding forms them). For a bias that depends on content at every pair (CoPE's
-    gated positions), whose (B, H, Lq, Lk)
-    intermediates would otherwise all be kept for the backward pass: attention
-    (posbench.kernels.row_block_attention) forms each block, uses it and drops it, and forms it
-    again in the backward pass."""
+    gated positions), whose (B, H, Lq, Lk) intermediates would otherwise all be kept for the
+    backward pass: attention (posbench.kernels.row_block_attention) forms each block, uses it
+    and drops it, and forms it again in the backward pass.
+
+    ``attend``, when given, is the encoding's own attention of one block, forward and backward
+    written out: ``attend(r0, r1, q_rows, k, v, mask, scale)`` -> (B, H, rows, dv), equal to
+    softmax(scale * q k^T + rows(...), masked) v; attention then calls it instead of forming
+    the bias and recomputing the block through autograd."""
 
     rows: Callable[[int, int, int, Tensor | None], Tensor]
     q_len: int
     k_len: int
+    attend: Callable[..., Tensor] | None = None
 
     def dense(self, length: int | None = None) -> Tensor:
         """The whole (B|1, H, Lq, Lk) bias; for tests, pictures and probes."""

@@ -16,7 +16,7 @@ from posbench.kernels.bias_types import RowBlockBias
 
 #: Elements of one block's (B, H, rows, Lk) tensors (8 MiB in float32): the rows per block
 #: follow from it. Larger blocks spend less on dispatch and more on memory (measured: 2^20
-#: elements 5.7x NoPE at L = 1024, 2^22 4.6x).
+#: elements 4.9x NoPE at L = 1024 and 7.2x at 2048, 2^21 4.2x and 5.0x, 2^22 5.3x and 4.5x).
 BLOCK_ELEMENTS = 1 << 21
 
 
@@ -35,8 +35,11 @@ def row_block_attention(
         r1 = min(r0 + rows, q_len)
         keys = r1 if square_causal else k_len  # later keys are all masked for these rows
         mask = None if causal_mask is None else causal_mask[r0:r1, :keys]
-        block = functools.partial(_block, bias, scale, r0, r1, keys)
         args = (q[:, :, r0:r1], k[:, :, :keys], v[:, :, :keys], mask)
+        if bias.attend is not None:  # the encoding's own block attention
+            blocks.append(bias.attend(r0, r1, *args, scale))
+            continue
+        block = functools.partial(_block, bias, scale, r0, r1, keys)
         blocks.append(checkpoint(block, *args, use_reentrant=False) if recompute else block(*args))
     return torch.cat(blocks, dim=2)
 
