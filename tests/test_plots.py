@@ -59,3 +59,35 @@ def test_figures_are_base64_png() -> None:
         plots.loss_vs_position(tidy(_lm_rows()), "lm", plots.colour_map(["rope"]))
     )
     assert png.startswith(b"\x89PNG\r\n\x1a\n")
+
+
+def test_the_overview_heatmap_has_a_panel_per_headline_metric(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """One panel per headline metric, encodings down and tasks across, each cell labelled with
+    its value and rank group; an unlearned cell says so; an empty overview draws nothing."""
+    import pandas as pd
+
+    from posbench.report.overview import GREEDY_AT_2X, PENALTY_AT_2X
+
+    rows = [
+        ("copy", "alibi", GREEDY_AT_2X, 0.74, True, 1),
+        ("copy", "rope", GREEDY_AT_2X, 0.15, True, 2),
+        ("lm", "alibi", PENALTY_AT_2X, 0.011, False, pd.NA),
+        ("lm", "rope", PENALTY_AT_2X, 1.743, True, 1),
+    ]
+    table = pd.DataFrame(
+        [
+            {"task": t, "encoding_label": e, "headline_metric": m.column, "value": v}
+            | {"learned": learned, "rank_group": g, "best": False}
+            for t, e, m, v, learned, g in rows
+        ]
+    )
+    drawn = []
+    monkeypatch.setattr(plots, "to_png", lambda fig: drawn.append(fig) or "png")
+    assert plots.overview_heatmap(table) == "png"
+    panels = [ax for ax in drawn[0].axes if ax.get_title()]
+    assert [ax.get_title() for ax in panels] == [GREEDY_AT_2X.title, PENALTY_AT_2X.title]
+    texts = [[t.get_text() for t in ax.texts] for ax in panels]
+    assert texts == [["0.74 (1)", "0.15 (2)"], ["not learned", "1.743 (1)"]]
+    assert plots.overview_heatmap(table.iloc[0:0]) is None
