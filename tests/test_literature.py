@@ -301,3 +301,19 @@ def test_verdicts_carry_the_agreement_fraction() -> None:
     assert all(
         math.isnan(v.agreement) for v in check_findings(tidy(_copy({"t5": 0.1})), replicates=5)
     )
+
+
+def test_one_adjacent_swap_of_five_agrees_as_the_rule_says() -> None:
+    """Spearman's rho of one adjacent swap over five is 0.9 exactly, the rule's threshold; in
+    floating point scipy returns 0.8999999999999998, which must still agree."""
+    import pandas as pd
+
+    from posbench.report.literature import AGREES, PARTLY, _rank_verdict
+
+    published = {"t5": 0.42, "alibi": 0.33, "nope": 0.30, "sinusoidal": 0.03, "rope": 0.01}
+    swapped = pd.Series({"t5": 0.63, "alibi": 0.61, "nope": 0.42, "sinusoidal": 0.0, "rope": 0.09})
+    assert _rank_verdict(published, swapped, "copy")[1] == AGREES
+    two_swaps = pd.Series(
+        {"t5": 0.61, "alibi": 0.63, "nope": 0.42, "sinusoidal": 0.0, "rope": 0.09}
+    )
+    assert _rank_verdict(published, two_swaps, "copy")[1] == PARTLY
