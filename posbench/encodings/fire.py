@@ -114,15 +114,13 @@ class FIRE(PositionalEncoding):
                 torch.where(rising | (b1 > 0), longest + 1, 0),
             )
             stop = torch.maximum(stop, start)
-        slope = (w1[:, None] * out.weight.T)[None] / normaliser[:, None, None]  # (R, K, H)
-        offset = (b1[:, None] * out.weight.T)[None].expand_as(slope)  # (R, K, H)
-        steps = torch.cat([slope, offset], dim=-1)  # (R, K, 2H): switched on at start, off at stop
-        H2 = steps.shape[-1]
-        deltas = torch.zeros(len(rows), longest + 2, H2, dtype=steps.dtype, device=rows.device)
-        deltas = deltas.scatter_add(1, start[..., None].expand(-1, -1, H2), steps)
-        deltas = deltas.scatter_add(1, stop[..., None].expand(-1, -1, H2), -steps)
-        on = deltas.cumsum(1)[:, : longest + 1]  # (R, U + 1, 2H): A and B at every distance
-        H = H2 // 2
-        values = f[None, :, None] * on[..., :H] + on[..., H:] + out.bias  # (R, U + 1, H)
-        pairs = values.gather(1, distance[..., None].expand(-1, -1, H))  # (R, Lk, H)
-        return pairs.permute(2, 0, 1)  # (H, R, Lk)
+        H = out.weight.shape[0]
+        slope = (out.weight * w1)[:, None, :] / normaliser[None, :, None]  # (H, R, K)
+        offset = (out.weight * b1)[:, None, :].expand_as(slope)  # (H, R, K)
+        steps = torch.cat([slope, offset])  # (2H, R, K): switched on at start, off at stop
+        deltas = torch.zeros(2 * H, len(rows), longest + 2, dtype=steps.dtype, device=rows.device)
+        deltas = deltas.scatter_add(2, start.expand(2 * H, -1, -1), steps)
+        deltas = deltas.scatter_add(2, stop.expand(2 * H, -1, -1), -steps)
+        on = deltas.cumsum(2)[..., : longest + 1]  # (2H, R, U + 1): A and B at every distance
+        values = f * on[:H] + on[H:] + out.bias[:, None, None]  # (H, R, U + 1)
+        return values.gather(2, distance.expand(H, -1, -1))  # (H, R, Lk)
