@@ -35,7 +35,7 @@ def _bias_gradient(
     q, k, v, bias, out, lse = saved
     q_len, k_len = q.shape[2], k.shape[2]
     delta = (grad_out * out).sum(-1, keepdim=True)  # (B, H, Lq, 1)
-    dbias = torch.zeros(bias.shape, dtype=bias.dtype, device=bias.device)
+    dbias = torch.empty(bias.shape, dtype=bias.dtype, device=bias.device)  # every entry written
     reduce = [dim for dim in (0, 1) if bias.shape[dim] == 1]
     future = None if causal_mask is None else ~causal_mask  # (L, L)
     for r0 in range(0, q_len, ROW_BLOCK):
@@ -46,13 +46,15 @@ def _bias_gradient(
         )  # (B, H, rows, keys)
         scores += bias[:, :, r0:r1, :keys]
         if future is not None:  # the kernel's own masking left the bias unmasked above the diagonal
-            scores.masked_fill_(future[r0:r1, :keys], float("-inf"))
+            # square scores: the future keys of rows r0..r1-1 all lie in columns r0..r1-1
+            scores[..., r0:].masked_fill_(future[r0:r1, r0:keys], float("-inf"))
         probs = (
             scores.sub_(lse[:, :, r0:r1, None]).clamp_(min=EXP_FLOOR).exp_()
         )  # masked: exp(-87) ~ 0
         dprobs = torch.matmul(grad_out[:, :, r0:r1], v[:, :, :keys].transpose(-1, -2))
         ds = probs.mul_(dprobs.sub_(delta[:, :, r0:r1]))  # dS = P * (dP - rowsum(dO * O))
-        dbias[:, :, r0:r1, :keys] += ds.sum(reduce, keepdim=True) if reduce else ds
+        dbias[:, :, r0:r1, :keys] = ds.sum(reduce, keepdim=True) if reduce else ds
+        dbias[:, :, r0:r1, keys:] = 0.0  # keys the block never sees
     return dbias
 
 
