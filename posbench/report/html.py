@@ -130,6 +130,11 @@ def _length_units(config: dict[str, Any]) -> dict[str, str]:
     return units
 
 
+def _unit(units: dict[str, str], task: str) -> str:
+    """A task's length unit, also under its sized label ("copy @ d64 L2 H4")."""
+    return units.get(task, units.get(task.split(" @ ")[0], ""))
+
+
 def _reads_untrained(record: dict[str, Any], column: str) -> bool:
     """Whether a headline cell's length reads parameter rows that training never reached."""
     for multiple in ("2x", "4x"):
@@ -289,9 +294,9 @@ def _task_tables(frame: pd.DataFrame, units: dict[str, str]) -> list[dict[str, A
         loss = losses[losses["task"] == task] if not losses.empty else losses
         answer = answers[answers["task"] == task] if not answers.empty else answers
         if not loss.empty:
-            table = _loss_table(task, loss, units.get(task, ""))
+            table = _loss_table(task, loss, _unit(units, task))
         elif not answer.empty and answer[[c for c, _ in ANSWER_COLUMNS]].notna().any().any():
-            table = _answer_table(task, answer, learned, units.get(task, ""))
+            table = _answer_table(task, answer, learned, _unit(units, task))
         else:
             continue
         tables.append(table | {"task": task, "comparison": comparisons.get(task, "")})
@@ -336,7 +341,7 @@ def _glance(table: pd.DataFrame, units: dict[str, str]) -> dict[str, Any]:
                 "header": metric.short,
                 "comparison": group["comparison"].iloc[0],
                 "chance": f"{chance.mean():.2f}" if len(chance) else "",
-                "unit": units.get(task, ""),
+                "unit": _unit(units, task),
                 "latency": f"latency (× nope, L={int(latency_at.max())})"
                 if len(latency_at)
                 else "",
