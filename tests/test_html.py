@@ -151,7 +151,7 @@ def test_report_in_a_real_headless_browser(report) -> None:
 
 #: Published reports still in the layout of an earlier protocol: #19 and #24 republish them
 #: from their suites, and each leaves this list as it is republished.
-AWAITING_REPUBLICATION = {"standard", "randomized"}
+AWAITING_REPUBLICATION = {"randomized"}
 PUBLISHED = sorted(p.parent.name for p in Path("reports").glob("*/report.html"))
 #: Where the browser tests leave their screenshots (git ignores it).
 SCREENSHOTS = Path("test-output") / "screenshots"

@@ -109,6 +109,9 @@ ANSWER_COLUMNS = (
     ("token_at_4x", "teacher-forced token 4x"),
     ("longest_cache", "exact match, longest cache"),
 )
+#: A task table's columns about training and seeds rather than accuracy: a table of their own,
+#: so no task's table is wider than a screen.
+TRAINING_KEYS = ("best_at_2x", "generalising", "steps", "seeds")
 #: A loss-by-position task's columns: (column, header), all in nats.
 LOSS_COLUMNS = (
     ("loss_in_distribution", "loss in-dist (nats)"),
@@ -232,9 +235,11 @@ def _answer_table(task: str, group: pd.DataFrame, learned: pd.Series, unit: str)
     ]
     kept, same = _keep_informative(columns, rows)
     chance = group["chance_at_2x"].dropna()
+    training = [(key, header) for key, header in kept if key in TRAINING_KEYS]
+    accuracy = [(key, header) for key, header in kept if key not in TRAINING_KEYS]
     return {
         "kind": "answers",
-        "columns": kept,
+        "parts": [part for part in (accuracy, training) if part],
         "same": same,
         "rows": rows,
         "chance": f"{chance.mean():.2f}" if len(chance) else "",
@@ -276,7 +281,7 @@ def _loss_table(task: str, group: pd.DataFrame, unit: str) -> dict[str, Any]:
     kept, same = _keep_informative(columns, rows)
     return {
         "kind": "loss",
-        "columns": kept,
+        "parts": [kept] if kept else [],
         "same": same,
         "rows": rows,
         "chance": "",
@@ -808,7 +813,8 @@ def build_report(sweep_dir: Path, out_dir: Path, linked: Collection[str] = ()) -
     failures, missing = _failures_and_missing(sweep_dir)
     others = other_runs(sweep_dir)
     context = {
-        "title": f"posbench report: {sweep_dir.name}",
+        # the report's own name (reports/standard, even when built from reports/standard/runs)
+        "title": f"posbench report: {sweep_dir.name if out_dir.name == 'report' else out_dir.name}",
         "sweep_dir": str(sweep_dir),
         "glance": _glance(overview_table, units),
         "task_tables": _task_tables(frame, units),
