@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import errno
 import re
+import signal
 from pathlib import Path
 
 import pandas as pd
@@ -258,6 +259,15 @@ def test_reports_go_beside_their_sweep_never_into_the_working_directory(
 
 
 # ---- an interrupted report leaves a whole one -------------------------------------------------
+@pytest.fixture
+def interruptible():
+    """SIGINT raises KeyboardInterrupt, as in a foreground shell, also when pytest runs as a
+    background job (which starts with SIGINT ignored, so a raised SIGINT would do nothing)."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
 def _report_files(folder: Path) -> dict[str, bytes]:
     return {str(p.relative_to(folder)): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
 
@@ -266,7 +276,12 @@ def _report_files(folder: Path) -> dict[str, bytes]:
     ("signal_name", "code", "how"), [("SIGINT", 130, "interrupted"), ("SIGTERM", 143, "terminated")]
 )
 def test_a_report_interrupted_while_it_is_built_leaves_the_previous_one(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, signal_name: str, code: int, how: str
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    interruptible: None,
+    signal_name: str,
+    code: int,
+    how: str,
 ) -> None:
     import signal
 
@@ -293,7 +308,7 @@ def test_a_report_interrupted_while_it_is_built_leaves_the_previous_one(
 
 
 def test_a_report_interrupted_while_it_is_written_is_written_whole(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, interruptible: None
 ) -> None:
     import signal
 
@@ -321,7 +336,7 @@ def test_a_report_interrupted_while_it_is_written_is_written_whole(
 
 
 def test_a_run_interrupted_while_its_report_is_built_says_the_runs_are_kept(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, interruptible: None
 ) -> None:
     import signal
 
