@@ -10,8 +10,10 @@ import pandas as pd
 import pytest
 from helpers import tidy
 from posbench.encodings import BUILTINS
+from posbench.experiment.config import load_config_file
 from posbench.report.published import beside_papers, published_numbers, unseen_scores
 from posbench.report.summary import cross_task_ranking
+from posbench.suites import suite_file
 from posbench.tasks import REGISTRY as TASKS
 
 
@@ -30,6 +32,16 @@ def test_kazemnejad_copy_numbers_are_theirs() -> None:
     assert numbers[("kazemnejad2023", "copy", "t5")] == 0.420
     assert numbers[("kazemnejad2023", "copy_single", "nope")] == 0.986
     assert numbers[("kazemnejad2023", "reverse", "rope")] == 0.077
+    assert numbers[("kazemnejad2023", "copy_twice", "alibi")] == 0.569
+    assert numbers[("kazemnejad2023", "copy_single_twice", "t5")] == 0.558
+
+
+def test_every_kazemnejad_suite_task_has_every_encodings_published_number() -> None:
+    suite, _ = load_config_file(suite_file("kazemnejad"))
+    numbers = published_numbers().query("paper == 'kazemnejad2023'")
+    for task in suite.tasks:
+        names = set(numbers.loc[numbers["task"] == task.name, "encoding"])
+        assert names == {encoding.name for encoding in suite.encodings}, task.name
 
 
 def _copy_results(

@@ -55,6 +55,7 @@ class CopySingleTwice(_RepeatedToken):
     """Their rsc2x: ``t .. t SEP t .. t t .. t``, one symbol repeated n times, written 2n times.
 
     Vocabulary: ``n_symbols`` symbols, SEP. The length is n; the answer is 2n tokens.
+    Their results: NoPE 0.974, T5 0.558, ALiBi 0.194, rotary 0.000, sinusoidal 0.000.
     """
 
     def sequence_length(self, length: int) -> int:
@@ -69,6 +70,7 @@ class CopyTwice(Copy):
     """Their cmc2x: ``s SEP s NEXT s``, a random string written twice with a NEXT token between.
 
     Vocabulary: ``n_symbols`` symbols, SEP, NEXT. The length is n; the answer is 2n + 1 tokens.
+    Their results: ALiBi 0.569, T5 0.524, NoPE 0.431, rotary 0.043, sinusoidal 0.040.
     """
 
     @property
