@@ -55,3 +55,12 @@ def test_rank_groups_follow_the_intervals() -> None:
     lower_first = [Interval(1.2, 1.1, 1.3, 3), Interval(2.0, 1.9, 2.1, 3)]
     assert rank_groups(lower_first, higher_is_better=False) == [1, 2]
     assert rank_groups([Interval(math.nan, math.nan, math.nan, 0)] + separated) == [3, 1, 2]
+
+
+def test_only_an_encoding_alone_in_group_one_is_best() -> None:
+    from posbench.report.stats import sole_best
+
+    assert sole_best([2, 1, 3]) == 1
+    assert sole_best([1, 1, 2]) is None  # two share the lead
+    assert sole_best([1]) is None  # nothing to compare with
+    assert sole_best([]) is None

@@ -36,7 +36,7 @@ from posbench.store import (
     sweep_members,
     sweep_temporary_files,
 )
-from posbench.report.stats import GENERALISES_AT, Interval, rank_groups
+from posbench.report.stats import GENERALISES_AT, Interval, rank_groups, sole_best
 from posbench.report.summary import (
     EFFECTIVE_AT,
     EFFECTIVE_PENALTY,
@@ -158,10 +158,8 @@ def _best_accuracy(group: pd.DataFrame, column: str, learned: pd.Series) -> floa
         Interval(r[column], r[f"{column}_low"], r[f"{column}_high"], int(r["seeds"]))
         for r in rows.to_dict("records")
     ]
-    groups = rank_groups(intervals)
-    if groups.count(1) == 1 and len(groups) > 1:  # bold only a group of one
-        return intervals[groups.index(1)].mean
-    return None
+    best = sole_best(rank_groups(intervals))
+    return None if best is None else intervals[best].mean
 
 
 def _keep_informative(

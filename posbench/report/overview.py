@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from posbench.report.stats import Interval, rank_groups
+from posbench.report.stats import Interval, rank_groups, sole_best
 from posbench.report.summary import (
     comparison_kind,
     cost_columns,
@@ -116,8 +116,9 @@ def overview(frame: pd.DataFrame) -> pd.DataFrame:
             metric.higher_is_better,
         )
         table.loc[ranked.index, "rank_group"] = groups
-        if groups.count(1) == 1 and len(groups) > 1:  # bold only a group of one
-            table.loc[ranked.index[groups.index(1)], "best"] = True
+        best = sole_best(groups)
+        if best is not None:
+            table.loc[ranked.index[best], "best"] = True
     costs = cost_columns(frame)
     table = table.merge(costs, on="encoding_label", how="left").reindex(columns=OVERVIEW_COLUMNS)
     order = encoding_order(table["encoding_label"])

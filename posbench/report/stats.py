@@ -97,6 +97,14 @@ def rank_groups(intervals: Sequence[Interval], higher_is_better: bool = True) ->
     return groups
 
 
+def sole_best(groups: Sequence[int]) -> int | None:
+    """The index of the encoding alone in rank group 1, the only one a report may call best;
+    None where group 1 holds several or there is only one encoding to compare."""
+    if len(groups) > 1 and groups.count(1) == 1:
+        return list(groups).index(1)
+    return None
+
+
 def _apart(a: Interval, b: Interval) -> bool:
     """Whether two intervals do not overlap (False when either is missing)."""
     if any(math.isnan(x) for x in (a.low, a.high, b.low, b.high)):
