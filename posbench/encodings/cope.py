@@ -49,29 +49,20 @@ class CoPE(PositionalEncoding):
         scale = 1.0 / math.sqrt(self.d_head)
         table = self.pos_emb[layer.index].to(q.dtype)  # (d, npos_max)
 
+        def own_keys(r0: int, r1: int) -> Tensor | None:
+            """Each query row's own key when causal (the last q_len keys are the queries)."""
+            if not self.causal:
+                return None
+            return torch.arange(r0, r1, device=q.device) + (k.shape[2] - q.shape[2])
+
         def rows(r0: int, r1: int, keys: int, content: Tensor | None) -> Tensor:
             """The bias of query rows r0..r1-1 against keys 0..keys-1, (B, H, rows, keys),
             from those pairs' content logits scale * q . k (formed here when not given)."""
             q_rows = q[:, :, r0:r1]
             if content is None:
                 content = scale * (q_rows @ k[:, :, :keys].transpose(-1, -2))
-            gates = torch.sigmoid(content)  # (B, H, rows, keys)
-            # p_ij = sum of the gates from key j to query i: the running sum at the query's own
-            # key less the running sum before j. Later keys' gates never enter it, so they need
-            # no masking (their positions come out <= 0 and attention masks them).
-            running = gates.cumsum(-1)
-            if self.causal:  # query i is the last q_len keys' i-th: its own key
-                own = torch.arange(r0, r1, device=q.device) + (k.shape[2] - q.shape[2])
-                total = running.gather(-1, own.view(1, 1, -1, 1).expand(*running.shape[:-1], 1))
-            else:
-                total = running[..., -1:]
-            positions = (total - running + gates).clamp(0, self.npos_max - 1)
-            floor = positions.floor()
-            weight = positions - floor  # interpolation weight of the next integer position
-            at_integers = q_rows @ table  # (B, H, rows, npos_max)
-            slopes = F.pad(at_integers.diff(dim=-1), (0, 1))  # to the next integer position
-            index = floor.long()
-            return at_integers.gather(-1, index) + weight * slopes.gather(-1, index)
+            own = own_keys(r0, r1)
+            return _contextual_bias(q_rows, content, table, own, self.npos_max)["bias"]
 
         def attend(
             r0: int,
@@ -82,14 +73,42 @@ class CoPE(PositionalEncoding):
             mask: Tensor | None,
             scale: float,
         ) -> Tensor:
-            own = (  # each query row's own key: the last q_len keys are the queries
-                torch.arange(r0, r1, device=q.device) + (k.shape[2] - q.shape[2])
-                if self.causal
-                else None
-            )
+            own = own_keys(r0, r1)
             return _CopeBlock.apply(q_rows, k_rows, v, table, own, mask, scale, self.npos_max)
 
         return Scores(q, k, RowBlockBias(rows, q.shape[2], k.shape[2], attend), scale)
+
+
+def _contextual_bias(
+    q: Tensor, content: Tensor, table: Tensor, own: Tensor | None, npos: int
+) -> dict[str, Tensor]:
+    """CoPE's bias for query rows q (B, H, R, d) from their content logits (B, H, R, K), with
+    the intermediates the hand-written backward pass reads (each (B, H, R, K))."""
+    gates = torch.sigmoid(content)
+    # p_ij = sum of the gates from key j to query i: the running sum at the query's own key
+    # less the running sum before j. Later keys' gates never enter it, so they need no
+    # masking (their positions come out <= 0 and attention masks them).
+    running = gates.cumsum(-1)
+    if own is not None:
+        total = running.gather(-1, own.view(1, 1, -1, 1).expand(*running.shape[:-1], 1))
+    else:
+        total = running[..., -1:]
+    raw = total - running + gates
+    positions = raw.clamp(0, npos - 1)
+    floor = positions.floor()
+    weight = positions - floor  # interpolation weight of the next integer position
+    index = floor.long()
+    at_integers = torch.matmul(q, table)  # (B, H, R, npos)
+    slopes = F.pad(at_integers.diff(dim=-1), (0, 1))  # to the next integer position
+    slope = slopes.gather(-1, index)
+    return {
+        "bias": at_integers.gather(-1, index).add_(weight * slope),
+        "gates": gates,
+        "inside": (raw >= 0) & (raw <= npos - 1),  # where the clamp passes its gradient
+        "index": index,
+        "weight": weight,
+        "slope": slope,
+    }
 
 
 def _block_forward(
@@ -105,33 +124,12 @@ def _block_forward(
     """One block of CoPE attention, q (B, H, R, d) against k, v (B, H, K, d): the output and
     what the backward pass reads (each (B, H, R, K) unless named otherwise)."""
     content = torch.matmul(q, k.transpose(-1, -2)).mul_(scale)
-    gates = torch.sigmoid(content)
-    running = gates.cumsum(-1)
-    if own is not None:
-        total = running.gather(-1, own.view(1, 1, -1, 1).expand(*running.shape[:-1], 1))
-    else:
-        total = running[..., -1:]
-    raw = total - running + gates  # sum of the gates from key j to the query's own key
-    positions = raw.clamp(0, npos - 1)
-    floor = positions.floor()
-    weight = positions - floor
-    index = floor.long()
-    at_integers = torch.matmul(q, table)  # (B, H, R, npos)
-    slopes = F.pad(at_integers.diff(dim=-1), (0, 1))
-    slope = slopes.gather(-1, index)
-    logits = content.add_(at_integers.gather(-1, index)).add_(weight * slope)
+    parts = _contextual_bias(q, content, table, own, npos)
+    logits = content.add_(parts.pop("bias"))
     if mask is not None:
         logits.masked_fill_(~mask, float("-inf"))
     probs = torch.softmax(logits, dim=-1)
-    return {
-        "out": torch.matmul(probs, v),
-        "gates": gates,
-        "inside": (raw >= 0) & (raw <= npos - 1),  # where the clamp passes its gradient
-        "index": index,
-        "weight": weight,
-        "slope": slope,
-        "probs": probs,
-    }
+    return parts | {"out": torch.matmul(probs, v), "probs": probs}
 
 
 class _CopeBlock(torch.autograd.Function):
