@@ -89,6 +89,31 @@ def test_a_model_that_did_not_learn_is_not_ranked() -> None:
     assert not table.at["alibi", "best"]  # alone among the ranked: separated from nobody
 
 
+def _model_rows(label: str, penalties: tuple[float, ...], trained: float) -> list[dict]:
+    """`_penalty_rows` of `label`, each seed's model with final training loss `trained`."""
+    rows = _penalty_rows(label, penalties)
+    for seed in range(len(penalties)):
+        base = {k: v for k, v in rows[0].items() if k not in ("position", "eval_len")}
+        rows.append(base | {"seed": seed, "metric": "train_loss_final", "value": trained})
+    return rows
+
+
+def test_a_label_that_repeats_the_headline_of_the_same_models_says_so() -> None:
+    frame = tidy(
+        _model_rows("sinusoidal", (1.0, 1.1, 1.2), trained=1.61)
+        + _model_rows("sinusoidal-restart", (1.0, 1.1, 1.2), trained=1.61)  # its variant
+        + _model_rows("rope", (1.0, 1.1, 1.2), trained=1.62)  # equal headline, other models
+        + _model_rows("rope-scaled", (1.0, 1.1, 1.3), trained=1.62)  # same models, not equal
+    )
+    table = overview(frame).set_index("encoding_label")
+    assert table.at["sinusoidal-restart", "same_as"] == "sinusoidal"
+    assert table.loc[["sinusoidal", "rope", "rope-scaled"], "same_as"].eq("").all()
+    console = Console(file=io.StringIO(), width=200, color_system=None)
+    print_overview(console, overview(frame))
+    printed = console.file.getvalue()
+    assert "sinusoidal-restart (= sinusoidal)" in printed and "(= X): the same headline" in printed
+
+
 def _expected_text(row: pd.Series) -> str:
     """The headline cell written from summary.csv's numbers, independently of the code that
     prints it."""
@@ -119,6 +144,9 @@ def test_summary_csv_the_terminal_and_the_report_carry_the_same_headline(
     for row in summary.to_dict("records"):
         text = _expected_text(pd.Series(row))
         group = "-" if pd.isna(row["rank_group"]) else str(int(row["rank_group"]))
-        assert cells[row["encoding_label"]] == (text, group), row["encoding_label"]
-        line = next(line for line in terminal if f" {row['encoding_label']} " in line)
+        label = row["encoding_label"]
+        if isinstance(row["same_as"], str):
+            label += f" (= {row['same_as']})"
+        assert cells[label] == (text, group), label
+        line = next(line for line in terminal if f" {label} " in line)
         assert re.search(rf"{re.escape(text)}\s*│\s*{re.escape(group)}\s*│", line), line

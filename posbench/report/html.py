@@ -16,7 +16,13 @@ import pandas as pd
 from jinja2 import Environment, PackageLoader, select_autoescape
 
 from posbench.report import plots, published, scale
-from posbench.report.overview import HEADLINE_METRICS, overview, overview_cells
+from posbench.report.overview import (
+    HEADLINE_METRICS,
+    SAME_AS_NOTE,
+    overview,
+    overview_cells,
+    overview_label,
+)
 from posbench.tasks import REGISTRY as TASKS
 from posbench.errors import ResultsError
 from posbench.experiment.memory import MEMORY_METHOD
@@ -328,7 +334,7 @@ def _glance(table: pd.DataFrame, units: dict[str, str]) -> dict[str, Any]:
         metric = HEADLINE_METRICS[group["headline_metric"].iloc[0]]
         rows = [
             {
-                "label": record["encoding_label"],
+                "label": overview_label(record),
                 "unlearned": not record["learned"],
                 "best": bool(record["best"]),
                 "cells": overview_cells(record),
@@ -352,7 +358,8 @@ def _glance(table: pd.DataFrame, units: dict[str, str]) -> dict[str, Any]:
                 "rows": rows,
             }
         )
-    return {"tasks": tasks, "heatmap": plots.overview_heatmap(table)}
+    same_as = SAME_AS_NOTE if table["same_as"].astype(bool).any() else ""
+    return {"tasks": tasks, "heatmap": plots.overview_heatmap(table), "same_as": same_as}
 
 
 def _representative_runs(frame: pd.DataFrame, colours: dict[str, str]) -> list[Any]:

@@ -58,6 +58,7 @@ OVERVIEW_COLUMNS = [
     "learned",
     "rank_group",
     "best",
+    "same_as",
     "chance",
     "untrained_share",
     "effective_length",
@@ -125,8 +126,53 @@ def overview(frame: pd.DataFrame) -> pd.DataFrame:
     table = table.sort_values(
         ["task", "encoding_label"],
         key=lambda c: c.map(order.index) if c.name == "encoding_label" else c,
+    ).reset_index(drop=True)
+    table["same_as"] = _same_as(table, _trained_models(frame))
+    return table
+
+
+def _trained_models(frame: pd.DataFrame) -> dict[tuple[str, str], tuple]:
+    """(task, label) -> its runs' final training losses by seed: equal only for labels that
+    read the same trained models (an evaluation variant and its base)."""
+    trained = frame[frame["metric"] == "train_loss_final"]
+    return {
+        key: tuple(sorted(zip(group["seed"], group["value"])))
+        for key, group in trained.groupby(["task", "encoding_label"])
+    }
+
+
+def _same_as(table: pd.DataFrame, models: dict[tuple[str, str], tuple]) -> list[str]:
+    """For each row, the earlier label that reads the same trained models and whose headline
+    it repeats to the last digit ("" for none): an evaluation variant (positions restarted
+    per segment, say) that changes only measurements this headline does not read."""
+    first: dict[tuple, str] = {}
+    same = []
+    for row in table.to_dict("records"):
+        label = row["encoding_label"]
+        numbers = (row["value"], row["low"], row["high"], row["effective_length"])
+        model = models.get((row["task"], label), label)  # unknown: matches nothing else
+        key = (row["task"], model, *(None if pd.isna(x) else float(x) for x in numbers))
+        earlier = first.setdefault(key, label)
+        same.append(earlier if earlier != label else "")
+    return same
+
+
+#: What "(= X)" after a label means, in the terminal and the report.
+SAME_AS_NOTE = (
+    "(= X): the same headline as X to the last digit: the same trained model, read under "
+    "evaluation options this measurement does not use"
+)
+
+
+def overview_label(row: dict) -> str:
+    """The encoding's label as the overview prints it, naming the label whose headline it
+    repeats: "sinusoidal-restart (= sinusoidal)"."""
+    same = row.get("same_as")
+    return (
+        f"{row['encoding_label']} (= {same})"
+        if isinstance(same, str) and same
+        else row["encoding_label"]
     )
-    return table.reset_index(drop=True)
 
 
 _COSTS = ("latency_ratio", "latency_at", "latency_noisy", "memory_ratio", "memory_at")

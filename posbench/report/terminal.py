@@ -38,7 +38,13 @@ from posbench.store import (
     training_runs,
 )
 from posbench.experiment.outcome import SweepOutcome
-from posbench.report.overview import HEADLINE_METRICS, overview, overview_cells
+from posbench.report.overview import (
+    HEADLINE_METRICS,
+    SAME_AS_NOTE,
+    overview,
+    overview_cells,
+    overview_label,
+)
 from posbench.report.summary import EFFECTIVE_AT, EFFECTIVE_PENALTY, sized_tasks
 
 #: Above this fwd+bwd ratio to NoPE, `posbench bench` says why the encoding costs what it does.
@@ -246,7 +252,7 @@ def print_overview(console: Console, table: pd.DataFrame) -> None:
             style = "bold" if record["best"] else ("dim" if not record["learned"] else "")
             out.add_row(
                 Text(task if i == 0 else ""),
-                Text(record["encoding_label"]),
+                Text(overview_label(record)),
                 Text(metric.short if i == 0 else ""),
                 Text(cells["headline"], style=style),
                 cells["group"],
@@ -270,6 +276,8 @@ def print_overview(console: Console, table: pd.DataFrame) -> None:
         )
     if (table["untrained_share"].fillna(0) > 0).any():
         notes.append("†: reads parameter rows training never reached (posbench inspect RUN_DIR)")
+    if table["same_as"].astype(bool).any():
+        notes.append(SAME_AS_NOTE)
     if costs:
         at = table["latency_at"].dropna()
         notes.append(
