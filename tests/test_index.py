@@ -45,6 +45,27 @@ def test_the_index_links_every_report_with_its_record(reports: Path) -> None:
     assert [r.folder for r in read_reports(reports)] == ["older", "tiny"]
 
 
+def test_the_index_lists_only_encodings_that_learned_the_task(tmp_path: Path) -> None:
+    folder = tmp_path / "reports" / "lm"
+    folder.mkdir(parents=True)
+    (folder / "report.html").write_text("<title>posbench report</title>")
+
+    def length(encoding: str, value: float, learned: bool) -> dict:
+        row = {"task": "lm", "encoding": encoding, "value": value, "low": None, "high": None}
+        return row | {"learned": learned}
+
+    record = dict.fromkeys(("about", "built", "built_by", "runs", "failed", "missing"), "")
+    record |= {"posbench_versions": [], "commits": [], "compute_seconds": 1.0, "mrr": []}
+    record["effective_lengths"] = [length("alibi", 512, False), length("txl", 256, True)]
+    (folder / REPORT_RECORD).write_text(json.dumps(record))
+    (task,) = read_reports(tmp_path / "reports")[0].best_by_task
+    assert task == {"task": "lm", "best": "txl 256"}
+    record["effective_lengths"] = [length("alibi", 512, False)]
+    (folder / REPORT_RECORD).write_text(json.dumps(record))
+    (task,) = read_reports(tmp_path / "reports")[0].best_by_task
+    assert task["best"] == "no encoding learned the task in distribution"
+
+
 def test_a_corrupt_record_and_an_empty_folder_are_one_sentence(tmp_path: Path) -> None:
     (tmp_path / "empty").mkdir()
     with pytest.raises(ResultsError, match="holds no report"):

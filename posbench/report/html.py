@@ -600,6 +600,7 @@ def _report_record(
         commits.add(env.get("git_commit") or "not recorded")
         versions.add(env.get("posbench") or "not recorded")
     effective = effective_lengths(frame).dropna(subset=["effective_length"])
+    learned = learned_in_distribution(frame)
     return {
         "name": out_dir.name,
         "about": config.get("about", ""),
@@ -618,6 +619,7 @@ def _report_record(
                 "value": _finite(r["effective_length"]),
                 "low": _finite(r["effective_length_low"]),
                 "high": _finite(r["effective_length_high"]),
+                "learned": bool(learned.get((r["task"], r["encoding_label"]), True)),
             }
             for r in effective.to_dict("records")
         ],

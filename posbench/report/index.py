@@ -34,18 +34,22 @@ class IndexedReport:
 
     @property
     def best_by_task(self) -> list[dict[str, str]]:
-        """Per task, the encodings with the longest effective length, with their intervals."""
+        """Per task, the encodings with the longest effective length, with their intervals,
+        among those that learned the task in distribution (a record from before that flag
+        counts every encoding as learned)."""
         by_task: dict[str, list[dict[str, Any]]] = {}
         for row in self.record.get("effective_lengths", []):
-            if row["value"] is not None:
-                by_task.setdefault(row["task"], []).append(row)
+            rows = by_task.setdefault(row["task"], [])
+            if row["value"] is not None and row.get("learned", True):
+                rows.append(row)
         return [
             {
                 "task": task,
                 "best": ", ".join(
                     f"{row['encoding']} {_interval(row)}"
                     for row in sorted(rows, key=lambda r: -r["value"])[:TOP_ENCODINGS]
-                ),
+                )
+                or "no encoding learned the task in distribution",
             }
             for task, rows in sorted(by_task.items())
         ]
