@@ -262,6 +262,33 @@ def test_randomized_positions_are_paired_by_label_and_compared_in_size() -> None
     assert _verdicts(_randomized({"rope+random": 0.6}))[RANDOMIZED][0] == NOT_MEASURED
 
 
+def test_the_randomized_gain_reads_free_running_accuracy_and_learned_models_only() -> None:
+    free_running = [
+        row | {"metric": "greedy_token_accuracy", "value": row["value"] / 2}
+        for row in _randomized({"rope": 0.3, "rope+random": 0.5})
+    ]
+    verdict, measured = _verdicts(_randomized({"rope": 0.3, "rope+random": 0.5}) + free_running)[
+        RANDOMIZED
+    ]
+    assert "(free-running)" in measured and "rope on copy 0.15 -> 0.25" in measured
+    unlearned = [  # alibi+random fails the task in distribution (exact match 0.3 at length 8)
+        row
+        | {
+            "metric": "exact_match",
+            "value": 0.3 if row["encoding_label"] == "alibi+random" else 1.0,
+        }
+        for row in _randomized({"rope": 0.3, "rope+random": 0.42, "alibi": 1, "alibi+random": 1})
+        if row["eval_len"] == 8
+    ]
+    verdict, measured = _verdicts(
+        _randomized({"rope": 0.3, "rope+random": 0.42, "alibi": 0.5, "alibi+random": 0.9})
+        + unlearned
+    )[RANDOMIZED]
+    assert "+12.0 points over 1 pair(s)" in measured
+    assert "did not learn the task in distribution: alibi+random on copy" in measured
+    assert verdict == PARTLY  # randomizing cost alibi the task itself
+
+
 def test_seed_bootstrap_draws_seeds_per_encoding_with_replacement() -> None:
     frame = tidy(_copy({"t5": 0.5, "rope": 0.1}))
     for sample in seed_bootstrap(frame, 20):
