@@ -198,6 +198,20 @@ def test_memory_check_reads_only_the_task_trained_through_a_cache() -> None:
     assert verdict == NOT_MEASURED and "lm-memory" in measured  # never computed from another task
 
 
+def test_memory_check_judges_only_a_model_that_learned_the_language() -> None:
+    memory = "A longer memory lowers Transformer-XL's loss (its context exceeds the segment)"
+    far_from_floor = [
+        {k: v for k, v in row.items() if k != "mem_len"}
+        | {"metric": "excess_loss", "value": 0.18}
+        | {"eval_len": 64}
+        for row in _txl({0: 0.0})
+    ]
+    verdict, measured = _verdicts(_txl({0: 2.9, 32: 2.5}) + far_from_floor)[memory]
+    assert verdict == NOT_MEASURED
+    assert measured.startswith("txl did not learn lm-memory in distribution")
+    assert "loss 2.900 with memory 0, 2.500 with memory 32 is shown, not judged" in measured
+
+
 def test_missing_results_are_not_measured() -> None:
     verdicts = _verdicts(
         _copy({"t5": 0.0, "nope": 0.0, "rope": 0.0, "alibi": 0.0}, jitter=(0.0, 0.0, 0.0))

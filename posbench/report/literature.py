@@ -339,6 +339,12 @@ def _txl_memory(frame: pd.DataFrame) -> tuple[str, str]:
     none, longest = by_memory.iloc[0], by_memory.iloc[-1]
     steps = ", ".join(f"{value:.3f} with memory {int(m)}" for m, value in by_memory.items())
     text = f"{task}, length {int(rows['eval_len'].max())}: loss {steps}"
+    if not learned_language(frame, task).get("txl", True):
+        return (
+            f"txl did not learn {task} in distribution (loss more than {UNLEARNED_EXCESS} nats "
+            f"above the floor), so its {text} is shown, not judged",
+            NOT_MEASURED,
+        )
     return text, AGREES if longest < none else DISAGREES
 
 
