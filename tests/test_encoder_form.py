@@ -4,6 +4,7 @@ and one blank per answer token, and emits the answer at the blanks all at once."
 from __future__ import annotations
 
 import dataclasses
+import math
 from pathlib import Path
 
 import pytest
@@ -130,6 +131,39 @@ def test_deepmind_scores_average_token_accuracy_past_training_per_class() -> Non
     assert table.at["regular", "mean"] == pytest.approx(0.45)
     assert table.at["regular", "best"] == pytest.approx(0.5)
     assert table.at["all", "mean"] == pytest.approx((0.45 + 0.7) / 2)
+    assert table.at["all", "learned"] == table.at["all", "tasks"] == 2
+    # reverse_string not learned in distribution (exact match 0.2 at length 16): not averaged
+    unlearned = [
+        row | {"metric": "exact_match", "value": 1.0 if row["task"] == "parity_check" else 0.2}
+        for row in rows
+        if row["eval_len"] == 16
+    ]
+    table = family_scores(deepmind_scores(tidy(rows + unlearned))).set_index("family")
+    assert table.at["all", "mean"] == pytest.approx(0.45)
+    assert table.at["all", "learned"] == 1 and table.at["all", "tasks"] == 2
+    assert table.at["context-free", "learned"] == 0 and math.isnan(table.at["context-free", "mean"])
+
+
+def test_the_randomized_gain_by_class_counts_tasks_both_twins_learned() -> None:
+    from helpers import tidy
+    from posbench.report.summary import deepmind_scores, family_gains
+
+    rows = []
+    for label, task, past, exact in (
+        ("rope", "parity_check", 0.5, 1.0),
+        ("rope+random", "parity_check", 0.7, 1.0),
+        ("rope", "reverse_string", 0.3, 1.0),
+        ("rope+random", "reverse_string", 0.9, 0.1),  # did not learn: its 0.9 is not counted
+    ):
+        base = {"task": task, "encoding": "rope", "encoding_label": label, "seed": 0}
+        base |= {"train_len_max": 16}
+        rows += [
+            base | {"eval_len": 32, "metric": "token_accuracy", "value": past},
+            base | {"eval_len": 16, "metric": "exact_match", "value": exact},
+        ]
+    gains = family_gains(deepmind_scores(tidy(rows)), "rope", "rope+random")
+    assert gains["regular"] == pytest.approx(0.2) and gains["all"] == pytest.approx(0.2)
+    assert "context-free" not in gains
 
 
 def test_an_encoder_report_shows_the_score_by_class_and_the_randomized_gain(

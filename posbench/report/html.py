@@ -52,6 +52,7 @@ from posbench.report.summary import (
     deepmind_scores,
     effective_lengths,
     encoding_order,
+    family_gains,
     family_scores,
     headline,
     learned_in_distribution,
@@ -459,19 +460,26 @@ def _deepmind_section(frame: pd.DataFrame) -> dict[str, Any] | None:
     columns = [f for f in FAMILIES if f in set(scores["family"])] + ["all"]
     labels = encoding_order(table.index.get_level_values(0).unique())
 
-    def cell(label: str, family: str, column: str) -> str:
-        return f"{table.at[(label, family), column]:.3f}" if (label, family) in table.index else ""
+    def cell(label: str, family: str) -> str:
+        if (label, family) not in table.index:
+            return ""
+        row = table.loc[(label, family)]
+        counted = f"{int(row['learned'])}/{int(row['tasks'])}"
+        if not row["learned"]:
+            return f"none learned (0/{int(row['tasks'])})"
+        return f"{row['mean']:.3f} ({row['best']:.3f}), {counted}"
 
     gains = []
     for label in labels:
         twin = f"{label}+random"
         if twin in labels:
+            by_family = family_gains(scores, label, twin)
             gains.append(
                 {
                     "label": label,
                     "cells": [
-                        f"{table.at[(twin, f), 'mean'] - table.at[(label, f), 'mean']:+.3f}"
-                        if (twin, f) in table.index and (label, f) in table.index
+                        f"{by_family[f]:+.3f}"
+                        if f in by_family and not math.isnan(by_family[f])
                         else ""
                         for f in columns
                     ],
@@ -480,18 +488,7 @@ def _deepmind_section(frame: pd.DataFrame) -> dict[str, Any] | None:
     return {
         "columns": columns,
         "tasks": {f: int(scores.loc[scores["family"] == f, "task"].nunique()) for f in FAMILIES},
-        "rows": [
-            {
-                "label": label,
-                "cells": [
-                    f"{cell(label, f, 'mean')} ({cell(label, f, 'best')})"
-                    if cell(label, f, "mean")
-                    else ""
-                    for f in columns
-                ],
-            }
-            for label in labels
-        ],
+        "rows": [{"label": label, "cells": [cell(label, f) for f in columns]} for label in labels],
         "gains": gains,
     }
 

@@ -504,7 +504,7 @@ def task_family(task_label: str) -> str:
 def deepmind_scores(frame: pd.DataFrame) -> pd.DataFrame:
     """DeepMind's score per (task, encoding label, seed) for the tasks of their suite: token
     accuracy averaged over every full-context length past the longest training length, with the
-    task's language class."""
+    task's language class and whether the label learned the task in distribution."""
     rows = frame[
         frame["task"].notna()
         & (frame["metric"] == "token_accuracy")
@@ -517,17 +517,47 @@ def deepmind_scores(frame: pd.DataFrame) -> pd.DataFrame:
     scores = rows.groupby(["task", "encoding_label", "seed"])["value"].mean().rename("score")
     table = scores.reset_index()
     table.insert(1, "family", table["task"].map(families))
+    learned = learned_in_distribution(frame)
+    table["learned"] = [
+        bool(learned.get(key, True)) for key in zip(table["task"], table["encoding_label"])
+    ]
     return table
 
 
 def family_scores(scores: pd.DataFrame) -> pd.DataFrame:
-    """Per (encoding label, family, and "all"): the mean over the family's tasks of each task's
-    mean over seeds, with the same mean of each task's best seed (their tables report the best),
-    and the number of tasks."""
-    per_task = scores.groupby(["family", "task", "encoding_label"])["score"].agg(["mean", "max"])
-    every = per_task.reset_index().assign(family="all")
-    per_task = pd.concat([per_task.reset_index(), every], ignore_index=True)
-    table = per_task.groupby(["encoding_label", "family"]).agg(
-        mean=("mean", "mean"), best=("max", "mean"), tasks=("task", "nunique")
+    """Per (encoding label, family, and "all"): over the family's tasks that the label learned
+    in distribution, the mean of each task's mean over seeds and the same mean of each task's
+    best seed (their tables report the best); `learned` of `tasks` says how many tasks count.
+    A task the model did not learn measures no length generalisation, so it is not averaged."""
+    per_task = (
+        scores.groupby(["family", "task", "encoding_label"])
+        .agg(mean=("score", "mean"), best=("score", "max"), learned=("learned", "all"))
+        .reset_index()
     )
+    per_task = pd.concat([per_task, per_task.assign(family="all")], ignore_index=True)
+    kept = per_task[per_task["learned"]]
+    table = kept.groupby(["encoding_label", "family"]).agg(
+        mean=("mean", "mean"), best=("best", "mean"), learned=("task", "nunique")
+    )
+    counts = per_task.groupby(["encoding_label", "family"])["task"].nunique().rename("tasks")
+    table = table.reindex(counts.index).join(counts)
+    table["learned"] = table["learned"].fillna(0).astype(int)
     return table.reset_index()
+
+
+def family_gains(scores: pd.DataFrame, label: str, twin: str) -> dict[str, float]:
+    """Per family and "all": the mean over tasks that both `label` and `twin` learned of the
+    twin's mean score minus the label's (NaN where no task qualifies)."""
+    per_task = scores.groupby(["family", "task", "encoding_label"]).agg(
+        mean=("score", "mean"), learned=("learned", "all")
+    )
+    both = per_task.reset_index().pivot_table(
+        index=["family", "task"], columns="encoding_label", values=["mean", "learned"]
+    )
+    if label not in both["mean"] or twin not in both["mean"]:
+        return {}
+    ok = both["learned"][label].eq(1) & both["learned"][twin].eq(1)
+    gains = (both["mean"][twin] - both["mean"][label])[ok].reset_index(name="gain")
+    out = gains.groupby("family")["gain"].mean().to_dict()
+    out["all"] = float(gains["gain"].mean()) if len(gains) else math.nan
+    return out
