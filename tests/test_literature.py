@@ -138,6 +138,22 @@ def _randomized(accuracies: dict[str, float]) -> list[dict]:
     return rows
 
 
+def _deepmind(scores: dict[tuple[str, str], float], exact: float = 1.0) -> list[dict]:
+    """Encoder-form rows: per (task, label) token accuracy `scores[...]` past the training
+    length (plus jitter per seed) and exact match `exact` at it."""
+    rows = []
+    for (task, label), value in scores.items():
+        for seed, noise in zip(SEEDS, JITTER):
+            base = {"task": task, "encoding": label.removesuffix("+random")}
+            base |= {"encoding_label": label, "seed": seed, "train_len_max": 16}
+            base |= {"mem_len": math.nan}
+            rows += [
+                base | {"eval_len": 16, "metric": "exact_match", "value": exact},
+                base | {"eval_len": 32, "metric": "token_accuracy", "value": value + noise},
+            ]
+    return rows
+
+
 def _verdicts(rows: list[dict], replicates: int = 50) -> dict[str, tuple[str, str]]:
     return {v.finding: (v.verdict, v.measured) for v in check_findings(tidy(rows), replicates)}
 
@@ -148,6 +164,7 @@ AGREEING = (
     + _txl({0: 2.9, 64: 2.6, 128: 2.5})
     + _lookback({"sinusoidal-restart": 0.1, "txl": 1.0, "rope": 0.98, "sinusoidal": 1.0})
     + _randomized({"rope": 0.3, "rope+random": 0.42})
+    + _deepmind({(t, "rope"): 0.6 for t in ("cycle_navigation", "reverse_string", "odds_first")})
 )
 
 
@@ -172,6 +189,9 @@ def test_results_that_disagree_say_so_with_the_numbers() -> None:
         + _txl({0: 2.5, 128: 2.9})
         + _lookback({"sinusoidal-restart": 0.99, "t5": 0.97})
         + _randomized({"rope": 0.5, "rope+random": 0.4})
+        + _deepmind(
+            {(t, "rope"): 0.95 for t in ("cycle_navigation", "reverse_string", "odds_first")}
+        )
     )
     assert {verdict for verdict, _ in verdicts.values()} == {DISAGREES}, verdicts
     flat = verdicts["ALiBi's loss stays flat far past the training length"][1]
@@ -301,6 +321,26 @@ def test_the_randomized_gain_reads_free_running_accuracy_and_learned_models_only
     assert "+12.0 points over 1 pair(s)" in measured
     assert "did not learn the task in distribution: alibi+random on copy" in measured
     assert verdict == PARTLY  # randomizing cost alibi the task itself
+
+
+CONTEXT_FREE = "Transformers fail to generalise on context-free tasks"
+
+
+def test_no_plain_encoding_solving_a_non_regular_task_agrees_with_deletang() -> None:
+    unsolved = _deepmind(
+        {("reverse_string", "rope"): 0.6, ("stack_manipulation", "alibi"): 0.7}
+        | {("reverse_string", "rope+random"): 0.99}  # randomized twins are not Deletang's
+    )
+    verdict, measured = _verdicts(unsolved)[CONTEXT_FREE]
+    assert verdict == AGREES and "solved (>= 90%): none" in measured
+    assert "reverse_string rope" in measured and "stack_manipulation alibi" in measured
+    solved = _deepmind({("reverse_string", "rope"): 0.95, ("stack_manipulation", "alibi"): 0.7})
+    verdict, measured = _verdicts(solved)[CONTEXT_FREE]
+    assert verdict == DISAGREES and "solved (>= 90%): reverse_string" in measured
+    unlearned = _deepmind({("reverse_string", "rope"): 0.95}, exact=0.1)
+    verdict, measured = _verdicts(unlearned)[CONTEXT_FREE]
+    assert verdict == NOT_MEASURED and "no encoding learned one" in measured
+    assert _verdicts(_copy({"t5": 0.5}))[CONTEXT_FREE][0] == NOT_MEASURED
 
 
 def test_seed_bootstrap_draws_seeds_per_encoding_with_replacement() -> None:

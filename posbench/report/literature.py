@@ -20,7 +20,7 @@ from scipy import stats
 
 from posbench.experiment.config import UNLEARNED_EXCESS
 from posbench.report.published import published_numbers, unseen_scores
-from posbench.report.summary import learned_in_distribution
+from posbench.report.summary import deepmind_scores, learned_in_distribution
 
 AGREES, PARTLY, DISAGREES, NOT_MEASURED = "agrees", "partly agrees", "disagrees", "not measured"
 INCONCLUSIVE = "inconclusive"
@@ -474,6 +474,47 @@ def _randomized_gain(frame: pd.DataFrame) -> tuple[str, str]:
     return text, AGREES if RUOSS_GAIN / 2 <= mean_gain <= 2 * RUOSS_GAIN else PARTLY
 
 
+# ---- Deletang et al. 2023: Transformers and the Chomsky hierarchy -----------------------------
+#: Their threshold for a solved task: a score (token accuracy past the training lengths) >= 90%.
+SOLVED_AT = 0.9
+
+
+def _unsolved(family: str, only: tuple[str, ...] = ()) -> Callable[[pd.DataFrame], tuple[str, str]]:
+    """A check that no encoding at plain positions solves a task of `family` (or of `only`):
+    each learned (task, encoding) pair's best seed stays below SOLVED_AT."""
+
+    def check(frame: pd.DataFrame) -> tuple[str, str]:
+        scores = deepmind_scores(frame)
+        scores = scores[
+            (scores["family"] == family) & ~scores["encoding_label"].str.endswith(RANDOM_SUFFIX)
+        ]
+        if only:
+            scores = scores[scores["task"].isin(only)]
+        learned = scores[scores["learned"]]
+        if learned.empty:
+            reason = "no task of the class ran" if scores.empty else "no encoding learned one"
+            return f"{family}: {reason} in distribution at plain positions", NOT_MEASURED
+        best = learned.groupby(["task", "encoding_label"])["score"].max()
+        top = best.groupby(level="task").idxmax()
+        solved = sorted({task for (task, _), value in best.items() if value >= SOLVED_AT})
+        text = (
+            f"{family}, best seed per task at plain positions (the best encoding): "
+            + ", ".join(f"{task} {label} {best[(task, label)]:.2f}" for task, label in top)
+            + f"; solved (>= {SOLVED_AT:.0%}): {', '.join(solved) or 'none'}"
+            + (
+                f"; not learned in distribution, so not judged: "
+                f"{scores.loc[~scores['learned'], 'task'].nunique()} task x encoding pair(s)"
+                if not scores["learned"].all()
+                else ""
+            )
+            + " (theirs: the best of 10 seeds and 3 learning rates, tested to 12x the training "
+            "length)"
+        )
+        return text, DISAGREES if solved else AGREES
+
+    return check
+
+
 FINDINGS: tuple[Finding, ...] = (
     Finding(
         "NoPE, T5 and ALiBi copy past the training length better than RoPE and sinusoidal",
@@ -537,6 +578,24 @@ FINDINGS: tuple[Finding, ...] = (
         "+12.0 points mean accuracy over the 15 tasks (best of 10 seeds per setting); agrees in "
         "size within a factor of 2",
         _randomized_gain,
+    ),
+    Finding(
+        "Transformers do not solve cycle navigation (a regular task)",
+        "Deletang et al. 2023, results (prose); encoder, train <= 40, test 41..500",
+        "61.9% for the best Transformer (chance 20%); solved means >= 90%",
+        _unsolved("regular", ("cycle_navigation",)),
+    ),
+    Finding(
+        "Transformers fail to generalise on context-free tasks",
+        "Deletang et al. 2023, abstract; encoder, train <= 40, test 41..500",
+        "no context-free task solved (>= 90%) by a Transformer, the best of 5 encodings",
+        _unsolved("context-free"),
+    ),
+    Finding(
+        "Transformers fail to generalise on context-sensitive tasks",
+        "Deletang et al. 2023, abstract; encoder, train <= 40, test 41..500",
+        "no context-sensitive task solved (>= 90%) by a Transformer, the best of 5 encodings",
+        _unsolved("context-sensitive"),
     ),
 )
 

@@ -504,14 +504,16 @@ def task_family(task_label: str) -> str:
 def deepmind_scores(frame: pd.DataFrame) -> pd.DataFrame:
     """DeepMind's score per (task, encoding label, seed) for the tasks of their suite: token
     accuracy averaged over every full-context length past the longest training length, with the
-    task's language class and whether the label learned the task in distribution."""
-    rows = frame[
-        frame["task"].notna()
-        & (frame["metric"] == "token_accuracy")
-        & frame["mem_len"].isna()
-        & frame["eval_len"].notna()
-    ]
+    task's language class and whether the label learned the task in distribution. A task posed
+    to a decoder is scored free-running (their encoder never reads its own answer); the encoder
+    form emits its answer at once, so its token accuracy is already theirs."""
+    rows = frame[frame["task"].notna() & frame["mem_len"].isna() & frame["eval_len"].notna()]
     rows = rows[rows["eval_len"].astype(float) > rows["train_len_max"].astype(float)]
+    greedy = set(rows.loc[rows["metric"] == "greedy_token_accuracy", "task"])
+    wanted = rows["task"].map(
+        lambda t: "greedy_token_accuracy" if t in greedy else "token_accuracy"
+    )
+    rows = rows[rows["metric"] == wanted]
     families = {task: task_family(str(task)) for task in rows["task"].unique()}
     rows = rows[rows["task"].map(families) != ""]
     scores = rows.groupby(["task", "encoding_label", "seed"])["value"].mean().rename("score")
