@@ -103,3 +103,55 @@ def test_foreign_output_folder_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ResultsError, match="not a posbench sweep"):
         run_sweep(tiny_sweep(), tmp_path)
     assert [p.name for p in tmp_path.iterdir()] == ["mine.txt"]
+
+
+def _stopping_twins(task: str, options: dict, stop: dict) -> "SweepConfig":
+    """`task` twice with one training: the task itself checks every 10 steps whether to stop
+    (`stop`); TASK-fixed trains all 40 steps."""
+    import dataclasses
+
+    from posbench.experiment.config import TaskSpec
+
+    return dataclasses.replace(
+        tiny_sweep("sinusoidal", steps=40),
+        tasks=(
+            TaskSpec(task, options, stop | {"check_every": 10}),
+            TaskSpec(task, options, label=f"{task}-fixed"),
+        ),
+    )
+
+
+COPY = {"train_lengths": [1, 4], "eval_lengths": [4, 8]}
+
+
+def test_a_fixed_budget_run_takes_the_model_of_a_twin_that_never_stopped(tmp_path: Path) -> None:
+    from posbench.experiment.compute import RunJob, compute_run
+    from posbench.experiment.config import expand_runs
+    from posbench.store import state_from_bytes
+
+    sweep = _stopping_twins("copy", COPY, {"stop_at": 1.0})  # never reached in 40 steps
+    run_sweep(sweep, tmp_path / "s")
+    runs = {run.task.display(): run for run in expand_runs(sweep)}
+    twin, fixed = (RunFolder(tmp_path / "s" / runs[k].run_id) for k in ("copy", "copy-fixed"))
+    assert twin.result()["steps_done"] == 40
+    log = (fixed.path / "log.txt").read_text()
+    assert "its early stopping never triggered" in log and "trained 40 steps" not in log
+    reused = fixed.model_state()
+    assert all(torch.equal(reused[k], v) for k, v in twin.model_state().items())
+    # and training it from its own config gives those weights, bit for bit
+    trained = state_from_bytes(compute_run(RunJob(runs["copy-fixed"]), threads=1).model_state)
+    assert all(torch.equal(reused[k], v) for k, v in trained.items())
+    assert fixed.table("terms.csv") is not None  # the twin's training probes come along
+
+
+def test_a_fixed_budget_run_trains_itself_when_its_twin_stopped_early(tmp_path: Path) -> None:
+    from posbench.experiment.config import expand_runs
+
+    lm = {"train_lengths": [8, 8], "eval_lengths": [8, 16]}
+    sweep = _stopping_twins("lm", lm, {"stop_within": 100.0})  # near enough at the first check
+    run_sweep(sweep, tmp_path / "s")
+    runs = {run.task.display(): run for run in expand_runs(sweep)}
+    twin = RunFolder(tmp_path / "s" / runs["lm"].run_id)
+    fixed = RunFolder(tmp_path / "s" / runs["lm-fixed"].run_id)
+    assert twin.result()["steps_done"] < 40
+    assert "trained 40 steps" in (fixed.path / "log.txt").read_text()

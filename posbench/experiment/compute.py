@@ -134,6 +134,8 @@ class RunJob:
     trained_state: bytes | None = None
     trained_result: dict[str, Any] = field(default_factory=dict)
     reused: str = "an earlier attempt trained (its evaluation had failed)"
+    #: The score-term probes taken while that model trained (empty: none kept).
+    trained_probes: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass
@@ -236,6 +238,7 @@ def _compute(job: RunJob, progress: ProgressSink) -> RunOutput:
             result.update(
                 {k: job.trained_result[k] for k in TRAINING_FIELDS if k in job.trained_result}
             )
+            probes.extend(job.trained_probes)
             note(f"reusing the model {job.reused}; evaluating only")
         else:
             stage = "training"
@@ -385,7 +388,7 @@ def _draw_pictures(
         note(f"bias picture failed ({type(err).__name__}: {err}); the report shows none")
     try:
         artifacts |= _diagnostic_artifacts(model, task, run, probes)
-        if probes:  # none when the job only evaluates a model trained before
+        if probes:  # none when the job evaluates a model trained before without its probes
             result["health_flags"] = diagnostics.health_flags(
                 pd.DataFrame(probes),
                 run.encoding.display(),

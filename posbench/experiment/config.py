@@ -262,6 +262,27 @@ def _eval_from(data: Mapping[str, Any]) -> EvalConfig:
     return EvalConfig(**values)
 
 
+#: The training settings that only decide when to stop, never what a step does.
+STOPPING_FIELDS = ("stop_at", "stop_within", "check_every")
+
+
+def stops_early(run: RunConfig) -> bool:
+    """Whether the run may stop before its step cap (a held-out threshold)."""
+    return run.train.stop_at is not None or run.train.stop_within is not None
+
+
+def training_key(run: RunConfig) -> str:
+    """A hash of everything that decides a run's weights step by step: task and encoding
+    with their options, seed, model, device and training settings, without labels, the
+    evaluation settings and the stopping rule. Two runs with one key take identical steps
+    until one of them stops early (a held-out check reads the model and changes nothing)."""
+    data = run.to_dict()
+    data["task"] = {k: v for k, v in data["task"].items() if k not in ("label", "train")}
+    data["train"] = {k: v for k, v in data["train"].items() if k not in STOPPING_FIELDS}
+    del data["eval"]
+    return config_id(data)
+
+
 def config_id(data: dict[str, Any]) -> str:
     """The 12-hex-digit id of a stored run config: a hash of everything in it that changes
     the numbers, the encoding's and the task's display labels left out."""

@@ -35,7 +35,9 @@ from posbench.experiment.config import (
     longest_training_sequence,
     model_sizes,
     resolve_tied_options,
+    stops_early,
     to_jsonable,
+    training_key,
 )
 from posbench.experiment.variants import (
     VariantJob,
@@ -59,6 +61,7 @@ from posbench.experiment.reachability import unreached
 from posbench.plugins import loaded_plugin_dirs
 from posbench.store import (
     RESULTS_FILE,
+    TERMS_FILE,
     RunFolder,
     check_sweep_dir,
     prepare_sweep_dir,
@@ -340,20 +343,31 @@ def _run_sweep(
         # While training runs are pending, a variant is evaluated on one thread beside them.
         threads = 1 if pending else sweep.threads
         _evaluate_variants(variants, waiting, out_dir, force, threads, reporter, outcome)
-        with closing(
-            executor.map(pending, sweep.threads, reporter, loaded_plugin_dirs())
-        ) as outputs:
-            for output in outputs:
-                store_run(RunFolder(out_dir / output.run_id), output)
-                outcome.ran.append(output.run_id)
-                waiting.discard(output.run_id)
-                reporter.run_finished(
-                    by_id[output.run_id], output.status, output.result.get("seconds", 0.0)
-                )
-                threads = 1 if waiting else sweep.threads
-                mine = [job for job in variants if job.base.run_id == output.run_id]
-                _evaluate_variants(mine, waiting, out_dir, force, threads, reporter, outcome)
-                write_results_csv(out_dir, outcome.problems)
+        twins = {training_key(run): run for run in runs if stops_early(run)}
+
+        def execute(batch: list[RunJob]) -> None:
+            nonlocal threads
+            with closing(
+                executor.map(batch, sweep.threads, reporter, loaded_plugin_dirs())
+            ) as outputs:
+                for output in outputs:
+                    store_run(RunFolder(out_dir / output.run_id), output)
+                    outcome.ran.append(output.run_id)
+                    waiting.discard(output.run_id)
+                    reporter.run_finished(
+                        by_id[output.run_id], output.status, output.result.get("seconds", 0.0)
+                    )
+                    threads = 1 if waiting else sweep.threads
+                    mine = [job for job in variants if job.base.run_id == output.run_id]
+                    _evaluate_variants(mine, waiting, out_dir, force, threads, reporter, outcome)
+                    write_results_csv(out_dir, outcome.problems)
+
+        # A fixed-budget run whose early-stopping twin is still to train waits for it, so it can
+        # take the twin's model if the twin never stopped (training it again would repeat it).
+        later = [job for job in pending if _twin(job, twins) and _twin(job, twins) in waiting]
+        execute([_reused(job, twins, out_dir) for job in pending if job not in later])
+        if later:
+            execute([_reused(job, twins, out_dir) for job in later])
         profile_ids = {job.run_id for job in profiles}
         for run_id, label in members.items():
             result = RunFolder(out_dir / run_id).result() or {}
@@ -396,6 +410,45 @@ def _evaluate_variants(
         reporter.note(f"evaluating {job.label} (the trained model, no retraining)")
         run_id, ran = evaluate_variant(job, out_dir, force, threads)
         (outcome.ran if ran else outcome.skipped).append(run_id)
+
+
+def _twin(job: RunJob, twins: dict[str, RunConfig]) -> str | None:
+    """The id of the early-stopping run whose training is this fixed-budget job's (the same
+    training key), if the sweep has one and the job still has to train."""
+    if job.trained_state is not None or stops_early(job.run):
+        return None
+    twin = twins.get(training_key(job.run))
+    return twin.run_id if twin is not None else None
+
+
+def _reused(job: RunJob, twins: dict[str, RunConfig], out_dir: Path) -> RunJob:
+    """The job, or, when its early-stopping twin trained all its steps without stopping (so
+    its weights are what this run would train), a job that evaluates the twin's model."""
+    twin_id = _twin(job, twins)
+    if twin_id is None:
+        return job
+    folder = RunFolder(out_dir / twin_id)
+    try:
+        result = folder.result() or {}
+        if (
+            not folder.is_finished()
+            or result.get("steps_done") != job.run.train.steps
+            or not folder.model_kept()
+        ):
+            return job
+        state = folder.model_bytes()
+        probes = folder.table(TERMS_FILE)
+    except ResultsError:
+        return job
+    twin = twins[training_key(job.run)]
+    return RunJob(
+        job.run,
+        state,
+        {k: result[k] for k in TRAINING_FIELDS if k in result},
+        f"{twin.label} trained (run {twin_id}): its early stopping never triggered, so its "
+        f"{job.run.train.steps} steps are this run's",
+        [] if probes is None else probes.to_dict("records"),
+    )
 
 
 def _job(folder: RunFolder, run: RunConfig, force: bool) -> RunJob | None:
