@@ -365,6 +365,11 @@ def _run_sweep(
         # A fixed-budget run whose early-stopping twin is still to train waits for it, so it can
         # take the twin's model if the twin never stopped (training it again would repeat it).
         later = [job for job in pending if _twin(job, twins) and _twin(job, twins) in waiting]
+        if later:
+            reporter.note(
+                f"{len(later)} fixed-budget run(s) wait for their early-stopping twins: a twin "
+                "that trains all its steps without stopping hands over its model"
+            )
         execute([_reused(job, twins, out_dir) for job in pending if job not in later])
         if later:
             execute([_reused(job, twins, out_dir) for job in later])
