@@ -150,11 +150,13 @@ def _int_list(value: str, flag: str) -> tuple[int, ...]:
 def run_command(
     encodings: Optional[str] = typer.Option(
         None,
-        help="Encodings, commas and wildcards: 'txl,t5', 'rope*'. "
-        "Default: the suite's (or config's) encodings.",
+        help="Encodings, commas and wildcards: 'txl,t5', 'rope*'; a suite's labels select its "
+        "entries ('rope+random', 't5-paper'). Default: the suite's (or config's) encodings.",
     ),
     tasks: Optional[str] = typer.Option(
-        None, help="Tasks, commas and wildcards. Default: the suite's (or config's) tasks."
+        None,
+        help="Tasks, commas and wildcards; a suite's labels select its entries ('copy-fixed'). "
+        "Default: the suite's (or config's) tasks.",
     ),
     seeds: Optional[str] = typer.Option(
         None, help="Seeds, e.g. 0,1,2. Default: the suite's (or config's) seeds."

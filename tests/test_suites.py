@@ -107,3 +107,28 @@ def test_standard_suite_compares_at_equal_accuracy_and_equal_compute() -> None:
         r.encoding.display() for r in fixed
     }
     assert all(r.train.stop_within for r in runs if r.task.display() == "lm")
+
+
+def test_flags_select_a_suites_entries_by_label_before_name() -> None:
+    """--tasks copy on a suite with copy and copy-fixed runs copy, not whichever came last."""
+    standard, _ = load_config_file(suite_file("standard"))
+    picked = apply_overrides(standard, tasks="copy", encodings="t5")
+    assert [t.display() for t in picked.tasks] == ["copy"]
+    assert [e.display() for e in picked.encodings] == ["t5"]
+    picked = apply_overrides(standard, tasks="copy*", encodings="t5*,kerple_log")
+    assert [t.display() for t in picked.tasks] == ["copy", "copy-fixed"]
+    assert [e.display() for e in picked.encodings] == ["t5", "t5-paper", "kerple_log"]
+    randomized, _ = load_config_file(suite_file("randomized"))
+    assert [e.display() for e in apply_overrides(randomized, encodings="rope").encodings] == [
+        "rope"
+    ]
+    twins = apply_overrides(randomized, encodings="*+random").encodings
+    assert len(twins) == 5 and all(e.options["randomize_positions"] == 2048 for e in twins)
+
+
+def test_an_unknown_flag_name_lists_the_suites_labels() -> None:
+    from posbench.errors import UnknownNameError
+
+    standard, _ = load_config_file(suite_file("standard"))
+    with pytest.raises(UnknownNameError, match=r"Did you mean rope\?.*label.*t5-paper"):
+        apply_overrides(standard, encodings="rope+random")

@@ -4,6 +4,7 @@ resolved into one RunConfig per (task, encoding, seed)."""
 from __future__ import annotations
 
 import dataclasses
+import fnmatch
 import hashlib
 import itertools
 import json
@@ -12,9 +13,9 @@ import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any, Mapping
+from typing import Annotated, Any, Callable, Mapping
 
-from posbench.errors import ConfigError
+from posbench.errors import ConfigError, UnknownNameError
 from posbench.model import D_MODEL, N_HEADS, N_LAYERS
 from posbench.validation import Range, check_dataclass
 
@@ -523,6 +524,35 @@ def _task_steps(spec: TaskSpec, steps: Any) -> TaskSpec:
     return dataclasses.replace(spec, train=train)
 
 
+def select_entries(
+    patterns: str, entries: tuple[Any, ...], registry: Any, make: Callable[[str], Any]
+) -> tuple[Any, ...]:
+    """--encodings / --tasks over a config's entries (EncodingSpec or TaskSpec): each
+    comma-separated pattern (wildcards allowed) selects the entries whose label matches it
+    ("rope+random", "copy-fixed"; an entry without a label is labelled by its name); a pattern
+    that matches no label selects every entry of each registered name it matches, or a new
+    entry with default options for a name the config lacks. So `--tasks copy` on a suite with
+    copy and copy-fixed runs copy alone, and `--tasks 'copy*'` both."""
+    chosen: list[Any] = []
+    for pattern in (p.strip() for p in patterns.split(",")):
+        if not pattern:
+            continue
+        picked = [e for e in entries if fnmatch.fnmatchcase(e.display(), pattern)]
+        if not picked:
+            try:
+                names = registry.select(pattern)
+            except UnknownNameError as err:
+                labels = ", ".join(e.display() for e in entries)
+                raise UnknownNameError(
+                    f"{err} Nor is it a label of this sweep's entries"
+                    + (f" ({labels})." if labels else ".")
+                ) from None
+            for name in names:
+                picked += [e for e in entries if e.name == name] or [make(name)]
+        chosen += [e for e in picked if e not in chosen]
+    return tuple(chosen)
+
+
 def apply_overrides(
     sweep: SweepConfig,
     *,
@@ -544,17 +574,13 @@ def apply_overrides(
 
     changes: dict[str, Any] = {}
     if encodings is not None:
-        known = {spec.name: spec for spec in sweep.encodings}
-        changes["encodings"] = tuple(
-            known.get(n, EncodingSpec(n)) for n in ENCODINGS.select(encodings)
-        )
+        changes["encodings"] = select_entries(encodings, sweep.encodings, ENCODINGS, EncodingSpec)
         if not changes["encodings"]:
             raise ConfigError(
                 "--encodings names no encoding; give at least one, e.g. --encodings txl,t5."
             )
     if tasks is not None:
-        known_tasks = {spec.name: spec for spec in sweep.tasks}
-        changes["tasks"] = tuple(known_tasks.get(n, TaskSpec(n)) for n in TASKS.select(tasks))
+        changes["tasks"] = select_entries(tasks, sweep.tasks, TASKS, TaskSpec)
         if not changes["tasks"]:
             raise ConfigError("--tasks names no task; give at least one, e.g. --tasks copy.")
     if seeds is not None:
