@@ -339,7 +339,7 @@ def test_no_plain_encoding_solving_a_non_regular_task_agrees_with_deletang() -> 
     assert verdict == DISAGREES and "solved (>= 90%): reverse_string" in measured
     unlearned = _deepmind({("reverse_string", "rope"): 0.95}, exact=0.1)
     verdict, measured = _verdicts(unlearned)[CONTEXT_FREE]
-    assert verdict == NOT_MEASURED and "no encoding learned one" in measured
+    assert verdict == NOT_MEASURED and "learned one of its tasks" in measured
     assert _verdicts(_copy({"t5": 0.5}))[CONTEXT_FREE][0] == NOT_MEASURED
 
 

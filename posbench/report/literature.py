@@ -492,8 +492,12 @@ def _unsolved(family: str, only: tuple[str, ...] = ()) -> Callable[[pd.DataFrame
             scores = scores[scores["task"].isin(only)]
         learned = scores[scores["learned"]]
         if learned.empty:
-            reason = "no task of the class ran" if scores.empty else "no encoding learned one"
-            return f"{family}: {reason} in distribution at plain positions", NOT_MEASURED
+            reason = (
+                "no task of the class ran at plain positions"
+                if scores.empty
+                else "no encoding at plain positions learned one of its tasks in distribution"
+            )
+            return f"{family}: {reason}", NOT_MEASURED
         best = learned.groupby(["task", "encoding_label"])["score"].max()
         top = best.groupby(level="task").idxmax()
         solved = sorted({task for (task, _), value in best.items() if value >= SOLVED_AT})
