@@ -480,7 +480,7 @@ def _deepmind_section(frame: pd.DataFrame) -> dict[str, Any] | None:
                     "cells": [
                         f"{by_family[f]:+.3f}"
                         if f in by_family and not math.isnan(by_family[f])
-                        else ""
+                        else "none both learned"
                         for f in columns
                     ],
                 }
