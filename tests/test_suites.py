@@ -132,3 +132,12 @@ def test_an_unknown_flag_name_lists_the_suites_labels() -> None:
     standard, _ = load_config_file(suite_file("standard"))
     with pytest.raises(UnknownNameError, match=r"Did you mean rope\?.*label.*t5-paper"):
         apply_overrides(standard, encodings="rope+random")
+
+
+def test_narrowing_a_suites_encodings_drops_the_variants_of_the_others() -> None:
+    standard, _ = load_config_file(suite_file("standard"))
+    assert [v.label for v in standard.eval_variants] == ["sinusoidal-restart"]
+    assert apply_overrides(standard, encodings="t5").eval_variants == ()
+    kept = apply_overrides(standard, encodings="sinusoidal,t5").eval_variants
+    assert [v.label for v in kept] == ["sinusoidal-restart"]
+    resolve_sweep(apply_overrides(standard, encodings="t5", tasks="copy"))  # no error

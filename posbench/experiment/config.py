@@ -619,6 +619,9 @@ def apply_overrides(
         changes["profile"] = profile
     if eval_variants is not None:
         changes["eval_variants"] = eval_variants
+    elif encodings is not None:  # narrowing a config's encodings drops the variants of the rest
+        kept = {n for spec in changes["encodings"] for n in (spec.name, spec.label) if n}
+        changes["eval_variants"] = tuple(v for v in sweep.eval_variants if v.name in kept)
     return dataclasses.replace(sweep, **changes)
 
 
