@@ -21,7 +21,7 @@ def test_every_shipped_suite_loads_and_validates(name: str) -> None:
     resolved = resolve_sweep(sweep)
     runs = expand_runs(resolved)
     assert runs and all(r.model.d_model // r.model.n_heads >= 16 for r in runs)  # d_head >= 16
-    assert list_suites()[name]  # a one-line description
+    assert list_suites()[name].endswith(".")  # a whole sentence, over lines if need be
 
 
 def test_the_standard_suite_is_the_published_protocol() -> None:

@@ -1,7 +1,7 @@
 """Sweeps that ship with posbench as TOML files: `posbench run --suite NAME` runs one.
 
 `default` is what a bare `posbench run` runs; `standard` is the protocol whose results the
-README publishes. Each file's first comment line is its description."""
+README publishes. Each file's first comment sentence is its description."""
 
 from __future__ import annotations
 
@@ -18,11 +18,19 @@ def _folder() -> Path:
 
 
 def list_suites() -> dict[str, str]:
-    """Suite name -> its one-line description."""
+    """Suite name -> its description: the first sentence of its leading comment, which may
+    run over several comment lines."""
     suites = {}
     for path in sorted(_folder().glob("*.toml"), key=lambda p: p.stem):
-        first = path.read_text(encoding="utf-8").splitlines()[0] if path.stat().st_size else ""
-        suites[path.stem] = first.lstrip("# ").strip()
+        words: list[str] = []
+        for line in path.read_text(encoding="utf-8").splitlines():
+            text = line.lstrip("#").strip()
+            if not line.startswith("#") or not text:
+                break
+            words.append(text)
+            if text.endswith("."):
+                break
+        suites[path.stem] = " ".join(words)
     return suites
 
 
