@@ -501,18 +501,19 @@ def _unsolved(family: str, only: tuple[str, ...] = ()) -> Callable[[pd.DataFrame
         best = learned.groupby(["task", "encoding_label"])["score"].max()
         top = best.groupby(level="task").idxmax()
         solved = sorted({task for (task, _), value in best.items() if value >= SOLVED_AT})
+        unjudged = scores.loc[~scores["learned"], ["task", "encoding_label"]].drop_duplicates()
         text = (
             f"{family}, best seed per task at plain positions (the best encoding): "
             + ", ".join(f"{task} {label} {best[(task, label)]:.2f}" for task, label in top)
             + f"; solved (>= {SOLVED_AT:.0%}): {', '.join(solved) or 'none'}"
             + (
-                f"; not learned in distribution, so not judged: "
-                f"{scores.loc[~scores['learned'], 'task'].nunique()} task x encoding pair(s)"
-                if not scores["learned"].all()
+                f"; not learned in distribution, so not judged: {len(unjudged)} task x "
+                "encoding pair(s)"
+                if len(unjudged)
                 else ""
             )
-            + " (theirs: the best of 10 seeds and 3 learning rates, tested to 12x the training "
-            "length)"
+            + " (theirs: the best of 10 seeds and 3 learning rates, tested to length 500 after "
+            "training to 40)"
         )
         return text, DISAGREES if solved else AGREES
 
