@@ -17,6 +17,7 @@ from rich.text import Text
 from posbench.errors import ConfigError, PosbenchError
 
 if TYPE_CHECKING:
+    from posbench.experiment.config import RunConfig
     from posbench.experiment.runner import SweepPlan
 
 app = typer.Typer(
@@ -248,11 +249,17 @@ def run_command(
 
     chosen = make_executor(executor, jobs, ray_address, cpus_per_run, gpus_per_run)
     if dry_run:
-        from posbench.experiment.runner import finished_runs, plan_sweep, reachability_warnings
+        from posbench.experiment.runner import (
+            early_stopping_twins,
+            finished_runs,
+            plan_sweep,
+            reachability_warnings,
+        )
 
         plan = plan_sweep(sweep, out_dir)
         stored = finished_runs(plan.runs, out_dir)
-        _print_plan(plan, stored, out_dir, reachability_warnings(plan.sweep))
+        twins = early_stopping_twins(plan.runs)
+        _print_plan(plan, stored, twins, out_dir, reachability_warnings(plan.sweep))
         return
     with sigterm_interrupts():
         try:
@@ -289,14 +296,24 @@ def run_command(
         raise typer.Exit(1)
 
 
-def _print_plan(plan: "SweepPlan", stored: list[str], out_dir: Path, warnings: list[str]) -> None:
-    """What `posbench run --dry-run` found: each training run and whether it is stored, the
-    variants and profiles that follow, the configuration's warnings; nothing was run."""
+def _print_plan(
+    plan: "SweepPlan",
+    stored: list[str],
+    twins: dict[str, "RunConfig"],
+    out_dir: Path,
+    warnings: list[str],
+) -> None:
+    """What `posbench run --dry-run` found: each training run and whether it is stored (or
+    may take the model of an early-stopping twin), the variants and profiles that follow, the
+    configuration's warnings; nothing was run."""
     table = Table(title=f"dry run: the sweep in {out_dir}", title_justify="left")
     table.add_column("run", no_wrap=True)
     table.add_column("state", no_wrap=True)
     for run in plan.runs:
-        table.add_row(Text(run.label), "stored" if run.label in stored else "to run")
+        state = "stored" if run.label in stored else "to run"
+        if state == "to run" and run.run_id in twins:
+            state = f"to run, or {twins[run.run_id].label}'s model if that never stops early"
+        table.add_row(Text(run.label), Text(state))
     console.print(table)
     for warning in warnings:
         console.print(Text(f"warning: {warning}", style="yellow"), soft_wrap=True)

@@ -355,4 +355,3 @@ def test_bold_marks_only_an_encoding_separated_from_the_rest(spread: float, bold
     (table,) = _task_tables(tidy(rows), {})
     cells = {row["label"]: row["cells"]["at_2x"]["best"] for row in table["rows"]}
     assert cells == {"alibi": bold, "t5": False}
-

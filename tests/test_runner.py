@@ -155,3 +155,18 @@ def test_a_fixed_budget_run_trains_itself_when_its_twin_stopped_early(tmp_path: 
     fixed = RunFolder(tmp_path / "s" / runs["lm-fixed"].run_id)
     assert twin.result()["steps_done"] < 40
     assert "trained 40 steps" in (fixed.path / "log.txt").read_text()
+
+
+def test_a_dry_run_names_the_twin_a_fixed_budget_run_may_take_its_model_from(
+    tmp_path: Path,
+) -> None:
+    from helpers import invoke
+
+    result = invoke(
+        "run", "--suite", "randomized", "--encodings", "rope", "--tasks", "copy*", "--seeds",
+        "0", "--dry-run", "--out", str(tmp_path / "s"),
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    line = next(line for line in result.output.splitlines() if "copy-fixed / rope / seed 0" in line)
+    assert "or copy / rope / seed 0's model if that never stops early" in line
+    assert not (tmp_path / "s").exists()

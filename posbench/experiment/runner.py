@@ -343,7 +343,7 @@ def _run_sweep(
         # While training runs are pending, a variant is evaluated on one thread beside them.
         threads = 1 if pending else sweep.threads
         _evaluate_variants(variants, waiting, out_dir, force, threads, reporter, outcome)
-        twins = {training_key(run): run for run in runs if stops_early(run)}
+        twins = early_stopping_twins(runs)
 
         def execute(batch: list[RunJob]) -> None:
             nonlocal threads
@@ -417,12 +417,20 @@ def _evaluate_variants(
         (outcome.ran if ran else outcome.skipped).append(run_id)
 
 
+def early_stopping_twins(runs: list[RunConfig]) -> dict[str, RunConfig]:
+    """Fixed-budget run id -> the run of the same sweep that trains the same way but may stop
+    early (the same training key): if that twin never stops, its model is this run's."""
+    stopping = {training_key(run): run for run in runs if stops_early(run)}
+    return {
+        run.run_id: stopping[training_key(run)]
+        for run in runs
+        if not stops_early(run) and training_key(run) in stopping
+    }
+
+
 def _twin(job: RunJob, twins: dict[str, RunConfig]) -> str | None:
-    """The id of the early-stopping run whose training is this fixed-budget job's (the same
-    training key), if the sweep has one and the job still has to train."""
-    if job.trained_state is not None or stops_early(job.run):
-        return None
-    twin = twins.get(training_key(job.run))
+    """The id of the early-stopping twin of a job that still has to train (None: no twin)."""
+    twin = twins.get(job.run.run_id) if job.trained_state is None else None
     return twin.run_id if twin is not None else None
 
 
@@ -445,7 +453,7 @@ def _reused(job: RunJob, twins: dict[str, RunConfig], out_dir: Path) -> RunJob:
         probes = folder.table(TERMS_FILE)
     except ResultsError:
         return job
-    twin = twins[training_key(job.run)]
+    twin = twins[job.run.run_id]
     return RunJob(
         job.run,
         state,
