@@ -119,8 +119,9 @@ def test_a_sweep_of_two_sizes_stores_both_and_reports_them_apart(tmp_path: Path)
 
 
 def _scores(order_small: list[str], order_large: list[str], spread: float) -> pd.DataFrame:
-    """Constructed results: copy at two sizes; at each size the encodings' exact match past the
-    training length falls in the given order, each seed off by up to `spread`."""
+    """Constructed results: copy at two sizes; at each size the encodings' free-running token
+    accuracy at 2x the training length (the headline) falls in the given order, each seed off by
+    up to `spread`, while whole answers there all fail (exact match 0, which ranks nothing)."""
     rng = np.random.default_rng(0)
     rows = []
     for model, order, parameters in (
@@ -132,7 +133,10 @@ def _scores(order_small: list[str], order_large: list[str], spread: float) -> pd
                 common = {"task": "copy", "encoding": label, "encoding_label": label}
                 common |= {"seed": seed, "model": model, "train_len_max": 8}
                 value = 0.9 - 0.15 * position + rng.uniform(-spread, spread)
-                rows.append(common | {"eval_len": 16, "metric": "exact_match", "value": value})
+                rows.append(
+                    common | {"eval_len": 16, "metric": "greedy_token_accuracy", "value": value}
+                )
+                rows.append(common | {"eval_len": 16, "metric": "exact_match", "value": 0.0})
                 rows.append(common | {"eval_len": 4, "metric": "exact_match", "value": 1.0})
                 rows.append(common | {"metric": "parameters", "value": parameters})
     return scale_scores(tidy(rows))
@@ -174,10 +178,13 @@ def test_ranks_per_size_and_runs_that_did_not_learn_are_left_out() -> None:
     assert ranks[("d16 L1 H2", "alibi")] == 1 and ranks[("d64 L1 H2", "alibi")] == 5
     rows = [
         {"task": "copy", "encoding": "nope", "encoding_label": "nope", "seed": 0,
-         "model": model, "train_len_max": 8, "eval_len": length, "metric": "exact_match",
+         "model": model, "train_len_max": 8, "eval_len": length, "metric": metric,
          "value": value}
         for model in ("d16 L1 H2", "d64 L1 H2")
-        for length, value in ((4, 0.2 if model == "d16 L1 H2" else 1.0), (16, 0.1))
+        for length, metric, value in (
+            (4, "exact_match", 0.2 if model == "d16 L1 H2" else 1.0),
+            (16, "greedy_token_accuracy", 0.1),
+        )
     ]  # fmt: skip
     scored = scale_scores(tidy(rows))
     assert list(scored["model"]) == ["d64 L1 H2"]  # 0.2 in distribution: not learned at d16
@@ -204,3 +211,25 @@ def test_a_size_list_with_an_impossible_value_fails_on_the_command_line(tmp_path
     config = write_config(tmp_path, SIZES_TOML.replace("d_model = [16, 32]", "d_model = [16, -4]"))
     result = invoke("run", "--config", str(config), "--out", str(tmp_path / "sweep"))
     one_sentence_error(result, "d_model")
+
+
+def test_sizes_are_scored_by_the_overviews_headline() -> None:
+    """The scale section ranks by what the overview ranks by: free-running token accuracy at
+    2x for answers, minus the penalty at 2x for loss by position; seed by seed."""
+    from posbench.report.overview import overview
+
+    scores = _scores(ENCODINGS, ENCODINGS, 0.05)
+    assert set(scores["scored_by"]) == {
+        "free-running token accuracy at 2x the longest training length"
+    }
+    rows = []
+    for model in ("d16 L1 H2", "d64 L1 H2"):
+        for seed, penalty in enumerate((0.1, 0.2, 0.3)):
+            common = {"task": "lm", "encoding": "alibi", "encoding_label": "alibi", "seed": seed}
+            common |= {"model": model, "train_len_max": 32}
+            for position, value in ((32, 0.0), (64, penalty), (128, 1.0)):
+                rows.append(common | {"metric": "lm_penalty", "position": position, "value": value})
+    lm = scale_scores(tidy(rows))
+    assert sorted(lm["score"].round(3)) == sorted([-0.1, -0.2, -0.3] * 2)
+    small = tidy([r for r in rows if r["model"] == "d16 L1 H2"])
+    assert overview(small)["value"].iloc[0] == pytest.approx(0.2)  # the same seeds' mean

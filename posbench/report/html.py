@@ -548,7 +548,7 @@ def _scale_section(results: pd.DataFrame, colours: dict[str, str]) -> dict[str, 
     return {
         "sizes": len(size_names),
         "size_names": size_names,
-        "scored_by": " or ".join(sorted(scale.SCORED_BY.values())),
+        "scored_by": " or ".join(sorted(set(scores["scored_by"]))) or "its headline metric",
         "sentences": [v.sentence() for v in scale.scale_verdicts(taus, scores, tasks)],
         "ranks": rows,
         "taus": [

@@ -11,12 +11,17 @@ from dataclasses import dataclass
 import pandas as pd
 
 from posbench.report.stats import kendall_tau, seed_bootstrap_interval
-from posbench.report.summary import learned_in_distribution, multi_size_tasks, sized_tasks
+from posbench.report.summary import (
+    headline_per_seed,
+    learned_in_distribution,
+    multi_size_tasks,
+    sized_tasks,
+)
 
-#: What a task's ranking score is, by the metric it is computed from.
+#: What a task's ranking score is, by the metric it is computed from: the overview's headline.
 SCORED_BY = {
-    "exact_match": "exact match past the training length",
-    "lm_penalty": "minus the loss penalty past the training length (nats)",
+    "greedy_token_accuracy": "free-running token accuracy at 2x the longest training length",
+    "lm_penalty": "minus the extrapolation penalty at 2x the longest training length (nats)",
 }
 #: Bootstrap replicates for each tau interval.
 TAU_REPLICATES = 1000
@@ -60,10 +65,10 @@ class ScaleVerdict:
 
 def scale_scores(frame: pd.DataFrame) -> pd.DataFrame:
     """One row per (task, model, encoding label, seed) for tasks run at several sizes: the
-    score that ranks encodings (higher is better) and the model's parameter count. Accuracy
-    tasks score the mean exact match over the lengths past the longest training length (full
-    context); language tasks score minus the mean extrapolation penalty past it (nats). Runs of
-    an encoding that did not learn the task in distribution at that size are left out."""
+    score that ranks encodings (higher is better), the overview's headline per seed, and the
+    model's parameter count. Tasks with answers score free-running token accuracy at 2x the
+    longest training length; language tasks minus the extrapolation penalty there (nats). Runs
+    of an encoding that did not learn the task in distribution at that size are left out."""
     columns = ["task", "model", "encoding_label", "seed", "score", "parameters", "scored_by"]
     trained = frame[frame["task"].isin(multi_size_tasks(frame)) & frame["model"].notna()]
     if trained.empty:
@@ -72,29 +77,18 @@ def scale_scores(frame: pd.DataFrame) -> pd.DataFrame:
     learned = learned_in_distribution(sized)
     keep = [bool(learned.get(key, True)) for key in zip(sized["task"], sized["encoding_label"])]
     trained = trained[keep]
-    keys = ["task", "model", "encoding_label", "seed"]
-    accuracy = trained[
-        (trained["metric"] == "exact_match")
-        & trained["mem_len"].isna()
-        & (trained["eval_len"].astype(float) > trained["train_len_max"].astype(float))
-    ]
-    penalty = trained[
-        (trained["metric"] == "lm_penalty")
-        & (trained["position"].astype(float) > trained["train_len_max"].astype(float))
-    ]
-    by_penalty = set(penalty["task"])
-    scores = pd.concat(
-        [
-            accuracy[~accuracy["task"].isin(by_penalty)].groupby(keys)["value"].mean(),
-            -penalty.groupby(keys)["value"].mean(),
-        ]
-    ).rename("score")
-    parameters = trained[trained["metric"] == "parameters"].groupby(keys)["value"].mean()
-    table = pd.concat([scores, parameters.rename("parameters")], axis=1).reset_index()
-    table["scored_by"] = table["task"].map(
-        lambda task: SCORED_BY["lm_penalty" if task in by_penalty else "exact_match"]
-    )
-    return table.dropna(subset=["score"]).reindex(columns=columns)
+    keys = ["task", "encoding_label", "seed"]
+    parts = []
+    for model, runs in trained.groupby("model"):
+        scores = headline_per_seed(runs)
+        scores["score"] = scores["value"].where(scores["metric"] != "lm_penalty", -scores["value"])
+        parameters = runs[runs["metric"] == "parameters"].groupby(keys)["value"].mean()
+        scores = scores.join(parameters.rename("parameters"), on=keys)
+        parts.append(scores.assign(model=model, scored_by=scores["metric"].map(SCORED_BY)))
+    if not parts:
+        return pd.DataFrame(columns=columns)
+    table = pd.concat(parts, ignore_index=True)
+    return table.dropna(subset=["score"]).reindex(columns=columns).reset_index(drop=True)
 
 
 def ranks_by_size(scores: pd.DataFrame) -> pd.DataFrame:

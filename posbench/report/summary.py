@@ -162,6 +162,25 @@ def _per_seed(rows: pd.DataFrame, which: object) -> pd.Series:
     return picked.groupby(keys)["value"].mean()
 
 
+def headline_per_seed(frame: pd.DataFrame) -> pd.DataFrame:
+    """Each seed's headline, the values the overview averages, by (task, encoding_label,
+    seed): free-running token accuracy at 2x the longest training length for tasks with
+    answers (metric "greedy_token_accuracy"), the extrapolation penalty at 2x for loss by
+    position ("lm_penalty", lower is better; such a task is ranked by it alone)."""
+    keys = ["task", "encoding_label", "seed"]
+    penalty = frame[(frame["metric"] == "lm_penalty") & frame["position"].notna()]
+    if not penalty.empty:
+        penalty = penalty[penalty["position"] == length_at(penalty, 2.0, "position")]
+    by_penalty = set(penalty["task"])
+    accuracy = _per_seed(_accuracy_rows(frame, "greedy_token_accuracy"), 2).reset_index()
+    parts = [
+        accuracy[~accuracy["task"].isin(by_penalty)].assign(metric="greedy_token_accuracy"),
+        penalty.groupby(keys)["value"].mean().reset_index().assign(metric="lm_penalty"),
+    ]
+    table = pd.concat([p for p in parts if not p.empty], ignore_index=True)
+    return table.reindex(columns=[*keys, "metric", "value"])
+
+
 def headline(frame: pd.DataFrame) -> pd.DataFrame:
     """One row per (task, encoding_label): each HEADLINE_COLUMNS value as the mean over seeds
     with its 95% t interval (<column>_low, <column>_high; NaN with one seed), the number of
