@@ -623,9 +623,9 @@ def _report_record(
         "mrr": [
             {
                 "encoding": r["encoding_label"],
-                "value": _finite(r["mrr_token_accuracy"]),
-                "low": _finite(r["mrr_token_accuracy_low"]),
-                "high": _finite(r["mrr_token_accuracy_high"]),
+                "value": _finite(r["mrr_headline"]),
+                "low": _finite(r["mrr_headline_low"]),
+                "high": _finite(r["mrr_headline_high"]),
             }
             for r in cross_task_ranking(frame).to_dict("records")
         ],
@@ -844,7 +844,7 @@ def build_report(sweep_dir: Path, out_dir: Path, linked: Collection[str] = ()) -
                 "label": r["encoding_label"],
                 **{
                     column: _with_interval(r[column], r[f"{column}_low"], r[f"{column}_high"])
-                    for column in ("mrr_exact_match", "mrr_token_accuracy")
+                    for column in ("mrr_exact_match", "mrr_headline")
                 },
                 "tasks": int(r["tasks"]),
             }
