@@ -54,6 +54,34 @@ def test_loss_by_position_is_drawn_at_token_positions(monkeypatch: pytest.Monkey
     assert plots.loss_vs_position(tidy(_lm_rows()), "copy", plots.colour_map(["rope"])) is None
 
 
+def test_accuracy_against_length_draws_free_running_accuracy_where_the_task_has_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The figure shows the headline's token accuracy (free-running), not the teacher-forced
+    one, beside exact match; a task without free-running rows shows what it stored."""
+    drawn = []
+    monkeypatch.setattr(plots, "to_png", lambda fig: drawn.append(fig) or "png")
+    base = {"task": "copy", "encoding": "rope", "encoding_label": "rope", "seed": 0}
+    base |= {"train_len_max": 8, "mem_len": math.nan}
+    rows = [
+        base | {"eval_len": n, "metric": metric, "value": value}
+        for n in (8, 16)
+        for metric, value in (
+            ("exact_match", 0.5),
+            ("token_accuracy", 0.9),
+            ("greedy_token_accuracy", 0.4),
+        )
+    ]
+    colours = plots.colour_map(["rope"])
+    plots.accuracy_vs_length(tidy(rows), "copy", colours)
+    exact, token = drawn[0].axes
+    assert token.get_title() == "free-running token accuracy"
+    assert list(token.lines[0].get_ydata()) == pytest.approx([0.4, 0.4])
+    teacher_forced = [r for r in rows if r["metric"] != "greedy_token_accuracy"]
+    plots.accuracy_vs_length(tidy(teacher_forced), "copy", colours)
+    assert drawn[1].axes[1].get_title() == "token accuracy, teacher-forced"
+
+
 def test_figures_are_base64_png() -> None:
     png = base64.b64decode(
         plots.loss_vs_position(tidy(_lm_rows()), "lm", plots.colour_map(["rope"]))
