@@ -130,7 +130,7 @@ def test_a_fixed_budget_run_takes_the_model_of_a_twin_that_never_stopped(tmp_pat
     from posbench.store import state_from_bytes
 
     sweep = _stopping_twins("copy", COPY, {"stop_at": 1.0})  # never reached in 40 steps
-    run_sweep(sweep, tmp_path / "s")
+    outcome = run_sweep(sweep, tmp_path / "s")
     runs = {run.task.display(): run for run in expand_runs(sweep)}
     twin, fixed = (RunFolder(tmp_path / "s" / runs[k].run_id) for k in ("copy", "copy-fixed"))
     assert twin.result()["steps_done"] == 40
@@ -142,6 +142,7 @@ def test_a_fixed_budget_run_takes_the_model_of_a_twin_that_never_stopped(tmp_pat
     trained = state_from_bytes(compute_run(RunJob(runs["copy-fixed"]), threads=1).model_state)
     assert all(torch.equal(reused[k], v) for k, v in trained.items())
     assert fixed.table("terms.csv") is not None  # the twin's training probes come along
+    assert outcome.took_twin_model == [runs["copy-fixed"].run_id]
 
 
 def test_a_fixed_budget_run_trains_itself_when_its_twin_stopped_early(tmp_path: Path) -> None:
@@ -149,12 +150,13 @@ def test_a_fixed_budget_run_trains_itself_when_its_twin_stopped_early(tmp_path: 
 
     lm = {"train_lengths": [8, 8], "eval_lengths": [8, 16]}
     sweep = _stopping_twins("lm", lm, {"stop_within": 100.0})  # near enough at the first check
-    run_sweep(sweep, tmp_path / "s")
+    outcome = run_sweep(sweep, tmp_path / "s")
     runs = {run.task.display(): run for run in expand_runs(sweep)}
     twin = RunFolder(tmp_path / "s" / runs["lm"].run_id)
     fixed = RunFolder(tmp_path / "s" / runs["lm-fixed"].run_id)
     assert twin.result()["steps_done"] < 40
     assert "trained 40 steps" in (fixed.path / "log.txt").read_text()
+    assert outcome.took_twin_model == []
 
 
 def test_a_dry_run_names_the_twin_a_fixed_budget_run_may_take_its_model_from(

@@ -15,6 +15,9 @@ class SweepOutcome:
     out_dir: Path
     results_csv: Path
     ran: list[str] = field(default_factory=list)
+    #: Of `ran`, the fixed-budget runs evaluated on the model of an early-stopping twin that
+    #: never stopped (not trained again).
+    took_twin_model: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
     failures: dict[str, str] = field(default_factory=dict)  # label -> one-line error
     set_aside: dict[str, str] = field(default_factory=dict)  # label -> what was damaged

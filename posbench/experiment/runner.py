@@ -370,9 +370,15 @@ def _run_sweep(
                 f"{len(later)} fixed-budget run(s) wait for their early-stopping twins: a twin "
                 "that trains all its steps without stopping hands over its model"
             )
-        execute([_reused(job, twins, out_dir) for job in pending if job not in later])
+
+        def with_twin_models(jobs: list[RunJob]) -> list[RunJob]:
+            ready = [_reused(job, twins, out_dir) for job in jobs]
+            outcome.took_twin_model += [r.run.run_id for r, j in zip(ready, jobs) if r is not j]
+            return ready
+
+        execute(with_twin_models([job for job in pending if job not in later]))
         if later:
-            execute([_reused(job, twins, out_dir) for job in later])
+            execute(with_twin_models(later))
         profile_ids = {job.run_id for job in profiles}
         for run_id, label in members.items():
             result = RunFolder(out_dir / run_id).result() or {}

@@ -202,8 +202,18 @@ def print_outcome(console: Console, outcome: SweepOutcome) -> None:
     if outcome.finished_any:
         frame = sized_tasks(collect(outcome.out_dir, []))
         print_overview(console, overview(frame))
+    took = len(outcome.took_twin_model)
     console.print(
-        Text(f"ran {len(outcome.ran)} run(s), skipped {len(outcome.skipped)} finished run(s)")
+        Text(
+            f"ran {len(outcome.ran)} run(s), skipped {len(outcome.skipped)} finished run(s)"
+            + (
+                f"; {took} fixed-budget run(s) took the model of an early-stopping twin that "
+                "never stopped (the same weights; evaluated, not trained again)"
+                if took
+                else ""
+            )
+        ),
+        soft_wrap=True,
     )
     console.print(Text(f"results: {outcome.results_csv}"), soft_wrap=True)
     for label, damage in outcome.set_aside.items():
