@@ -59,3 +59,17 @@ def test_examples_found() -> None:
         "docs/plugins.md",
         "docs/plugins.md",
     ]
+
+
+def test_the_readme_library_example_runs_as_written(tmp_path: Path) -> None:
+    """README's example of posbench as a library (build a model, read a stream whole and
+    through the cache) runs when copied, its own assertion included."""
+    (code,) = [
+        code
+        for code in BLOCK.findall((ROOT / "README.md").read_text(encoding="utf-8"))
+        if "posbench.build_model(" in code
+    ]
+    path = tmp_path / "example.py"
+    path.write_text(code, encoding="utf-8")
+    done = subprocess.run([sys.executable, str(path)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
