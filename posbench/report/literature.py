@@ -152,9 +152,10 @@ def _kazemnejad_copy() -> dict[str, float]:
 
 
 def _unseen_exact_match(frame: pd.DataFrame, task: str) -> pd.Series:
-    """Per built-in encoding (by name, default options only) that learned `task` in
-    distribution: mean exact match over lengths past the longest training length up to twice
-    it, full context, mean over seeds. A model that did not learn the task is not compared."""
+    """Per built-in encoding (the entry labelled with its name, see unseen_scores) that learned
+    `task` in distribution: mean exact match over lengths past the longest training length up
+    to twice it, full context, mean over seeds. A model that did not learn the task is not
+    compared."""
     scores = unseen_scores(frame, "exact_match")
     learned = learned_language(frame, task)
     scores = scores[(scores["task"] == task) & scores["encoding"].map(learned).fillna(False)]

@@ -38,7 +38,10 @@ def _read_published() -> pd.DataFrame:
 def unseen_scores(frame: pd.DataFrame, metric: str) -> pd.DataFrame:
     """Per (task, encoding, seed): the mean of `metric` over the full-context lengths past the
     longest training length L up to 2L (the papers' unseen range: 21..40 after training on 20),
-    for encodings at their default options (label = name), as the papers ran them."""
+    for each sweep entry labelled with its encoding's name (label = name). A suite may give
+    that entry options of its own: the standard suite's `t5` is the fitted T5, its paper
+    defaults run as `t5-paper`; the kazemnejad suite runs every encoding at its defaults, as
+    the paper did."""
     rows = frame[
         frame["task"].notna()
         & (frame["metric"] == metric)
