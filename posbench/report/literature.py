@@ -20,7 +20,12 @@ from scipy import stats
 
 from posbench.experiment.config import UNLEARNED_EXCESS
 from posbench.report.published import published_numbers, unseen_scores
-from posbench.report.summary import deepmind_scores, learned_in_distribution
+from posbench.report.summary import (
+    deepmind_scores,
+    learned_in_distribution,
+    token_accuracy_rows,
+    token_metric,
+)
 
 AGREES, PARTLY, DISAGREES, NOT_MEASURED = "agrees", "partly agrees", "disagrees", "not measured"
 INCONCLUSIVE = "inconclusive"
@@ -421,11 +426,9 @@ def _randomized_gain(frame: pd.DataFrame) -> tuple[str, str]:
     decoder run from before free-running metrics was teacher-forced)."""
     rows = frame[frame["mem_len"].isna() & frame["task"].notna()]
     rows = rows[rows["eval_len"].astype(float) > rows["train_len_max"].astype(float)]
-    greedy = set(rows.loc[rows["metric"] == "greedy_token_accuracy", "task"])
-    metric = rows["task"].map(
-        lambda t: "greedy_token_accuracy" if t in greedy else "token_accuracy"
-    )
-    means = rows[rows["metric"] == metric].groupby(["task", "encoding_label"])["value"].mean()
+    metrics = token_metric(rows)
+    greedy = {t for t, m in metrics.items() if m == "greedy_token_accuracy"}
+    means = token_accuracy_rows(rows).groupby(["task", "encoding_label"])["value"].mean()
     learned = learned_in_distribution(frame)
     pairs, unlearned, lost = [], [], False
     for (task, label), value in means.items():

@@ -21,6 +21,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
 from posbench.report.overview import HEADLINE_METRICS
+from posbench.report.summary import token_metric
 from posbench.report.stats import mean_interval
 from posbench.report.summary import encoding_order
 
@@ -90,9 +91,9 @@ def _task_metrics(frame: pd.DataFrame, task: str) -> list[str]:
     """The accuracy metrics a task's figure shows: exact match (when meaningful) and token
     accuracy, free-running (the headline's) where the task generates its answers, else as
     stored (teacher-forced)."""
-    present = set(frame.loc[frame["task"] == task, "metric"])
-    token = "greedy_token_accuracy" if "greedy_token_accuracy" in present else "token_accuracy"
-    return [m for m in ("exact_match", token) if m in present]
+    rows = frame[frame["task"] == task]
+    present = set(rows["metric"])
+    return [m for m in ("exact_match", token_metric(rows).get(task, "")) if m in present]
 
 
 @styled

@@ -162,6 +162,20 @@ def _per_seed(rows: pd.DataFrame, which: object) -> pd.Series:
     return picked.groupby(keys)["value"].mean()
 
 
+def token_metric(frame: pd.DataFrame) -> dict[str, str]:
+    """Per task, the token accuracy that rankings read: free-running ("greedy_token_accuracy")
+    where the task stores it, else the stored "token_accuracy" (teacher-forced in a decoder run
+    from before free-running metrics; the encoder form stores both, equal)."""
+    greedy = set(frame.loc[frame["metric"] == "greedy_token_accuracy", "task"])
+    tasks = frame["task"].dropna().unique()
+    return {t: "greedy_token_accuracy" if t in greedy else "token_accuracy" for t in tasks}
+
+
+def token_accuracy_rows(frame: pd.DataFrame) -> pd.DataFrame:
+    """The rows of each task's token_metric."""
+    return frame[frame["metric"] == frame["task"].map(token_metric(frame))]
+
+
 def headline_per_seed(frame: pd.DataFrame) -> pd.DataFrame:
     """Each seed's headline, the values the overview averages, by (task, encoding_label,
     seed): free-running token accuracy at 2x the longest training length for tasks with
@@ -539,11 +553,7 @@ def deepmind_scores(frame: pd.DataFrame) -> pd.DataFrame:
     form emits its answer at once, so its token accuracy is already theirs."""
     rows = frame[frame["task"].notna() & frame["mem_len"].isna() & frame["eval_len"].notna()]
     rows = rows[rows["eval_len"].astype(float) > rows["train_len_max"].astype(float)]
-    greedy = set(rows.loc[rows["metric"] == "greedy_token_accuracy", "task"])
-    wanted = rows["task"].map(
-        lambda t: "greedy_token_accuracy" if t in greedy else "token_accuracy"
-    )
-    rows = rows[rows["metric"] == wanted]
+    rows = token_accuracy_rows(rows)
     families = {task: task_family(str(task)) for task in rows["task"].unique()}
     rows = rows[rows["task"].map(families) != ""]
     scores = rows.groupby(["task", "encoding_label", "seed"])["value"].mean().rename("score")
