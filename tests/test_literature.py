@@ -323,6 +323,27 @@ def test_the_randomized_gain_reads_free_running_accuracy_and_learned_models_only
     assert verdict == PARTLY  # randomizing cost alibi the task itself
 
 
+def test_the_randomized_gain_is_judged_at_equal_compute_where_a_task_has_it() -> None:
+    # copy stops at a threshold (its runs record steps to it); copy-fixed trains all steps
+    stopped = [
+        row | {"metric": "steps_to_threshold", "eval_len": math.nan, "value": 1000.0}
+        for row in _randomized({"rope": 0, "rope+random": 0})
+        if row["eval_len"] == 8
+    ]
+    fixed = [
+        row | {"task": "copy-fixed"}
+        for row in _randomized(
+            {"rope": 0.3, "rope+random": 0.42, "alibi": 0.5, "alibi+random": 0.6}
+        )
+    ]
+    verdict, measured = _verdicts(_randomized({"rope": 0.2, "rope+random": 0.9}) + stopped + fixed)[
+        RANDOMIZED
+    ]
+    assert "mean gain +11.0 points over 2 pair(s) at equal compute" in measured
+    assert "+70.0 over 1 pair(s), not judged" in measured
+    assert verdict == AGREES  # +11.0 is within a factor of two of +12.0; +70.0 would not be
+
+
 CONTEXT_FREE = "Transformers fail to generalise on context-free tasks"
 
 
