@@ -151,7 +151,6 @@ def test_report_in_a_real_headless_browser(report) -> None:
 
 #: Published reports still in the layout of an earlier protocol: #19 and #24 republish them
 #: from their suites, and each leaves this list as it is republished.
-AWAITING_REPUBLICATION = {"randomized"}
 PUBLISHED = sorted(p.parent.name for p in Path("reports").glob("*/report.html"))
 #: Where the browser tests leave their screenshots (git ignores it).
 SCREENSHOTS = Path("test-output") / "screenshots"
@@ -190,8 +189,6 @@ def _check_layout_at_1280(page: Path, name: str) -> None:
 @needs_chromium
 @pytest.mark.parametrize("name", PUBLISHED)
 def test_published_reports_fit_1280_pixels(name: str) -> None:
-    if name in AWAITING_REPUBLICATION:
-        pytest.skip(f"reports/{name} awaits republication in the current layout (#19, #24)")
     _check_layout_at_1280(Path("reports") / name / "report.html", name)
 
 
