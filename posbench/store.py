@@ -199,6 +199,8 @@ def environment(device: str) -> dict[str, Any]:
         "python": platform.python_version(),
         "platform": platform.platform(),
         "processor": platform.processor() or platform.machine(),
+        # the SIMD kernels torch picked (AVX2, AVX512, ...): results are bit-for-bit only within one
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "cpu_count": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
         "flush_denormals": denormals_flushed(),

@@ -43,7 +43,9 @@ def test_sweep_writes_tidy_results_and_run_folders(tmp_path: Path) -> None:
             assert (folder / name).is_file(), name
         config = RunConfig.from_dict(read_json(folder / "config.json"))
         assert config.run_id == run_id  # the folder name is the hash of the stored config
-        assert read_json(folder / "env.json")["torch"] == torch.__version__
+        env = read_json(folder / "env.json")
+        assert env["torch"] == torch.__version__
+        assert env["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
 
 
 def test_rerun_skips_and_reproduces_results(tmp_path: Path) -> None:
