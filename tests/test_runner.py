@@ -43,6 +43,8 @@ def test_sweep_writes_tidy_results_and_run_folders(tmp_path: Path) -> None:
             assert (folder / name).is_file(), name
         config = RunConfig.from_dict(read_json(folder / "config.json"))
         assert config.run_id == run_id  # the folder name is the hash of the stored config
+        result = read_json(folder / "result.json")
+        assert 0 < result["cpu_seconds"] <= result["seconds"] * torch.get_num_threads() + 0.5
         env = read_json(folder / "env.json")
         assert env["torch"] == torch.__version__
         assert env["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
