@@ -459,17 +459,14 @@ def _randomized_gain(frame: pd.DataFrame) -> tuple[str, str]:
         )
     kinds_of_task = comparison_kind(frame)
     equal_compute = [pair for pair in pairs if kinds_of_task.get(pair[0]) == "equal compute"]
+    others = [pair for pair in pairs if pair not in equal_compute]
     judged = equal_compute or pairs
     gains = [randomized - plain for _, _, plain, randomized in judged]
     mean_gain = sum(gains) / len(gains)
-    others = [
-        randomized - plain
-        for task, name, plain, randomized in pairs
-        if (task, name, plain, randomized) not in equal_compute
-    ]
+    other_gain = sum(randomized - plain for _, _, plain, randomized in others) / max(len(others), 1)
     judged_on = (
         f" at equal compute (every encoding trained the same steps; at equal accuracy, each run "
-        f"trained until it reached the threshold: {100 * sum(others) / len(others):+.1f} over "
+        f"trained until it reached the threshold: {100 * other_gain:+.1f} over "
         f"{len(others)} pair(s), not judged)"
         if equal_compute and others
         else ""
