@@ -9,6 +9,7 @@ import torch
 import posbench
 from posbench.errors import OptionError
 from posbench.tasks.base import IGNORE, Task
+from posbench.tasks.copy import Copy
 
 TASKS = posbench.list_tasks()
 
@@ -256,26 +257,67 @@ def test_kazemnejad_copy_variants() -> None:
     seq, answer = single.generate(5, 4, gen(8))
     assert (
         (seq[:, :5] == seq[:, :1]).all()
-        and torch.equal(seq[:, 6:], seq[:, :5])
+        and torch.equal(seq[:, 6:11], seq[:, :5])
+        and (seq[:, 11] == single.end).all()
         and answer[:, 6:].all()
     )
     alphabet = posbench.create_task("copy_alphabet")
     seq, _ = alphabet.generate(5, 4, gen(9))
     assert (
-        torch.equal(seq[:, 6:], seq[:, :5] + alphabet.n_symbols + 1)
-        and int(seq.max()) < alphabet.vocab_size
+        torch.equal(seq[:, 6:11], seq[:, :5] + alphabet.n_symbols + 1)
+        and int(seq[:, :11].max()) < alphabet.end
     )
     twice = posbench.create_task("copy_single_twice")
     seq, answer = twice.generate(4, 3, gen(10))
     assert (
         seq.shape[1] == twice.sequence_length(4) + 1
-        and (seq[:, 5:] == seq[:, :1]).all()
+        and (seq[:, 5:13] == seq[:, :1]).all()
         and answer[:, 5:].all()
     )
     copy_twice = posbench.create_task("copy_twice")
     seq, answer = copy_twice.generate(4, 3, gen(11))
     assert torch.equal(seq[:, 5:9], seq[:, :4]) and (seq[:, 9] == copy_twice.n_symbols + 1).all()
-    assert torch.equal(seq[:, 10:], seq[:, :4]) and answer[:, 5:].all() and not answer[:, :5].any()
+    assert torch.equal(seq[:, 10:14], seq[:, :4]) and answer[:, 5:].all()
+    assert not answer[:, :5].any()
+
+
+COPY_FAMILY = sorted(  # the built-in ones: a plugin's subclass may not take end_token
+    name
+    for name in posbench.list_tasks()
+    if isinstance(task := posbench.create_task(name), Copy)
+    and type(task).__module__.startswith("posbench.")
+)
+
+
+@pytest.mark.parametrize("name", COPY_FAMILY)
+@pytest.mark.parametrize("end_token", [False, True])
+def test_copy_family_end_token_closes_every_answer(name: str, end_token: bool) -> None:
+    """With END, every answer ends with the one END of its row, END is scored and is the last id
+    in the vocabulary; without it, the vocabulary and the sequence are one token shorter."""
+    task = posbench.create_task(name, end_token=end_token)
+    for length in (1, 3, 7):
+        seq, answer = task.generate(length, 5, gen(length))
+        assert seq.shape[1] == task.sequence_length(length) + 1
+        assert int(answer.sum(dim=1).min()) == task.answer_length(length) + int(end_token)
+        assert int(seq.max()) < task.vocab_size
+        ends = seq == task.end
+        if end_token:
+            assert task.vocab_size == task.end + 1
+            assert ends[:, -1].all() and (ends.sum(dim=1) == 1).all() and answer[:, -1].all()
+        else:
+            assert task.vocab_size == task.end and not ends.any()
+
+
+@pytest.mark.parametrize("name", ["copy_single", "copy_alphabet", "copy_single_twice"])
+def test_repeated_token_answers_need_the_end_to_be_exact(name: str) -> None:
+    """Repeating the answer's first token forever is exact at every length without END and at
+    none with it: END is what makes these tasks test length."""
+    for end_token, exact in ((False, True), (True, False)):
+        task = posbench.create_task(name, end_token=end_token)
+        seq, answer = task.generate(6, 8, gen(3))
+        first = seq[answer].view(8, -1)[:, :1]
+        repeated = first.expand(8, int(answer[0].sum()))
+        assert torch.equal(seq[answer].view(8, -1), repeated) is exact
 
 
 def test_flip_flop_reads_the_last_write() -> None:

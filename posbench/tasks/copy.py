@@ -18,25 +18,48 @@ class Copy(Task):
 
     Vocabulary: ``n_symbols`` symbols (0..n_symbols-1), then SEP. The length is n, the string
     length; the model sees 2n tokens. Only the answer tokens after SEP carry loss and
-    accuracy, so the string itself is never a target.
+    accuracy, so the string itself is never a target. With ``end_token`` the answer ends with
+    END (the last id in the vocabulary), which is scored like any answer token: the model must
+    also say where its answer stops, as a decoder that generates until end-of-sequence must
+    (Kazemnejad et al.'s protocol). Exact match then fails on stopping early or late.
     """
 
     default_train_lengths = (1, 8)
     default_eval_lengths = (2, 4, 6, 8, 12, 16, 24, 32)
 
     def __init__(
-        self, *, train_lengths=None, eval_lengths=None, n_symbols: Annotated[int, Range(ge=2)] = 10
+        self,
+        *,
+        train_lengths=None,
+        eval_lengths=None,
+        n_symbols: Annotated[int, Range(ge=2)] = 10,
+        end_token: bool = False,
     ) -> None:
         super().__init__(train_lengths=train_lengths, eval_lengths=eval_lengths)
         self.n_symbols = n_symbols
         self.sep = n_symbols
+        self.end_token = end_token
+
+    @property
+    def symbol_vocab_size(self) -> int:
+        """Ids the question and the answer use (symbols and markers), END left out."""
+        return self.n_symbols + 1
 
     @property
     def vocab_size(self) -> int:
-        return self.n_symbols + 1
+        return self.symbol_vocab_size + int(self.end_token)
+
+    @property
+    def end(self) -> int:
+        """END's id, the last in the vocabulary; written only with `end_token`."""
+        return self.symbol_vocab_size
+
+    def answer_length(self, length: int) -> int:
+        """Answer tokens (END left out) for a string of `length`."""
+        return length
 
     def sequence_length(self, length: int) -> int:
-        return 2 * length
+        return length + self.answer_length(length) + int(self.end_token)
 
     def answer_of(self, string: Tensor) -> Tensor:
         """What the model must write after SEP for `string` (B, n)."""
@@ -48,9 +71,13 @@ class Copy(Task):
         return self.pose(random_symbols(batch_size, length, self.n_symbols, generator), length)
 
     def pose(self, string: Tensor, length: int) -> tuple[Tensor, Tensor]:
-        """``string SEP answer_of(string)`` (B, n + 1 + answer) and the mask of the answer."""
+        """``string SEP answer_of(string) [END]`` (B, n + 1 + answer [+ 1]) and the mask of the
+        answer (END included)."""
         sep = torch.full((string.shape[0], 1), self.sep, dtype=torch.long)
-        seq = torch.cat((string, sep, self.answer_of(string)), dim=1)
+        parts = [string, sep, self.answer_of(string)]
+        if self.end_token:
+            parts.append(torch.full_like(sep, self.end))
+        seq = torch.cat(parts, dim=1)
         answer = torch.zeros_like(seq, dtype=torch.bool)
         answer[:, length + 1 :] = True
         return seq, answer

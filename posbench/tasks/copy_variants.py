@@ -1,17 +1,44 @@
 """Kazemnejad et al.'s copy variants (McGill-NLP/length-generalization,
 scripts/dataset_builders/make_copy_dataset.py): one token repeated, a second output alphabet,
-and the forms that write the answer twice. Random-token copy (their cmc) is the `copy` task."""
+and the forms that write the answer twice. Random-token copy (their cmc) is the `copy` task.
+
+Their decoder writes the answer and then end-of-sequence, and exact match reads the whole
+generation, so every variant here ends its answer with END by default (``end_token``). Without
+it, a repeated-token answer is solved at every length by repeating the last token: what these
+tasks test is where the answer stops."""
 
 from __future__ import annotations
+
+from typing import Annotated
 
 import torch
 from torch import Tensor
 
 from posbench.tasks.copy import Copy
 from posbench.tasks.registry import register_task
+from posbench.validation import Range
 
 
-class _RepeatedToken(Copy):
+class _EndsAnswer(Copy):
+    """A copy variant whose answer ends with END unless ``end_token = false``."""
+
+    def __init__(
+        self,
+        *,
+        train_lengths=None,
+        eval_lengths=None,
+        n_symbols: Annotated[int, Range(ge=2)] = 10,
+        end_token: bool = True,
+    ) -> None:
+        super().__init__(
+            train_lengths=train_lengths,
+            eval_lengths=eval_lengths,
+            n_symbols=n_symbols,
+            end_token=end_token,
+        )
+
+
+class _RepeatedToken(_EndsAnswer):
     """A string of one symbol repeated n times (their rsc and rdc questions)."""
 
     def generate(
@@ -23,9 +50,9 @@ class _RepeatedToken(Copy):
 
 @register_task("copy_single")
 class CopySingle(_RepeatedToken):
-    """Their rsc: ``t t .. t SEP t t .. t``, one random symbol repeated n times, written again.
+    """Their rsc: ``t t .. t SEP t t .. t END``, one random symbol repeated n times, written again.
 
-    Vocabulary: ``n_symbols`` symbols, SEP. The length is n; the answer is n tokens. Their
+    Vocabulary: ``n_symbols`` symbols, SEP, END. The length is n; the answer is n tokens and END. Their
     decoder-only results (train <= 20, test 21..40, exact match, 3 seeds): NoPE 0.986, T5
     0.771, ALiBi 0.289, rotary 0.000, sinusoidal 0.000.
     """
@@ -33,17 +60,19 @@ class CopySingle(_RepeatedToken):
 
 @register_task("copy_alphabet")
 class CopyAlphabet(_RepeatedToken):
-    """Their rdc, made deterministic: ``t .. t SEP t' .. t'``, where t' is t's symbol in a second
-    alphabet of the same size (ids n_symbols + 1 ..), so the answer must be mapped, not copied.
+    """Their rdc, made deterministic: ``t .. t SEP t' .. t' END``, where t' is t's symbol in a
+    second alphabet of the same size (ids n_symbols + 1 ..), so the answer must be mapped, not
+    copied.
 
     Their data pairs every source symbol with every other target symbol; here each source
     symbol has one target, so greedy decoding can be exactly right. Vocabulary: ``n_symbols``
-    symbols, SEP, ``n_symbols`` output symbols. The length is n; the answer is n tokens.
+    symbols, SEP, ``n_symbols`` output symbols, END. The length is n; the answer is n tokens
+    and END.
     Their results: NoPE 0.967, T5 0.939, ALiBi 0.170, rotary 0.016, sinusoidal 0.000.
     """
 
     @property
-    def vocab_size(self) -> int:
+    def symbol_vocab_size(self) -> int:
         return 2 * self.n_symbols + 1
 
     def answer_of(self, string: Tensor) -> Tensor:
@@ -52,33 +81,35 @@ class CopyAlphabet(_RepeatedToken):
 
 @register_task("copy_single_twice")
 class CopySingleTwice(_RepeatedToken):
-    """Their rsc2x: ``t .. t SEP t .. t t .. t``, one symbol repeated n times, written 2n times.
+    """Their rsc2x: ``t .. t SEP t .. t t .. t END``, one symbol repeated n times, written 2n
+    times.
 
-    Vocabulary: ``n_symbols`` symbols, SEP. The length is n; the answer is 2n tokens.
+    Vocabulary: ``n_symbols`` symbols, SEP, END. The length is n; the answer is 2n tokens and END.
     Their results: NoPE 0.974, T5 0.558, ALiBi 0.194, rotary 0.000, sinusoidal 0.000.
     """
 
-    def sequence_length(self, length: int) -> int:
-        return 3 * length
+    def answer_length(self, length: int) -> int:
+        return 2 * length
 
     def answer_of(self, string: Tensor) -> Tensor:
         return torch.cat((string, string), dim=1)
 
 
 @register_task("copy_twice")
-class CopyTwice(Copy):
-    """Their cmc2x: ``s SEP s NEXT s``, a random string written twice with a NEXT token between.
+class CopyTwice(_EndsAnswer):
+    """Their cmc2x: ``s SEP s NEXT s END``, a random string written twice with NEXT between.
 
-    Vocabulary: ``n_symbols`` symbols, SEP, NEXT. The length is n; the answer is 2n + 1 tokens.
+    Vocabulary: ``n_symbols`` symbols, SEP, NEXT, END. The length is n; the answer is 2n + 1
+    tokens and END.
     Their results: ALiBi 0.569, T5 0.524, NoPE 0.431, rotary 0.043, sinusoidal 0.040.
     """
 
     @property
-    def vocab_size(self) -> int:
+    def symbol_vocab_size(self) -> int:
         return self.n_symbols + 2
 
-    def sequence_length(self, length: int) -> int:
-        return 3 * length + 1
+    def answer_length(self, length: int) -> int:
+        return 2 * length + 1
 
     def answer_of(self, string: Tensor) -> Tensor:
         following = torch.full((string.shape[0], 1), self.n_symbols + 1, dtype=torch.long)
