@@ -60,13 +60,15 @@ RUN_FILES = (
     ANSWER_POSITIONS_FILE,
     RESULT_FILE,
 )
-#: The tidy results. model: the run's model size (ModelSize.tag, e.g. "d64 L4 H4"); eval_len:
+#: The tidy results. task: what results call the run's task (its label, e.g. copy-fixed);
+#: task_name: the registered task it runs (copy), so one task run under two protocols is known
+#: as one. model: the run's model size (ModelSize.tag, e.g. "d64 L4 H4"); eval_len:
 #: the task length evaluated, in the task's unit (string symbols,
 #: or tokens for lm); position: a loss-by-position row's token position; mem_len: the memory
 #: length, positions kept in the cache (blank: no cache, the whole sequence at once; inf: an
 #: unbounded cache); seq_len: a profile's sequence length in tokens.
 COLUMNS = [
-    "run_id", "task", "encoding", "encoding_label", "seed", "model", "train_len_max",
+    "run_id", "task", "task_name", "encoding", "encoding_label", "seed", "model", "train_len_max",
     "eval_len", "position", "mem_len", "seq_len", "metric", "value", "note",
 ]  # fmt: skip
 MEASUREMENT_COLUMNS = ["eval_len", "position", "mem_len", "seq_len", "metric", "value", "note"]
@@ -497,8 +499,8 @@ def current_columns(frame: pd.DataFrame) -> pd.DataFrame:
     profile's memory length cache_len and keep a loss-by-position row's position in eval_len;
     they are read into mem_len and position (eval_len becomes the length evaluated, the
     run's longest), so an old store loads as it is: its files, and their checksums, are untouched.
-    Results written before the model-size axis get a blank `model` column. Tables in today's
-    columns pass unchanged."""
+    Results written before the model-size axis get a blank `model` column, and results written
+    before `task_name` take it from `task`. Tables in today's columns pass unchanged."""
     frame = frame.copy()
     if "cache_len" in frame:
         frame["mem_len"] = (
@@ -520,6 +522,8 @@ def current_columns(frame: pd.DataFrame) -> pd.DataFrame:
             frame.loc[by_position, "eval_len"] = evaluated
     if "model" not in frame and "seed" in frame:  # results written before the size axis
         frame.insert(frame.columns.get_loc("seed") + 1, "model", None)
+    if "task_name" not in frame and "task" in frame:  # results written before task_name
+        frame.insert(frame.columns.get_loc("task") + 1, "task_name", frame["task"])
     return frame
 
 
@@ -674,11 +678,12 @@ def collect(
         profile = config.get("kind") == "profile"  # latency/memory rows: no task, seed or training
         frame.insert(0, "run_id", folder.run_id)
         frame.insert(1, "task", None if profile else task_label(config, result))
-        frame.insert(2, "encoding", config["encoding"]["name"])
-        frame.insert(3, "encoding_label", result.get("encoding_label", config["encoding"]["name"]))
-        frame.insert(4, "seed", None if profile else config["seed"])
-        frame.insert(5, "model", None if profile else ModelSize(**config["model"]).tag())
-        frame.insert(6, "train_len_max", None if profile else result["train_len_max"])
+        frame.insert(2, "task_name", None if profile else config["task"]["name"])
+        frame.insert(3, "encoding", config["encoding"]["name"])
+        frame.insert(4, "encoding_label", result.get("encoding_label", config["encoding"]["name"]))
+        frame.insert(5, "seed", None if profile else config["seed"])
+        frame.insert(6, "model", None if profile else ModelSize(**config["model"]).tag())
+        frame.insert(7, "train_len_max", None if profile else result["train_len_max"])
         frames.append(frame)
     if not frames:
         return pd.DataFrame(columns=COLUMNS)

@@ -173,3 +173,32 @@ def test_models_that_did_not_learn_a_task_are_left_out_of_its_ranking() -> None:
         ranking.loc["nope", "mrr_headline"] == 1.0 and ranking.loc["nope", "tasks"] == 1
     )  # ranked on reverse only
     assert comparison_kind(frame) == {"copy": "equal accuracy", "reverse": "equal compute"}
+
+
+def test_a_task_run_under_two_protocols_counts_once_in_the_mean_reciprocal_rank() -> None:
+    """copy and copy-fixed (one task_name) weigh as one task beside lookback: x leads copy under
+    both protocols and trails lookback, so its MRR is (1 + 1/2) / 2, not (1 + 1 + 1/2) / 3."""
+    scores = {"copy": ("x", "y"), "copy-fixed": ("x", "y"), "lookback": ("y", "x")}
+    rows = [
+        {
+            "task": label,
+            "task_name": label.removesuffix("-fixed"),
+            "encoding_label": encoding,
+            "seed": seed,
+            "metric": "greedy_token_accuracy",
+            "mem_len": math.nan,
+            "eval_len": length,
+            "train_len_max": 8,
+            "value": 1.0 if length == 8 else (0.9 if encoding == order[0] else 0.3),
+        }
+        for label, order in scores.items()
+        for encoding in order
+        for seed in (0, 1)
+        for length in (8, 16)
+    ]
+    table = cross_task_ranking(tidy(rows)).set_index("encoding_label")
+    assert table.loc["x", "mrr_headline"] == pytest.approx((1 + 1 / 2) / 2)
+    assert table.loc["y", "mrr_headline"] == pytest.approx((1 / 2 + 1) / 2)
+    assert (table["tasks"] == 2).all()
+    two_protocols_only = [r for r in rows if r["task"] != "lookback"]
+    assert cross_task_ranking(tidy(two_protocols_only)).empty  # one task under two protocols

@@ -416,6 +416,14 @@ def comparison_kind(frame: pd.DataFrame) -> dict[str, str]:
     return {task: "equal accuracy" if task in stopped else "equal compute" for task in tasks}
 
 
+def task_names(frame: pd.DataFrame) -> dict[str, str]:
+    """Task label -> the registered task it runs (copy-fixed -> copy); a label whose rows give no
+    task_name is its own."""
+    named = frame[frame["task"].notna()]
+    names = named["task_name"].fillna(named["task"]) if "task_name" in named else named["task"]
+    return dict(zip(named["task"], names))
+
+
 #: Bootstrap replicates for each encoding's mean reciprocal rank.
 MRR_REPLICATES = 500
 
@@ -428,8 +436,9 @@ def cross_task_ranking(frame: pd.DataFrame) -> pd.DataFrame:
     better), both from each seed's value. Per task the encodings are ranked by their mean over
     seeds (ties share the average rank); the reciprocal ranks are averaged over the tasks an
     encoding ran, with the 2.5-97.5 percentiles of a bootstrap over seeds (NaN with one seed).
-    Runs of an encoding that did not learn a task in distribution are left out of that task's
-    ranking. Empty with fewer than two tasks."""
+    A task run under several protocols (copy and copy-fixed share `task_name`) counts once: its
+    protocols' reciprocal ranks are averaged first. Runs of an encoding that did not learn a
+    task in distribution are left out of that task's ranking. Empty with fewer than two tasks."""
     exact = frame[
         frame["task"].notna()
         & (frame["metric"] == "exact_match")
@@ -454,7 +463,8 @@ def cross_task_ranking(frame: pd.DataFrame) -> pd.DataFrame:
     columns = ["encoding_label"] + [
         f"mrr_{m}{suffix}" for m in metrics for suffix in ("", "_low", "_high")
     ]
-    if rows["task"].nunique() < 2:
+    task_of = task_names(frame)
+    if rows["task"].map(task_of).nunique() < 2:
         return pd.DataFrame(columns=columns + ["tasks"])
     per_seed = rows.groupby(["metric", "task", "encoding_label", "seed"])["value"].mean()
     groups = {key: seeds.to_numpy() for key, seeds in per_seed.groupby(level=[0, 1, 2])}
@@ -462,7 +472,11 @@ def cross_task_ranking(frame: pd.DataFrame) -> pd.DataFrame:
     def mrr_of(means: dict) -> pd.DataFrame:
         scores = pd.Series(list(means.values()), index=pd.MultiIndex.from_tuples(list(means)))
         ranks = scores.groupby(level=[0, 1]).rank(ascending=False, method="average")
-        mrr = (1.0 / ranks).groupby(level=[0, 2]).mean().unstack(level=0)  # (encoding, metric)
+        reciprocal = (1.0 / ranks).rename("reciprocal").reset_index()
+        reciprocal.columns = ["metric", "task", "encoding_label", "reciprocal"]
+        reciprocal["task_name"] = reciprocal["task"].map(task_of)
+        per_task = reciprocal.groupby(["metric", "task_name", "encoding_label"])["reciprocal"]
+        mrr = per_task.mean().groupby(level=[0, 2]).mean().unstack(level=0)  # (encoding, metric)
         return mrr.reindex(columns=metrics)
 
     mrr = mrr_of({key: float(seeds.mean()) for key, seeds in groups.items()})
@@ -477,7 +491,9 @@ def cross_task_ranking(frame: pd.DataFrame) -> pd.DataFrame:
             table[f"mrr_{metric}_low"] = [low for low, _ in bounds]
             table[f"mrr_{metric}_high"] = [high for _, high in bounds]
     table = table.reindex(columns=columns[1:])
-    table["tasks"] = rows.groupby("encoding_label")["task"].nunique()
+    table["tasks"] = (
+        rows.assign(task=rows["task"].map(task_of)).groupby("encoding_label")["task"].nunique()
+    )
     table = table.rename_axis("encoding_label").reset_index()
     return table.sort_values("mrr_headline", ascending=False).reset_index(drop=True)
 
