@@ -52,9 +52,9 @@ class _RepeatedToken(_EndsAnswer):
 class CopySingle(_RepeatedToken):
     """Their rsc: ``t t .. t SEP t t .. t END``, one random symbol repeated n times, written again.
 
-    Vocabulary: ``n_symbols`` symbols, SEP, END. The length is n; the answer is n tokens and END. Their
-    decoder-only results (train <= 20, test 21..40, exact match, 3 seeds): NoPE 0.986, T5
-    0.771, ALiBi 0.289, rotary 0.000, sinusoidal 0.000.
+    Vocabulary: ``n_symbols`` symbols, SEP, END. The length is n; the answer is n tokens and
+    END. Their decoder-only results (train <= 20, test 21..40, exact match, 3 seeds): NoPE
+    0.986, T5 0.771, ALiBi 0.289, rotary 0.000, sinusoidal 0.000.
     """
 
 
