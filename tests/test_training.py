@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import posbench
+from posbench.experiment import training
 from posbench.experiment.config import TrainConfig
 from posbench.experiment.training import Diverged, learning_rate, train
 
@@ -29,6 +30,20 @@ def test_training_reduces_loss_and_is_reproducible() -> None:
     again = train(small_model(vocab=task.vocab_size), task, config, seed=0)
     assert first.losses == again.losses
     assert first.losses[-1][1] < first.losses[0][1]
+
+
+def test_fused_adamw_trains_the_model_the_per_parameter_loop_trains(monkeypatch) -> None:
+    task = posbench.create_task("copy", train_lengths=[1, 4])
+    config = TrainConfig(steps=40, batch_size=16, lr=3e-3, warmup_steps=5)
+    torch.manual_seed(0)
+    fused = small_model(vocab=task.vocab_size)
+    looped = small_model(vocab=task.vocab_size)
+    looped.load_state_dict(fused.state_dict())
+    train(fused, task, config, seed=0)
+    monkeypatch.setattr(training, "FUSED_ADAMW_DEVICES", ())
+    train(looped, task, config, seed=0)
+    for (name, a), b in zip(fused.named_parameters(), looped.parameters()):
+        assert torch.allclose(a, b, atol=1e-4), name
 
 
 @pytest.mark.parametrize("encoding", ["txl", "rope", "sinusoidal"])

@@ -18,6 +18,10 @@ from posbench.tasks.base import IGNORE, Batch, Task
 StepCallback = Callable[[int, float], None]
 #: Called every config.check_every steps with the step count done; True stops training.
 StopCheck = Callable[[int], bool]
+#: Devices whose AdamW runs as one fused kernel: the same update as the per-parameter loop, up
+#: to float rounding, about 9x faster on CPU for these models' 50-odd small parameters, where
+#: the loop cost 15-20% of a training step.
+FUSED_ADAMW_DEVICES = ("cpu", "cuda")
 
 
 class Diverged(RuntimeError):
@@ -81,7 +85,10 @@ def train(
     config.check_every steps) says so; raises Diverged on a non-finite loss."""
     model.to(device).train()
     optimizer = torch.optim.AdamW(
-        model.parameters(), lr=config.lr, weight_decay=config.weight_decay
+        model.parameters(),
+        lr=config.lr,
+        weight_decay=config.weight_decay,
+        fused=torch.device(device).type in FUSED_ADAMW_DEVICES,
     )
     generator = torch.Generator().manual_seed(seed)
     lo, hi = task.train_lengths
