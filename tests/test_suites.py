@@ -32,6 +32,21 @@ def test_the_standard_suite_is_the_published_protocol() -> None:
     assert max(copy.task.options["eval_lengths"]) >= 4 * copy.task.options["train_lengths"][1]
 
 
+@pytest.mark.parametrize("name", ["kazemnejad", "deepmind", "deepmind-decoder"])
+def test_suites_posed_as_a_papers_state_how_they_differ_from_it(name: str) -> None:
+    sweep, _ = load_config_file(suite_file(name))
+    assert len(sweep.differences) >= 3
+    assert all(item.endswith(".") and " their" in item for item in sweep.differences)
+
+
+def test_differences_must_be_a_list_of_sentences(tmp_path: Path) -> None:
+    config = tmp_path / "s.toml"
+    config.write_text('differences = [1, 2]\ntasks = ["copy"]\n')
+    result = CliRunner().invoke(app, ["run", "--config", str(config), "--dry-run"])
+    assert result.exit_code == 2
+    assert "option 'differences' must be a list of strings, got [1, 2]" in result.output
+
+
 def test_task_training_settings_and_flags_that_override_them(tmp_path: Path) -> None:
     config = tmp_path / "s.toml"
     config.write_text(

@@ -170,6 +170,10 @@ class SweepConfig:
     profile: bool = True
     #: What the sweep is for, in a sentence; reports show it at the top.
     about: str = ""
+    #: How the protocol differs from the published ones the report compares it with, one
+    #: difference per item; the report lists them beside the papers' numbers and the
+    #: literature checks, as the first candidates wherever the two disagree.
+    differences: tuple[str, ...] = ()
     #: Evaluation-time variants: each trained run of an encoding with the same name is also
     #: evaluated with these options merged into its own (no retraining), as its own rows.
     eval_variants: tuple[EncodingSpec, ...] = ()
@@ -371,6 +375,7 @@ def expand_runs(sweep: SweepConfig) -> list[RunConfig]:
 _TOP_KEYS = {
     "name",
     "about",
+    "differences",
     "tasks",
     "encodings",
     "seeds",
@@ -457,9 +462,9 @@ def config_from_mapping(data: Mapping[str, Any], source: str = "config") -> Swee
             check_dataclass(cls, values, section)
             kwargs[key] = cls(**values)
     top = {
-        k: (tuple(_as_list(v)) if k == "seeds" else v)
+        k: (tuple(_as_list(v)) if k in ("seeds", "differences") else v)
         for k, v in data.items()
-        if k in ("seeds", "device", "threads", "quick", "profile", "about")
+        if k in ("seeds", "device", "threads", "quick", "profile", "about", "differences")
     }
     check_dataclass(SweepConfig, top, source)
     return SweepConfig(**kwargs, **top)

@@ -866,6 +866,7 @@ def build_report(sweep_dir: Path, out_dir: Path, linked: Collection[str] = ()) -
         "other_runs": others,
         "quick": bool(config.get("quick")),
         "about": config.get("about", ""),
+        "differences": list(config.get("differences", [])),
         "scale": _scale_section(results, colours),
     }
     record = _report_record(sweep_dir, out_dir, frame, config, failures, missing)
