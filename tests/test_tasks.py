@@ -261,12 +261,16 @@ def test_kazemnejad_copy_variants() -> None:
         and (seq[:, 11] == single.end).all()
         and answer[:, 6:].all()
     )
-    alphabet = posbench.create_task("copy_alphabet")
-    seq, _ = alphabet.generate(5, 4, gen(9))
-    assert (
-        torch.equal(seq[:, 6:11], seq[:, :5] + alphabet.n_symbols + 1)
-        and int(seq[:, :11].max()) < alphabet.end
-    )
+    replace = posbench.create_task("copy_replace")
+    seq, answer = replace.generate(5, 64, gen(9))
+    source, target = seq[:, :1], seq[:, 1:2]
+    assert seq.shape[1] == replace.sequence_length(5) + 1 == 2 + 5 + 1 + 5 + 1  # s t, SEP, END
+    assert (seq[:, 2:7] == source).all() and (seq[:, 7] == replace.sep).all()
+    assert (seq[:, 8:13] == target).all() and (seq[:, 13] == replace.end).all()
+    assert answer[:, 8:].all() and not answer[:, :8].any()
+    assert (source != target).all() and int(seq[:, 8:13].max()) < replace.n_symbols
+    pairs = set(zip(source.flatten().tolist(), target.flatten().tolist()))
+    assert len(pairs) > 30  # every source with many targets, not one fixed map
     twice = posbench.create_task("copy_single_twice")
     seq, answer = twice.generate(4, 3, gen(10))
     assert (
@@ -308,7 +312,7 @@ def test_copy_family_end_token_closes_every_answer(name: str, end_token: bool) -
             assert task.vocab_size == task.end and not ends.any()
 
 
-@pytest.mark.parametrize("name", ["copy_single", "copy_alphabet", "copy_single_twice"])
+@pytest.mark.parametrize("name", ["copy_single", "copy_replace", "copy_single_twice"])
 def test_repeated_token_answers_need_the_end_to_be_exact(name: str) -> None:
     """Repeating the answer's first token forever is exact at every length without END and at
     none with it: END is what makes these tasks test length."""

@@ -54,12 +54,16 @@ class Copy(Task):
         """END's id, the last in the vocabulary; written only with `end_token`."""
         return self.symbol_vocab_size
 
+    def question_length(self, length: int) -> int:
+        """Question tokens (SEP left out) for a string of `length`."""
+        return length
+
     def answer_length(self, length: int) -> int:
         """Answer tokens (END left out) for a string of `length`."""
         return length
 
     def sequence_length(self, length: int) -> int:
-        return length + self.answer_length(length) + int(self.end_token)
+        return self.question_length(length) + self.answer_length(length) + int(self.end_token)
 
     def answer_of(self, string: Tensor) -> Tensor:
         """What the model must write after SEP for `string` (B, n)."""
@@ -68,16 +72,17 @@ class Copy(Task):
     def generate(
         self, length: int, batch_size: int, generator: torch.Generator
     ) -> tuple[Tensor, Tensor]:
-        return self.pose(random_symbols(batch_size, length, self.n_symbols, generator), length)
+        string = random_symbols(batch_size, length, self.n_symbols, generator)
+        return self.pose(string, self.answer_of(string))
 
-    def pose(self, string: Tensor, length: int) -> tuple[Tensor, Tensor]:
-        """``string SEP answer_of(string) [END]`` (B, n + 1 + answer [+ 1]) and the mask of the
+    def pose(self, question: Tensor, answer: Tensor) -> tuple[Tensor, Tensor]:
+        """``question SEP answer [END]`` (B, question + 1 + answer [+ 1]) and the mask of the
         answer (END included)."""
-        sep = torch.full((string.shape[0], 1), self.sep, dtype=torch.long)
-        parts = [string, sep, self.answer_of(string)]
+        sep = torch.full((question.shape[0], 1), self.sep, dtype=torch.long)
+        parts = [question, sep, answer]
         if self.end_token:
             parts.append(torch.full_like(sep, self.end))
         seq = torch.cat(parts, dim=1)
-        answer = torch.zeros_like(seq, dtype=torch.bool)
-        answer[:, length + 1 :] = True
-        return seq, answer
+        scored = torch.zeros_like(seq, dtype=torch.bool)
+        scored[:, question.shape[1] + 1 :] = True
+        return seq, scored

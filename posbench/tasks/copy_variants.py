@@ -1,6 +1,7 @@
 """Kazemnejad et al.'s copy variants (McGill-NLP/length-generalization,
-scripts/dataset_builders/make_copy_dataset.py): one token repeated, a second output alphabet,
-and the forms that write the answer twice. Random-token copy (their cmc) is the `copy` task.
+scripts/dataset_builders/make_copy_dataset.py): one token repeated, one token replaced by
+another that the prompt names, and the forms that write the answer twice. Random-token copy
+(their cmc) is the `copy` task.
 
 Their decoder writes the answer and then end-of-sequence, and exact match reads the whole
 generation, so every variant here ends its answer with END by default (``end_token``). Without
@@ -45,7 +46,8 @@ class _RepeatedToken(_EndsAnswer):
         self, length: int, batch_size: int, generator: torch.Generator
     ) -> tuple[Tensor, Tensor]:
         symbol = torch.randint(0, self.n_symbols, (batch_size, 1), generator=generator)
-        return self.pose(symbol.expand(batch_size, length), length)
+        string = symbol.expand(batch_size, length)
+        return self.pose(string, self.answer_of(string))
 
 
 @register_task("copy_single")
@@ -58,25 +60,29 @@ class CopySingle(_RepeatedToken):
     """
 
 
-@register_task("copy_alphabet")
-class CopyAlphabet(_RepeatedToken):
-    """Their rdc, made deterministic: ``t .. t SEP t' .. t' END``, where t' is t's symbol in a
-    second alphabet of the same size (ids n_symbols + 1 ..), so the answer must be mapped, not
-    copied.
+@register_task("copy_replace")
+class CopyReplace(_EndsAnswer):
+    """Their rdc: ``s t s .. s SEP t .. t END``, one symbol s repeated n times after a prompt
+    that names it and its replacement t (any other symbol), written again as t.
 
-    Their data pairs every source symbol with every other target symbol; here each source
-    symbol has one target, so greedy decoding can be exactly right. Vocabulary: ``n_symbols``
-    symbols, SEP, ``n_symbols`` output symbols, END. The length is n; the answer is n tokens
-    and END.
+    Their prompt is ``Replace s with t in s .. s``; its words are the same in every example and
+    are left out, so the question is s, t and the string. The answer must be read from the
+    prompt's second token, which moves away as n grows. Vocabulary: ``n_symbols`` symbols, SEP,
+    END. The length is n; the question is n + 2 tokens, the answer n tokens and END.
     Their results: NoPE 0.967, T5 0.939, ALiBi 0.170, rotary 0.016, sinusoidal 0.000.
     """
 
-    @property
-    def symbol_vocab_size(self) -> int:
-        return 2 * self.n_symbols + 1
+    def question_length(self, length: int) -> int:
+        return length + 2
 
-    def answer_of(self, string: Tensor) -> Tensor:
-        return string + self.n_symbols + 1
+    def generate(
+        self, length: int, batch_size: int, generator: torch.Generator
+    ) -> tuple[Tensor, Tensor]:
+        source = torch.randint(0, self.n_symbols, (batch_size, 1), generator=generator)
+        shift = torch.randint(1, self.n_symbols, (batch_size, 1), generator=generator)
+        target = (source + shift) % self.n_symbols  # uniform over the other symbols
+        question = torch.cat((source, target, source.expand(batch_size, length)), dim=1)
+        return self.pose(question, target.expand(batch_size, length))
 
 
 @register_task("copy_single_twice")
