@@ -30,7 +30,8 @@ def _seed() -> None:
 @pytest.fixture(scope="session")
 def sweep_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A finished two-seed sweep of nope, t5, alibi and an encoding whose name is markup, with
-    its latency/memory profiles: what the report and the terminal read."""
+    its latency/memory profiles and two stated differences (one of them markup): what the
+    report and the terminal read."""
     plugins = tmp_path_factory.mktemp("plugins")
     (plugins / "evil.py").write_text(
         textwrap.dedent(
@@ -45,7 +46,11 @@ def sweep_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     )
     load_plugin_dir(plugins)
     out = tmp_path_factory.mktemp("sweep")
-    sweep = dataclasses.replace(tiny_sweep("nope", "t5", "alibi", EVIL, seeds=(0, 1)), profile=True)
+    sweep = dataclasses.replace(
+        tiny_sweep("nope", "t5", "alibi", EVIL, seeds=(0, 1)),
+        profile=True,
+        differences=("Size: <b>tiny</b>; theirs is large.", "Seeds: two."),
+    )
     import posbench.experiment.profiling as profiling
 
     small = TINY_BENCH
