@@ -32,7 +32,7 @@ def test_the_standard_suite_is_the_published_protocol() -> None:
     assert max(copy.task.options["eval_lengths"]) >= 4 * copy.task.options["train_lengths"][1]
 
 
-@pytest.mark.parametrize("name", ["kazemnejad", "deepmind", "deepmind-decoder"])
+@pytest.mark.parametrize("name", ["kazemnejad", "deepmind", "deepmind-decoder", "randomized"])
 def test_suites_posed_as_a_papers_state_how_they_differ_from_it(name: str) -> None:
     sweep, _ = load_config_file(suite_file(name))
     assert len(sweep.differences) >= 3
