@@ -254,10 +254,11 @@ def test_one_seed_is_inconclusive_and_wide_seed_spread_is_inconclusive() -> None
         else row
         for row in AGREEING
     ]
-    verdict, measured = _verdicts(spread, replicates=200)[
-        "ALiBi's loss stays flat far past the training length"
-    ]
-    assert verdict == INCONCLUSIVE and "agree" in measured
+    flat = next(
+        f for f in FINDINGS if f.finding == "ALiBi's loss stays flat far past the training length"
+    )
+    verdict = flat.against(tidy(spread), replicates=200)
+    assert verdict.verdict == INCONCLUSIVE and "agree" in verdict.measured
 
 
 def test_lm_checks_skip_models_that_did_not_learn_the_language() -> None:
