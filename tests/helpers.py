@@ -172,3 +172,14 @@ def headless_chromium(width: int = 1280, height: int = 2400) -> Iterator[Any]:
         yield driver
     finally:
         driver.quit()
+
+
+def open_page(driver: Any, page: Path, seconds: float = 60.0) -> None:
+    """Open a local page and wait until it has loaded: on a slow, busy machine chromium can hand
+    back control while a large report is still parsing."""
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    driver.get(page.resolve().as_uri())
+    WebDriverWait(driver, seconds).until(
+        lambda d: d.execute_script("return document.readyState") == "complete"
+    )

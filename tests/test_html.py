@@ -21,7 +21,7 @@ from posbench.report.html import build_report
 from posbench.store import collect
 from posbench.experiment.runner import run_sweep
 
-from helpers import EVIL, headless_chromium, needs_chromium, tidy, tiny_sweep
+from helpers import EVIL, headless_chromium, needs_chromium, open_page, tidy, tiny_sweep
 
 SECTIONS = (
     "glance",
@@ -138,8 +138,7 @@ def test_empty_or_missing_folder_is_a_clear_error(tmp_path: Path) -> None:
 @needs_chromium
 def test_report_in_a_real_headless_browser(report) -> None:
     with headless_chromium() as driver:
-        driver.get(report.html.resolve().as_uri())
-        assert driver.execute_script("return document.readyState") == "complete"
+        open_page(driver, report.html)
         images = driver.execute_script(
             "return Array.from(document.images).map(i => [i.alt, i.complete, i.naturalWidth])"
         )
@@ -182,8 +181,7 @@ def _check_layout_at_1280(page: Path, name: str) -> None:
     """Open a report at 1280 px: nothing wider than the window, no number wrapped inside its
     cell, and a screenshot of the first screen in test-output/screenshots/."""
     with headless_chromium(1280, 900) as driver:
-        driver.get(page.resolve().as_uri())
-        assert driver.execute_script("return document.readyState") == "complete"
+        open_page(driver, page)
         width = driver.execute_script(
             "return [document.documentElement.scrollWidth, document.documentElement.clientWidth]"
         )

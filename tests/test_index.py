@@ -7,7 +7,14 @@ import re
 from pathlib import Path
 
 import pytest
-from helpers import headless_chromium, invoke, needs_chromium, one_sentence_error, tiny_sweep
+from helpers import (
+    headless_chromium,
+    invoke,
+    needs_chromium,
+    one_sentence_error,
+    open_page,
+    tiny_sweep,
+)
 from posbench.errors import ResultsError
 from posbench.experiment.runner import run_sweep
 from posbench.report.html import REPORT_RECORD, build_report
@@ -106,8 +113,7 @@ def test_the_published_index_lists_every_published_report() -> None:
 def test_the_index_in_a_real_headless_browser(reports: Path, which: str, tmp_path: Path) -> None:
     page = build_index(reports) if which == "built" else Path("reports/index.html")
     with headless_chromium() as driver:
-        driver.get(page.resolve().as_uri())
-        assert driver.execute_script("return document.readyState") == "complete"
+        open_page(driver, page)
         links = driver.execute_script(
             "return Array.from(document.links).map(a => a.getAttribute('href'))"
         )

@@ -420,7 +420,10 @@ def task_names(frame: pd.DataFrame) -> dict[str, str]:
     """Task label -> the registered task it runs (copy-fixed -> copy); a label whose rows give no
     task_name is its own."""
     named = frame[frame["task"].notna()]
-    names = named["task_name"].fillna(named["task"]) if "task_name" in named else named["task"]
+    if "task_name" not in named:
+        return dict(zip(named["task"], named["task"]))
+    # where, not fillna: a task_name column that is all NaN is float and takes no strings
+    names = named["task_name"].where(named["task_name"].notna(), named["task"])
     return dict(zip(named["task"], names))
 
 
