@@ -372,22 +372,10 @@ def expand_runs(sweep: SweepConfig) -> list[RunConfig]:
 
 
 # ---- loading TOML --------------------------------------------------------------------------
-_TOP_KEYS = {
-    "name",
-    "about",
-    "differences",
-    "tasks",
-    "encodings",
-    "seeds",
-    "model",
-    "train",
-    "eval",
-    "device",
-    "threads",
-    "quick",
-    "profile",
-    "eval_variants",
-}
+#: Top-level keys that pass to SweepConfig as they are (lists become tuples).
+_PLAIN_KEYS = ("seeds", "device", "threads", "quick", "profile", "about", "differences")
+#: Every top-level key: `name`, the entry lists, the sections and the plain keys.
+_TOP_KEYS = {"name", "tasks", "encodings", "eval_variants", "model", "train", "eval", *_PLAIN_KEYS}
 
 
 def load_config_file(path: Path) -> tuple[SweepConfig, str | None]:
@@ -464,7 +452,7 @@ def config_from_mapping(data: Mapping[str, Any], source: str = "config") -> Swee
     top = {
         k: (tuple(_as_list(v)) if k in ("seeds", "differences") else v)
         for k, v in data.items()
-        if k in ("seeds", "device", "threads", "quick", "profile", "about", "differences")
+        if k in _PLAIN_KEYS
     }
     check_dataclass(SweepConfig, top, source)
     return SweepConfig(**kwargs, **top)
