@@ -142,8 +142,9 @@ def seed_bootstrap(frame: pd.DataFrame, replicates: int, seed: int = 0) -> Itera
 def learned_language(frame: pd.DataFrame, task: str) -> pd.Series:
     """Per encoding label on `task`: whether it learned the task in distribution (the report's
     one rule, summary.learned_in_distribution; True where the task stores no floor)."""
-    learned = learned_in_distribution(frame)
-    labels = frame.loc[frame["task"] == task, "encoding_label"].unique()
+    rows = frame[frame["task"] == task]
+    learned = learned_in_distribution(rows)
+    labels = rows["encoding_label"].unique()
     return pd.Series(
         {label: bool(learned.get((task, label), True)) for label in labels}, dtype=bool
     )
