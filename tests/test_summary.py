@@ -8,7 +8,7 @@ import math
 import pytest
 
 from posbench.report.stats import mean_interval
-from posbench.report.summary import cross_task_ranking, headline
+from posbench.report.summary import comparison_kind, cross_task_ranking, headline
 
 from helpers import tidy
 
@@ -119,7 +119,7 @@ def test_effective_length_is_the_longest_length_before_the_metric_first_fails() 
 
 
 def test_models_that_did_not_learn_a_task_are_left_out_of_its_ranking() -> None:
-    from posbench.report.summary import comparison_kind, learned_in_distribution
+    from posbench.report.summary import learned_in_distribution
 
     def rows(
         task: str, label: str, in_dist: float, beyond: float, extra: list[dict] | None = None
@@ -202,3 +202,27 @@ def test_a_task_run_under_two_protocols_counts_once_in_the_mean_reciprocal_rank(
     assert (table["tasks"] == 2).all()
     two_protocols_only = [r for r in rows if r["task"] != "lookback"]
     assert cross_task_ranking(tidy(two_protocols_only)).empty  # one task under two protocols
+
+
+def test_a_task_where_some_runs_hit_the_step_cap_is_not_called_equal_accuracy() -> None:
+    """Runs that stopped at the step cap before the threshold trained to the budget, not to the
+    same accuracy: the comparison says how many reached it."""
+
+    def steps(label: str, seed: int, value: float) -> dict:
+        return {
+            "task": "copy",
+            "encoding_label": label,
+            "seed": seed,
+            "train_len_max": 8,
+            "mem_len": math.nan,
+            "metric": "steps_to_threshold",
+            "eval_len": math.nan,
+            "value": value,
+        }
+
+    reached = [steps("alibi", 0, 500.0), steps("alibi", 1, 750.0)]
+    assert comparison_kind(tidy(reached)) == {"copy": "equal accuracy"}
+    capped = tidy(reached + [steps("nope", 0, math.nan), steps("nope", 1, 250.0)])
+    assert comparison_kind(capped) == {
+        "copy": "equal accuracy for 3 of 4 runs (the rest hit the step cap first)"
+    }

@@ -466,8 +466,8 @@ def _randomized_gain(frame: pd.DataFrame) -> tuple[str, str]:
     mean_gain = sum(gains) / len(gains)
     other_gain = sum(randomized - plain for _, _, plain, randomized in others) / max(len(others), 1)
     judged_on = (
-        f" at equal compute (every encoding trained the same steps; at equal accuracy, each run "
-        f"trained until it reached the threshold: {100 * other_gain:+.1f} over "
+        f" at equal compute (every encoding trained the same steps; where each run trained "
+        f"until a threshold or the step cap: {100 * other_gain:+.1f} over "
         f"{len(others)} pair(s), not judged)"
         if equal_compute and others
         else ""
