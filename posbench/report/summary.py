@@ -430,11 +430,9 @@ def task_names(frame: pd.DataFrame) -> dict[str, str]:
     """Task label -> the registered task it runs (copy-fixed -> copy); a label whose rows give no
     task_name is its own."""
     named = frame[frame["task"].notna()]
-    if "task_name" not in named:
-        return dict(zip(named["task"], named["task"]))
+    names = named.get("task_name", named["task"])
     # where, not fillna: a task_name column that is all NaN is float and takes no strings
-    names = named["task_name"].where(named["task_name"].notna(), named["task"])
-    return dict(zip(named["task"], names))
+    return dict(zip(named["task"], names.where(names.notna(), named["task"])))
 
 
 #: Bootstrap replicates for each encoding's mean reciprocal rank.
