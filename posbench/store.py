@@ -68,8 +68,8 @@ RUN_FILES = (
 #: length, positions kept in the cache (blank: no cache, the whole sequence at once; inf: an
 #: unbounded cache); seq_len: a profile's sequence length in tokens.
 COLUMNS = [
-    "run_id", "task", "task_name", "encoding", "encoding_label", "seed", "model", "train_len_max",
-    "eval_len", "position", "mem_len", "seq_len", "metric", "value", "note",
+    "run_id", "variant_of", "task", "task_name", "encoding", "encoding_label", "seed", "model",
+    "train_len_max", "eval_len", "position", "mem_len", "seq_len", "metric", "value", "note",
 ]  # fmt: skip
 MEASUREMENT_COLUMNS = ["eval_len", "position", "mem_len", "seq_len", "metric", "value", "note"]
 
@@ -677,13 +677,14 @@ def collect(
             continue
         profile = config.get("kind") == "profile"  # latency/memory rows: no task, seed or training
         frame.insert(0, "run_id", folder.run_id)
-        frame.insert(1, "task", None if profile else task_label(config, result))
-        frame.insert(2, "task_name", None if profile else config["task"]["name"])
-        frame.insert(3, "encoding", config["encoding"]["name"])
-        frame.insert(4, "encoding_label", result.get("encoding_label", config["encoding"]["name"]))
-        frame.insert(5, "seed", None if profile else config["seed"])
-        frame.insert(6, "model", None if profile else ModelSize(**config["model"]).tag())
-        frame.insert(7, "train_len_max", None if profile else result["train_len_max"])
+        frame.insert(1, "variant_of", result.get("variant_of"))  # the run that trained the model
+        frame.insert(2, "task", None if profile else task_label(config, result))
+        frame.insert(3, "task_name", None if profile else config["task"]["name"])
+        frame.insert(4, "encoding", config["encoding"]["name"])
+        frame.insert(5, "encoding_label", result.get("encoding_label", config["encoding"]["name"]))
+        frame.insert(6, "seed", None if profile else config["seed"])
+        frame.insert(7, "model", None if profile else ModelSize(**config["model"]).tag())
+        frame.insert(8, "train_len_max", None if profile else result["train_len_max"])
         frames.append(frame)
     if not frames:
         return pd.DataFrame(columns=COLUMNS)

@@ -226,3 +226,7 @@ def test_a_task_where_some_runs_hit_the_step_cap_is_not_called_equal_accuracy() 
     assert comparison_kind(capped) == {
         "copy": "equal accuracy for 3 of 4 runs (the rest hit the step cap first)"
     }
+    variant = steps("nope", 0, math.nan) | {"variant_of": "a1b2c3", "encoding_label": "nope [x]"}
+    assert comparison_kind(tidy(reached + [steps("nope", 0, math.nan), variant])) == {
+        "copy": "equal accuracy for 2 of 3 runs (the rest hit the step cap first)"
+    }  # an evaluation-time variant repeats its trained run's steps: counted once

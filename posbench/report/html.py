@@ -773,7 +773,7 @@ def build_report(sweep_dir: Path, out_dir: Path, linked: Collection[str] = ()) -
     if out_dir.is_dir():
         sweep_temporary_files(out_dir)
     for path, signature in (
-        (results_csv, "run_id,task,"),
+        (results_csv, "run_id,"),
         (summary_csv, "task,encoding_label,"),
         (out_dir / BY_LENGTH_FILE, "task,encoding_label,"),
         (out_dir / "report.html", "<title>posbench report"),

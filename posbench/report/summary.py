@@ -412,9 +412,11 @@ def comparison_kind(frame: pd.DataFrame) -> dict[str, str]:
     """Per task: "equal compute" where every encoding trained the same steps (no threshold),
     "equal accuracy" where every run stopped at its threshold, and otherwise how many runs
     reached it: a run that hit the step cap first trained as long as the budget allowed, not
-    to the same accuracy, so the table is at equal accuracy only in part."""
+    to the same accuracy, so the table is at equal accuracy only in part. Evaluation-time
+    variants repeat their trained run's steps and are not counted again."""
     tasks = frame.loc[frame["task"].notna(), "task"].unique()
-    steps = frame[frame["metric"] == "steps_to_threshold"]
+    trained = frame["variant_of"].isna() if "variant_of" in frame else True
+    steps = frame[(frame["metric"] == "steps_to_threshold") & trained]
     kinds = {task: "equal compute" for task in tasks}
     for task, rows in steps.groupby("task"):  # one row per run, NaN where it hit the cap
         reached, total = int(rows["value"].notna().sum()), len(rows)
