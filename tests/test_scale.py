@@ -26,6 +26,7 @@ from posbench.report.scale import (
     scale_scores,
     scale_verdicts,
     tau_between,
+    tau_cells,
     tau_table,
 )
 from posbench.report.summary import headline, sized_tasks
@@ -205,6 +206,14 @@ def test_a_missing_interval_is_not_resolved() -> None:
     (found,) = scale_verdicts(tau_table(scores, replicates=20), scores)
     assert found.verdict == "not resolved" and "only 2 encoding(s)" in found.sentence()
     assert not math.isnan(found.tau)
+
+
+def test_an_undefined_tau_says_why_in_its_cells() -> None:
+    scores = _scores(ENCODINGS[:1], ENCODINGS[:1], 0.0)
+    (row,) = tau_table(scores, replicates=20).itertuples()
+    tau, interval = tau_cells(row.tau, row.low, row.high)
+    assert tau == "undefined" and "fewer than 2 encodings" in interval
+    assert tau_cells(0.5, 0.25, 0.75) == ("0.50", "[0.25, 0.75]")
 
 
 def test_a_size_list_with_an_impossible_value_fails_on_the_command_line(tmp_path: Path) -> None:

@@ -556,8 +556,7 @@ def _scale_section(results: pd.DataFrame, colours: dict[str, str]) -> dict[str, 
                 "task": r.task,
                 "small": r.small,
                 "large": r.large,
-                "tau": f"{r.tau:.2f}",
-                "interval": f"[{r.low:.2f}, {r.high:.2f}]",
+                **dict(zip(("tau", "interval"), scale.tau_cells(r.tau, r.low, r.high))),
                 "encodings": int(r.encodings),
             }
             for r in taus.itertuples()

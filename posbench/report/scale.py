@@ -122,6 +122,14 @@ def tau_between(
     return (*seed_bootstrap_interval(groups, tau, replicates, seed), len(both))
 
 
+def tau_cells(tau: float, low: float, high: float) -> tuple[str, str]:
+    """Kendall's tau and its interval as table cells; a tau that is not defined (fewer than two
+    encodings scored at both sizes, or one size scoring them all alike) says so."""
+    if math.isnan(tau):
+        return "undefined", "fewer than 2 encodings scored at both sizes, or all scored alike"
+    return f"{tau:.2f}", f"[{low:.2f}, {high:.2f}]"
+
+
 def sizes_by_parameters(scores: pd.DataFrame, task: str) -> list[str]:
     """The model sizes `task` ran at, smallest first (by their median parameter count)."""
     rows = scores[scores["task"] == task]
