@@ -115,6 +115,8 @@ def test_a_sweep_of_two_sizes_stores_both_and_reports_them_apart(tmp_path: Path)
     report = build_report(out, tmp_path / "report")
     html = report.html.read_text()
     assert "Does the ranking hold as the model grows?" in html
+    # each size says what it compares at: a fixed budget of 2 steps, no threshold
+    assert "Compared at: copy @ d16 L1 H2: equal compute; copy @ d16 L2 H2: equal compute" in html
     results = pd.read_csv(report.results_csv)
     assert set(results["task"].dropna()) == {"copy"}  # the tidy task column is not relabelled
 

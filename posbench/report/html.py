@@ -545,9 +545,11 @@ def _scale_section(results: pd.DataFrame, colours: dict[str, str]) -> dict[str, 
                 ],
             }
         )
+    kinds = comparison_kind(sized_tasks(results[results["task"].isin(tasks)]))
     return {
         "sizes": len(size_names),
         "size_names": size_names,
+        "compared_at": [f"{task}: {kind}" for task, kind in sorted(kinds.items())],
         "scored_by": " or ".join(sorted(set(scores["scored_by"]))) or "its headline metric",
         "sentences": [v.sentence() for v in scale.scale_verdicts(taus, scores, tasks)],
         "ranks": rows,
