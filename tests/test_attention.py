@@ -95,6 +95,10 @@ def test_band_attention_matches_the_dense_bias(
         ("deberta", {"span": 4}),
         ("deberta", {"span": 12, "position_buckets": 4}),
         ("alibi", {}),
+        ("kerple_log", {}),  # a learned dense bias: its gradient from the fused backward
+        ("kerple_power", {}),
+        ("fire", {}),
+        ("txl", {"clamp_len": 32}),  # a bias formed from q
         ("t5", {"num_buckets": 8, "max_distance": 8, "randomize_positions": 512}),  # drawn
         ("deberta", {"span": 4, "randomize_positions": 512}),
         ("deberta", {"span": 12, "position_buckets": 4, "randomize_positions": 512}),

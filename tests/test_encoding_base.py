@@ -7,7 +7,7 @@ import torch
 
 import posbench
 from posbench.encodings.base import AttentionShape, PositionalEncoding, Span
-from posbench.kernels.bias_types import toeplitz
+from posbench.kernels.bias_types import diagonal_sums, toeplitz
 
 
 @pytest.mark.parametrize("q_len,k_len", [(1, 1), (3, 7), (5, 5), (6, 2)])
@@ -18,6 +18,19 @@ def test_toeplitz_values_and_gradient(q_len: int, k_len: int) -> None:
         for b in range(k_len):
             assert torch.equal(out[:, a, b], values[:, a - b + k_len - 1])
     assert torch.autograd.gradcheck(lambda v: toeplitz(v, q_len, k_len), (values,))
+
+
+@pytest.mark.parametrize("q_len,k_len", [(1, 1), (3, 7), (10, 4), (11, 11)])
+def test_diagonal_sums_add_each_diagonal_over_blocks_of_rows(
+    q_len: int, k_len: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Block by block (4 rows, a ragged last block) equals summing each diagonal directly."""
+    monkeypatch.setattr("posbench.kernels.bias_types.DIAGONAL_ROWS", 4)
+    matrix = torch.randn(2, 3, q_len, k_len, dtype=torch.float64)
+    expected = torch.stack(
+        [matrix.diagonal(offset, -2, -1).sum(-1) for offset in range(k_len - 1, -q_len, -1)], -1
+    )  # offset b - a from k_len - 1 down: a - b ascending
+    assert torch.allclose(diagonal_sums(matrix), expected)
 
 
 def test_distance_tables_grow_by_doubling_and_index_correctly() -> None:

@@ -32,7 +32,7 @@ class FIRE(PositionalEncoding):
     cost_note = (
         "an MLP runs per distance below the threshold; past it each row is assembled per "
         "distance from the hidden units' switching points; the learned (H, L, L) bias is "
-        "dense, so attention forms its (B, H, L, L) gradient"
+        "dense, so attention forms its gradient at every pair in the backward pass"
     )
     #: The MLP's output bias adds one constant per head to every logit, which softmax ignores.
     gradient_free = ("mlp.2.bias",)

@@ -27,8 +27,8 @@ class _Kerple(PositionalEncoding):
 
     relative = True
     cost_note = (
-        "the learned bias never saturates, so attention takes it dense (H, L, L) and its "
-        "(B, H, L, L) gradient is formed in the backward pass (the kernel itself runs per distance)"
+        "the learned bias never saturates, so attention takes it dense (H, L, L) and forms its "
+        "gradient at every pair in the backward pass (the kernel itself runs per distance)"
     )
     #: The bias of each distance (...,) for every head, (H, ...): each kernel's own formula.
     kernel: Callable[[Tensor], Tensor]

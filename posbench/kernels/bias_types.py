@@ -118,16 +118,26 @@ class _Toeplitz(torch.autograd.Function):
         return diagonal_sums(grad), None, None
 
 
+#: Query rows per block when summing diagonals: a block's padded copy stays in cache (measured
+#: on (1, 4, 2048, 2048): 86 ms in one piece, 13 ms in blocks of 64 rows, 15 ms of 32, 24 of 256).
+DIAGONAL_ROWS = 64
+
+
 def diagonal_sums(matrix: Tensor) -> Tensor:
     """Sums of (..., Lq, Lk) along its diagonals, (..., Lq + Lk - 1), ordered by a - b
     ascending (index (a - b) + Lk - 1): the adjoint of ``toeplitz``, with a skew view instead
-    of scattering Lq * Lk entries."""
+    of scattering Lq * Lk entries, a block of query rows at a time."""
     q_len, k_len = matrix.shape[-2:]
-    width = q_len + k_len - 1
-    # flipping the keys puts pair (a, b) in column (a - b) + k_len - 1 of a skewed view
-    padded = torch.nn.functional.pad(matrix.flip(-1), (0, q_len))  # (..., Lq, Lk + Lq)
-    skewed = padded.flatten(-2)[..., : q_len * width].unflatten(-1, (q_len, width))
-    return skewed.sum(-2)
+    sums = matrix.new_zeros(*matrix.shape[:-2], q_len + k_len - 1)
+    for r0 in range(0, q_len, DIAGONAL_ROWS):
+        block = matrix[..., r0 : r0 + DIAGONAL_ROWS, :]  # rows a = r0 + a'
+        rows = block.shape[-2]
+        width = rows + k_len - 1
+        # flipping the keys puts pair (a', b) in column (a' - b) + k_len - 1 of a skewed view
+        padded = torch.nn.functional.pad(block.flip(-1), (0, rows))  # (..., rows, Lk + rows)
+        skewed = padded.flatten(-2)[..., : rows * width].unflatten(-1, (rows, width))
+        sums[..., r0 : r0 + width] += skewed.sum(-2)  # a - b = (a' - b) + r0
+    return sums
 
 
 def toeplitz(values: Tensor, q_len: int, k_len: int) -> Tensor:

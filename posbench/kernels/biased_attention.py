@@ -5,9 +5,10 @@ position terms, KERPLE), kept on the CPU flash kernel with its causal block skip
 mask that requires grad to its math path, which materialises every intermediate (about 4x the
 cost of causal flash attention at L=1024 on a 2-core CPU). The CPU flash kernel itself accepts
 both: here the forward pass runs it with the bias as a plain float mask and ``is_causal`` set,
-so blocks above the diagonal are skipped, and the backward pass runs the flash backward for q,
-k and v and, when the bias needs a gradient, forms dS = P * (dP - rowsum(dO * O)) one block
-of query rows at a time, P = exp(S - logsumexp), over the keys those rows can see. A
+so blocks above the diagonal are skipped. The backward pass runs the flash backward when the
+bias is fixed; when the bias needs a gradient (a learned bias, or one formed from q), it forms
+P = exp(S - logsumexp) and dS = P * (dP - rowsum(dO * O)) one block of query rows at a time,
+over the keys those rows can see, and reads dq, dk, dv and dbias off them in the same pass. A
 BandBias (T5, DeBERTa) goes to posbench.kernels.band_attention instead, a RowBlockBias (CoPE)
 to posbench.kernels.row_block_attention."""
 
@@ -26,24 +27,33 @@ FLASH_MIN_PAIRS = 128 * 128
 ROW_BLOCK = 64
 
 
-def _bias_gradient(
+def _backward_with_bias_gradient(
     saved: tuple[Tensor, ...], grad_out: Tensor, scale: float, causal_mask: Tensor | None
-) -> Tensor:
-    """dL/dbias for a bias (Bb, Hb, L, Lk) broadcast against (B, H, L, Lk): dS one block of
-    query rows at a time. With the kernel's causal masking (causal_mask (L, L)) only the keys
-    each block sees; otherwise every key, masked ones already -inf in the bias."""
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """(dq, dk, dv, dbias) for a bias (Bb, Hb, L, Lk) broadcast against (B, H, L, Lk), one
+    block of query rows at a time. The bias gradient needs dS = P * (dP - rowsum(dO * O)) at
+    every pair, which the flash backward forms but does not return; forming it here once and
+    reading dq, dk and dv off the same P and dS costs less than the flash backward plus a
+    second pass for dS. With the kernel's causal masking (causal_mask (L, L)) a block reads
+    only the keys it sees; otherwise every key, masked ones already -inf in the bias."""
     q, k, v, bias, out, lse = saved
     q_len, k_len = q.shape[2], k.shape[2]
     delta = (grad_out * out).sum(-1, keepdim=True)  # (B, H, Lq, 1)
+    dq = torch.empty_like(q)  # every row block written
+    dk, dv = torch.zeros_like(k), torch.zeros_like(v)  # accumulated over row blocks
     dbias = torch.empty(bias.shape, dtype=bias.dtype, device=bias.device)  # every entry written
     reduce = [dim for dim in (0, 1) if bias.shape[dim] == 1]
     future = None if causal_mask is None else ~causal_mask  # (L, L)
     for r0 in range(0, q_len, ROW_BLOCK):
         r1 = min(r0 + ROW_BLOCK, q_len)
         keys = k_len if future is None else r1
-        scores = torch.matmul(q[:, :, r0:r1], k[:, :, :keys].transpose(-1, -2)).mul_(
-            scale
-        )  # (B, H, rows, keys)
+        q_rows, k_seen, v_seen, grad_rows = (
+            q[:, :, r0:r1],
+            k[:, :, :keys],
+            v[:, :, :keys],
+            grad_out[:, :, r0:r1],
+        )
+        scores = torch.matmul(q_rows, k_seen.transpose(-1, -2)).mul_(scale)  # (B, H, rows, keys)
         scores += bias[:, :, r0:r1, :keys]
         if future is not None:  # the kernel's own masking left the bias unmasked above the diagonal
             # square scores: the future keys of rows r0..r1-1 all lie in columns r0..r1-1
@@ -51,11 +61,14 @@ def _bias_gradient(
         probs = (
             scores.sub_(lse[:, :, r0:r1, None]).clamp_(min=EXP_FLOOR).exp_()
         )  # masked: exp(-87) ~ 0
-        dprobs = torch.matmul(grad_out[:, :, r0:r1], v[:, :, :keys].transpose(-1, -2))
+        dv[:, :, :keys] += torch.matmul(probs.transpose(-1, -2), grad_rows)  # (B, H, keys, dv)
+        dprobs = torch.matmul(grad_rows, v_seen.transpose(-1, -2))  # (B, H, rows, keys)
         ds = probs.mul_(dprobs.sub_(delta[:, :, r0:r1]))  # dS = P * (dP - rowsum(dO * O))
+        dq[:, :, r0:r1] = torch.matmul(ds, k_seen).mul_(scale)
+        dk[:, :, :keys] += torch.matmul(ds.transpose(-1, -2), q_rows).mul_(scale)
         dbias[:, :, r0:r1, :keys] = ds.sum(reduce, keepdim=True) if reduce else ds
         dbias[:, :, r0:r1, keys:] = 0.0  # keys the block never sees
-    return dbias
+    return dq, dk, dv, dbias
 
 
 class _FlashBiasedAttention(torch.autograd.Function):
@@ -81,16 +94,16 @@ class _FlashBiasedAttention(torch.autograd.Function):
     def backward(ctx, grad_out: Tensor):  # type: ignore[override]
         grad_out = grad_out.contiguous()
         saved = ctx.saved_tensors
+        if ctx.needs_input_grad[3]:
+            dq, dk, dv, dbias = _backward_with_bias_gradient(
+                saved, grad_out, ctx.scale, ctx.causal_mask
+            )
+            return dq, dk, dv, dbias, None, None
         q, k, v, mask, out, lse = saved
         dq, dk, dv = flash_ops.backward(
             grad_out, q, k, v, out, lse, ctx.causal_mask is not None, mask, ctx.scale
         )
-        dbias = (
-            _bias_gradient(saved, grad_out, ctx.scale, ctx.causal_mask)
-            if ctx.needs_input_grad[3]
-            else None
-        )
-        return dq, dk, dv, dbias, None, None
+        return dq, dk, dv, None, None, None
 
 
 def biased_attention(
