@@ -4,6 +4,7 @@ parameter count, tables keep sizes apart, and the scale section says whether the
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import re
 from pathlib import Path
@@ -11,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from markupsafe import escape
 from helpers import invoke, one_sentence_error, tidy, tiny_sweep, write_config
 from posbench.errors import ConfigError, PosbenchError
 from posbench.experiment.config import (
@@ -20,7 +22,8 @@ from posbench.experiment.config import (
     model_sizes,
 )
 from posbench.experiment.runner import resolve_sweep, run_sweep
-from posbench.report.html import build_report
+from posbench.report.html import REPORT_RECORD, build_report
+from posbench.report.index import build_index
 from posbench.report.scale import (
     ranks_by_size,
     scale_scores,
@@ -119,6 +122,11 @@ def test_a_sweep_of_two_sizes_stores_both_and_reports_them_apart(tmp_path: Path)
     assert "Compared at: copy @ d16 L1 H2: equal compute; copy @ d16 L2 H2: equal compute" in html
     results = pd.read_csv(report.results_csv)
     assert set(results["task"].dropna()) == {"copy"}  # the tidy task column is not relabelled
+    # the front page reads the task's sentence from the report's record
+    (sentence,) = json.loads((report.out_dir / REPORT_RECORD).read_text())["scale"]
+    shown = str(escape(sentence))  # as the pages' templates escape it
+    assert sentence.startswith("copy: ") and shown in html
+    assert f"<th>across sizes</th><td>{shown}</td>" in build_index(tmp_path).read_text()
 
 
 def _scores(order_small: list[str], order_large: list[str], spread: float) -> pd.DataFrame:

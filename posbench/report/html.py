@@ -582,10 +582,12 @@ def _report_record(
     config: dict[str, Any],
     failures: list[dict[str, str]],
     missing: list[str],
+    scale_sentences: list[str],
 ) -> dict[str, Any]:
     """The report's name and purpose, when it was built and from which code, how much compute
-    its runs took, and its headline (effective lengths, mean reciprocal ranks), so an index
-    of reports needs no results of its own."""
+    its runs took, and its headline (effective lengths, mean reciprocal ranks, and for a sweep
+    of several model sizes whether the ranking holds between them), so an index of reports
+    needs no results of its own."""
     # the runs whose numbers the report holds: collect() already checked them whole
     read = sorted(set(frame["run_id"].dropna()))
     commits, versions, seconds = set(), set(), 0.0
@@ -630,6 +632,7 @@ def _report_record(
             }
             for r in cross_task_ranking(frame).to_dict("records")
         ],
+        "scale": scale_sentences,
     }
 
 
@@ -870,7 +873,8 @@ def build_report(sweep_dir: Path, out_dir: Path, linked: Collection[str] = ()) -
         "differences": list(config.get("differences", [])),
         "scale": _scale_section(results, colours),
     }
-    record = _report_record(sweep_dir, out_dir, frame, config, failures, missing)
+    scale_sentences = context["scale"]["sentences"] if context["scale"] else []
+    record = _report_record(sweep_dir, out_dir, frame, config, failures, missing, scale_sentences)
     figures = _figure_files(context, linked)
     links = {figures[name]: f"{FIGURES_DIR}/{name}.png" for name in linked}
     env = Environment(

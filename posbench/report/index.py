@@ -1,6 +1,7 @@
 """The front page of a folder of reports: one self-contained index.html that links every report
-in it with its purpose, headline (effective lengths, mean reciprocal rank), when and from which
-code it was built, and how much compute its runs took, read from each report's report.json."""
+in it with its purpose, headline (effective lengths, mean reciprocal rank, and whether the
+ranking holds across model sizes), when and from which code it was built, and how much compute
+its runs took, read from each report's report.json."""
 
 from __future__ import annotations
 
