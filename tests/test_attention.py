@@ -10,13 +10,36 @@ import torch.nn.functional as F
 import posbench
 
 from posbench.kernels.biased_attention import biased_attention
-from posbench.encodings import BandBias
+from posbench.encodings import BandBias, ToeplitzBias
 
 
 def _mask(kind: str, q_len: int, k_len: int) -> torch.Tensor | None:
     if kind == "none":
         return None
     return torch.ones(q_len, k_len, dtype=torch.bool).tril(k_len - q_len)
+
+
+def _math_path(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    dense: torch.Tensor,
+    mask: torch.Tensor | None,
+    inputs: tuple[torch.Tensor, ...],
+    grad: torch.Tensor,
+) -> tuple[torch.Tensor, ...]:
+    """SDPA's math path on the dense bias, masked: its output, then the gradients of `inputs`."""
+    if mask is not None:
+        dense = dense.masked_fill(~mask, float("-inf"))
+    with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.MATH):
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=dense, scale=0.3)
+    return (out, *torch.autograd.grad(out, inputs, grad))
+
+
+def _assert_close(ours: tuple, reference: tuple, names: list[str]) -> None:
+    assert len(ours) == len(reference) == len(names)
+    for name, a, b in zip(names, ours, reference):
+        assert torch.allclose(a, b, atol=1e-5), name
 
 
 @pytest.mark.parametrize("bias_shape", [(1, 3), (2, 3), (1, 1), ()])
@@ -46,16 +69,36 @@ def test_biased_attention_matches_sdpa_math(
     out = biased_attention(q, k, v, bias, 0.3, mask)
     inputs = (q, k, v, bias) if bias_grad else (q, k, v)
     grad = torch.randn_like(out)
-    ours = torch.autograd.grad(out, inputs, grad)
-    reference_bias = bias if mask is None else bias.masked_fill(~mask, float("-inf"))
-    with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.MATH):
-        reference_out = F.scaled_dot_product_attention(q, k, v, attn_mask=reference_bias, scale=0.3)
-    reference = torch.autograd.grad(reference_out, inputs, grad)
-    assert torch.allclose(out, reference_out, atol=1e-5)
-    for name, a, b in zip("qkvb", ours, reference):
-        assert torch.allclose(a, b, atol=1e-5), name
+    reference = _math_path(q, k, v, bias, mask, inputs, grad)
+    names = ["out", "q", "k", "v", "bias"][: len(reference)]
+    _assert_close((out, *torch.autograd.grad(out, inputs, grad)), reference, names)
     with torch.no_grad():
-        assert torch.allclose(biased_attention(q, k, v, bias, 0.3, mask), reference_out, atol=1e-5)
+        assert torch.allclose(biased_attention(q, k, v, bias, 0.3, mask), reference[0], atol=1e-5)
+
+
+@pytest.mark.parametrize("heads", [3, 1])
+@pytest.mark.parametrize(
+    "mask_kind, q_len, k_len", [("causal", 11, 11), ("none", 11, 11), ("causal", 5, 11)]
+)
+def test_toeplitz_bias_gradient_is_summed_per_distance(
+    heads: int, mask_kind: str, q_len: int, k_len: int, monkeypatch
+) -> None:
+    """A ToeplitzBias's values get, from the blocks of query rows, the gradient that SDPA's
+    math path gives them through the dense matrix (causal, bidirectional, and a cache's
+    rectangle, which takes the dense path)."""
+    monkeypatch.setattr("posbench.kernels.biased_attention.FLASH_MIN_PAIRS", 1)
+    monkeypatch.setattr("posbench.kernels.biased_attention.ROW_BLOCK", 4)  # a ragged last block
+    torch.manual_seed(0)
+    q = torch.randn(2, 3, q_len, 8, requires_grad=True)
+    k, v = (torch.randn(2, 3, k_len, 8, requires_grad=True) for _ in range(2))
+    values = (3 * torch.randn(heads, q_len + k_len - 1)).requires_grad_(True)
+    mask = _mask(mask_kind, q_len, k_len)
+    bias = ToeplitzBias(values, q_len, k_len)
+    out = biased_attention(q, k, v, bias, 0.3, mask)
+    grad = torch.randn_like(out)
+    reference = _math_path(q, k, v, bias.dense(), mask, (q, k, v, values), grad)
+    ours = (out, *torch.autograd.grad(out, (q, k, v, values), grad))
+    _assert_close(ours, reference, ["out", "q", "k", "v", "values"])
 
 
 @pytest.mark.parametrize(
@@ -76,16 +119,11 @@ def test_band_attention_matches_the_dense_bias(
     mask = _mask("causal", L, L)
     out = biased_attention(q, k, v, bias, 0.3, mask)
     grad = torch.randn_like(out)
-    ours = torch.autograd.grad(out, (q, k, v, band), grad)
-    dense = bias.dense(L).masked_fill(~mask, float("-inf"))
-    with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.MATH):
-        reference_out = F.scaled_dot_product_attention(q, k, v, attn_mask=dense, scale=0.3)
-    reference = torch.autograd.grad(reference_out, (q, k, v, band), grad)
-    assert torch.allclose(out, reference_out, atol=1e-5)
-    for name, a, b in zip(["q", "k", "v", "band"], ours, reference):
-        assert torch.allclose(a, b, atol=1e-5), name
+    reference = _math_path(q, k, v, bias.dense(L), mask, (q, k, v, band), grad)
+    ours = (out, *torch.autograd.grad(out, (q, k, v, band), grad))
+    _assert_close(ours, reference, ["out", "q", "k", "v", "band"])
     with torch.no_grad():
-        assert torch.allclose(biased_attention(q, k, v, bias, 0.3, mask), reference_out, atol=1e-5)
+        assert torch.allclose(biased_attention(q, k, v, bias, 0.3, mask), reference[0], atol=1e-5)
 
 
 @pytest.mark.parametrize(

@@ -12,7 +12,7 @@ from torch import Tensor
 from posbench import create_encoding
 from posbench.encodings.alibi import alibi_slopes
 from posbench.encodings.base import LayerContext, Span
-from posbench.kernels.bias_types import BandBias
+from posbench.kernels.bias_types import BandBias, dense_bias
 from posbench.encodings.deberta import log_bucket_position
 from posbench.encodings.t5 import t5_bucket
 from posbench.errors import OptionError
@@ -408,15 +408,17 @@ def test_kerple_bias_matches_the_reference(kind: str) -> None:
     with torch.no_grad():
         enc.a.copy_(torch.tensor([0.5, 0.001, 0.9, 0.2]))  # one below the clamp
         enc.p.copy_(torch.tensor([1.5, 0.3, 2.7, 0.005]))  # one above 2, one below the clamp
-    bias = enc.position_bias(
-        Span(0, 9), Span(0, 9), LayerContext(0, None, None), torch.device("cpu")
+    bias = dense_bias(
+        enc.position_bias(Span(0, 9), Span(0, 9), LayerContext(0, None, None), torch.device("cpu")),
+        9,
     )
     expected = _kerple_reference(kind, enc.a.detach(), enc.p.detach(), 9)
     mask = torch.ones(9, 9, dtype=torch.bool).tril()
     assert torch.allclose(bias[:, mask], expected[:, mask], atol=1e-6)
     # through a cache: the last 3 queries against all 9 keys read the same rows
-    tail = enc.position_bias(
-        Span(6, 9), Span(0, 9), LayerContext(0, None, None), torch.device("cpu")
+    tail = dense_bias(
+        enc.position_bias(Span(6, 9), Span(0, 9), LayerContext(0, None, None), torch.device("cpu")),
+        3,
     )
     assert torch.allclose(tail[:, mask[6:]], expected[:, 6:][:, mask[6:]], atol=1e-6)
 

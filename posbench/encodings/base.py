@@ -32,7 +32,7 @@ from torch import Tensor, nn
 from posbench.encodings.positions import RandomPositions, Span
 from posbench.encodings.tables import PositionTables
 from posbench.errors import PositionOutOfRangeError
-from posbench.kernels.bias_types import BandBias, Scores, dense_bias
+from posbench.kernels.bias_types import BandBias, Scores, ToeplitzBias, dense_bias
 
 
 @dataclass(frozen=True)
@@ -174,7 +174,7 @@ class PositionalEncoding(PositionTables, nn.Module):
 
     def position_bias(
         self, q_span: Span, k_span: Span, layer: LayerContext, device: torch.device
-    ) -> Tensor | BandBias | None:
+    ) -> Tensor | ToeplitzBias | BandBias | None:
         """A bias (H, Lq, Lk) that depends on positions only (and on the layer, for per-layer
         tables), or None."""
         return None

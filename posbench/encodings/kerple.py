@@ -11,7 +11,7 @@ from torch import Tensor, nn
 
 from posbench.encodings.base import AttentionShape, LayerContext, PositionalEncoding, Span
 from posbench.encodings.registry import register_encoding
-from posbench.kernels.bias_types import toeplitz
+from posbench.kernels.bias_types import ToeplitzBias
 from posbench.validation import Range
 
 #: The reference clamps both parameters of each head to at least this.
@@ -27,8 +27,9 @@ class _Kerple(PositionalEncoding):
 
     relative = True
     cost_note = (
-        "the learned bias never saturates, so attention takes it dense (H, L, L) and forms its "
-        "gradient at every pair in the backward pass (the kernel itself runs per distance)"
+        "the learned bias never saturates, so the flash kernel reads it dense (H, L, L) and the "
+        "backward pass forms dS at every pair, summing it per distance block by block (the "
+        "kernel itself runs per distance)"
     )
     #: The bias of each distance (...,) for every head, (H, ...): each kernel's own formula.
     kernel: Callable[[Tensor], Tensor]
@@ -53,13 +54,13 @@ class _Kerple(PositionalEncoding):
 
     def position_bias(
         self, q_span: Span, k_span: Span, layer: LayerContext, device: torch.device
-    ) -> Tensor:
+    ) -> Tensor | ToeplitzBias:
         if not (q_span.contiguous and k_span.contiguous):  # drawn positions: not Toeplitz
             return self.kernel(self.distances(self.relative_positions(q_span, k_span, device)))
         # a function of i - j alone: once per distance, nearest (most negative) to farthest
         lo, hi = q_span.first - k_span.last, q_span.last - k_span.first
         per_distance = self.distance_bias(lo, hi, layer, device)
-        return toeplitz(per_distance, len(q_span), len(k_span))  # (H, Lq, Lk)
+        return ToeplitzBias(per_distance, len(q_span), len(k_span))  # (H, Lq, Lk)
 
     def distance_bias(self, lo: int, hi: int, layer: LayerContext, device: torch.device) -> Tensor:
         return self.kernel(self.distances(torch.arange(lo, hi + 1, device=device)))  # (H, n)

@@ -1,10 +1,11 @@
 """What an encoding hands attention: the scores' inputs and the bias types the kernels take.
 
-A bias is a tensor broadcastable to (B, H, Lq, Lk), a :class:`BandBias` (a causal band of W
-keys plus a row constant), which the band kernel runs in O(L * W) memory, or a
-:class:`RowBlockBias` (formed a block of query rows at a time, for a bias that depends on
-content everywhere), which attention never holds whole. Toeplitz
-expansion of per-distance values, with a backward pass that sums diagonals, lives here too.
+A bias is a tensor broadcastable to (B, H, Lq, Lk), a :class:`ToeplitzBias` (learned values
+per distance i - j, whose gradient attention sums per distance without the (H, Lq, Lk) matrix),
+a :class:`BandBias` (a causal band of W keys plus a row constant), which the band kernel runs in
+O(L * W) memory, or a :class:`RowBlockBias` (formed a block of query rows at a time, for a bias
+that depends on content everywhere), which attention never holds whole. Toeplitz expansion of
+per-distance values, with a backward pass that sums diagonals, lives here too.
 """
 
 from __future__ import annotations
@@ -22,13 +23,31 @@ class Scores:
 
     q: Tensor  # (B, H, Lq, d')
     k: Tensor  # (B, H, Lk, d')
-    bias: Tensor | BandBias | RowBlockBias | None  # (B, H, Lq, Lk), on the scaled-logit scale
+    bias: Tensor | ToeplitzBias | BandBias | RowBlockBias | None  # (B, H, Lq, Lk), scaled logits
     scale: float
 
     def logits(self) -> Tensor:
         """The dense pre-mask logits (B, H, Lq, Lk); for tests and pictures, not the hot path."""
         logits = self.scale * self.q @ self.k.transpose(-1, -2)
         return logits if self.bias is None else logits + dense_bias(self.bias, self.q.shape[-2])
+
+
+@dataclass
+class ToeplitzBias:
+    """A bias that is a function of the head and i - j alone, given once per distance:
+    bias[h, a, b] = values[h, (a - b) + Lk - 1] for query row a and key b (KERPLE's kernels).
+    Attention hands the flash kernel the dense matrix as its mask, which is no more than a
+    dense bias costs, but sums the bias gradient along the diagonals a block of query rows at
+    a time (posbench.kernels.biased_attention), never writing the (H, Lq, Lk) gradient and
+    summing it again."""
+
+    values: Tensor  # (H|1, Lq + Lk - 1), ordered by i - j ascending
+    q_len: int
+    k_len: int
+
+    def dense(self, length: int | None = None) -> Tensor:
+        """The (H|1, Lq, Lk) matrix, differentiable in the values."""
+        return toeplitz(self.values, self.q_len, self.k_len)
 
 
 @dataclass
@@ -93,9 +112,9 @@ class RowBlockBias:
         return self.rows(0, self.q_len, self.k_len, None)
 
 
-def dense_bias(bias: Tensor | BandBias | RowBlockBias, length: int) -> Tensor:
+def dense_bias(bias: Tensor | ToeplitzBias | BandBias | RowBlockBias, length: int) -> Tensor:
     """A bias as a tensor broadcastable to (B, H, Lq, Lk); ``length`` is L for a BandBias."""
-    return bias.dense(length) if isinstance(bias, (BandBias, RowBlockBias)) else bias
+    return bias.dense(length) if isinstance(bias, (ToeplitzBias, BandBias, RowBlockBias)) else bias
 
 
 class _Toeplitz(torch.autograd.Function):

@@ -8,9 +8,11 @@ both: here the forward pass runs it with the bias as a plain float mask and ``is
 so blocks above the diagonal are skipped. The backward pass runs the flash backward when the
 bias is fixed; when the bias needs a gradient (a learned bias, or one formed from q), it forms
 P = exp(S - logsumexp) and dS = P * (dP - rowsum(dO * O)) one block of query rows at a time,
-over the keys those rows can see, and reads dq, dk, dv and dbias off them in the same pass. A
-BandBias (T5, DeBERTa) goes to posbench.kernels.band_attention instead, a RowBlockBias (CoPE)
-to posbench.kernels.row_block_attention."""
+over the keys those rows can see, and reads dq, dk, dv and dbias off them in the same pass; for
+a ToeplitzBias (KERPLE) it sums each block's dS along its diagonals there and then, so the
+gradient is per distance and the (H, L, L) one is never written. A BandBias (T5, DeBERTa) goes
+to posbench.kernels.band_attention instead, a RowBlockBias (CoPE) to
+posbench.kernels.row_block_attention."""
 
 from __future__ import annotations
 
@@ -20,55 +22,99 @@ from torch import Tensor
 
 from posbench.kernels import flash_ops
 from posbench.kernels.band_attention import EXP_FLOOR, band_attention
-from posbench.kernels.bias_types import BandBias, RowBlockBias
+from posbench.kernels.bias_types import (
+    BandBias,
+    RowBlockBias,
+    ToeplitzBias,
+    diagonal_sums,
+    toeplitz,
+)
 from posbench.kernels.row_block_attention import row_block_attention
 
 FLASH_MIN_PAIRS = 128 * 128
 ROW_BLOCK = 64
 
 
+class _DenseBiasGradient:
+    """The gradient of a bias (Bb, Hb, Lq, Lk) broadcast against (B, H, Lq, Lk), written a
+    block of query rows at a time."""
+
+    def __init__(self, bias: Tensor) -> None:
+        self.grad = torch.empty_like(bias)  # every entry written
+        self.reduce = [dim for dim in (0, 1) if bias.shape[dim] == 1]
+
+    def add(self, r0: int, r1: int, ds: Tensor) -> None:
+        """dS of query rows r0..r1-1 against the keys they see, (B, H, rows, keys)."""
+        keys = ds.shape[-1]
+        self.grad[:, :, r0:r1, :keys] = ds.sum(self.reduce, keepdim=True) if self.reduce else ds
+        self.grad[:, :, r0:r1, keys:] = 0.0  # keys the block never sees
+
+
+class _PerDistanceGradient:
+    """The gradient of a ToeplitzBias's values (Hb, Lq + Lk - 1): each block's dS, summed over
+    the batch, summed along its diagonals into the distances it covers."""
+
+    def __init__(self, values: Tensor, k_len: int) -> None:
+        self.grad = torch.zeros_like(values)
+        self.k_len = k_len
+        self.reduce = [0] if values.shape[0] > 1 else [0, 1]
+
+    def add(self, r0: int, r1: int, ds: Tensor) -> None:
+        """dS of query rows r0..r1-1 against the keys 0..keys-1 they see, (B, H, rows, keys)."""
+        keys = ds.shape[-1]
+        block = ds.sum(self.reduce).reshape(-1, r1 - r0, keys)  # (Hb, rows, keys)
+        # the block's diagonals a' - b = -(keys - 1) .. rows - 1 are i - j = that + r0
+        start = r0 + self.k_len - keys
+        self.grad[:, start : start + r1 - r0 + keys - 1] += diagonal_sums(block)
+
+
 def _backward_with_bias_gradient(
-    saved: tuple[Tensor, ...], grad_out: Tensor, scale: float, causal_mask: Tensor | None
+    saved: tuple[Tensor, ...],
+    grad_out: Tensor,
+    scale: float,
+    causal_mask: Tensor | None,
+    bias_grad: _DenseBiasGradient | _PerDistanceGradient,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """(dq, dk, dv, dbias) for a bias (Bb, Hb, L, Lk) broadcast against (B, H, L, Lk), one
-    block of query rows at a time. The bias gradient needs dS = P * (dP - rowsum(dO * O)) at
-    every pair, which the flash backward forms but does not return; forming it here once and
-    reading dq, dk and dv off the same P and dS costs less than the flash backward plus a
-    second pass for dS. With the kernel's causal masking (causal_mask (L, L)) a block reads
-    only the keys it sees; otherwise every key, masked ones already -inf in the bias."""
+    """(dq, dk, dv, dbias) for a bias broadcast against (B, H, L, Lk), one block of query rows
+    at a time; ``bias_grad`` receives each block's dS and gives dbias in the bias's own form.
+    The bias gradient needs dS = P * (dP - rowsum(dO * O)) at every pair, which the flash
+    backward forms but does not return; forming it here once and reading dq, dk and dv off the
+    same P and dS costs less than the flash backward plus a second pass for dS. With the
+    kernel's causal masking (causal_mask (L, L)) a block reads only the keys it sees;
+    otherwise every key, masked ones already -inf in the bias."""
     q, k, v, bias, out, lse = saved
     q_len, k_len = q.shape[2], k.shape[2]
     delta = (grad_out * out).sum(-1, keepdim=True)  # (B, H, Lq, 1)
+    # one more column each lets the GEMMs subtract logsumexp and delta themselves:
+    # [scale q, -lse] . [k, 1] = scale q . k - lse and [dO, -delta] . [v, 1] = dP - delta
+    q_lse = torch.cat([q * scale, -lse[..., None]], -1)  # (B, H, Lq, d + 1)
+    k_one = torch.cat([k, k.new_ones(*k.shape[:-1], 1)], -1)  # (B, H, Lk, d + 1)
+    grad_delta = torch.cat([grad_out, -delta], -1)  # (B, H, Lq, dv + 1)
+    v_one = torch.cat([v, v.new_ones(*v.shape[:-1], 1)], -1)  # (B, H, Lk, dv + 1)
     dq = torch.empty_like(q)  # every row block written
     dk, dv = torch.zeros_like(k), torch.zeros_like(v)  # accumulated over row blocks
-    dbias = torch.empty(bias.shape, dtype=bias.dtype, device=bias.device)  # every entry written
-    reduce = [dim for dim in (0, 1) if bias.shape[dim] == 1]
     future = None if causal_mask is None else ~causal_mask  # (L, L)
     for r0 in range(0, q_len, ROW_BLOCK):
         r1 = min(r0 + ROW_BLOCK, q_len)
         keys = k_len if future is None else r1
-        q_rows, k_seen, v_seen, grad_rows = (
-            q[:, :, r0:r1],
-            k[:, :, :keys],
-            v[:, :, :keys],
-            grad_out[:, :, r0:r1],
-        )
-        scores = torch.matmul(q_rows, k_seen.transpose(-1, -2)).mul_(scale)  # (B, H, rows, keys)
+        scores = torch.matmul(
+            q_lse[:, :, r0:r1], k_one[:, :, :keys].transpose(-1, -2)
+        )  # (B, H, rows, keys): scale q . k - lse
         scores += bias[:, :, r0:r1, :keys]
         if future is not None:  # the kernel's own masking left the bias unmasked above the diagonal
             # square scores: the future keys of rows r0..r1-1 all lie in columns r0..r1-1
             scores[..., r0:].masked_fill_(future[r0:r1, r0:keys], float("-inf"))
-        probs = (
-            scores.sub_(lse[:, :, r0:r1, None]).clamp_(min=EXP_FLOOR).exp_()
-        )  # masked: exp(-87) ~ 0
+        probs = scores.clamp_(min=EXP_FLOOR).exp_()  # masked: exp(-87) ~ 0
+        grad_rows = grad_out[:, :, r0:r1]
         dv[:, :, :keys] += torch.matmul(probs.transpose(-1, -2), grad_rows)  # (B, H, keys, dv)
-        dprobs = torch.matmul(grad_rows, v_seen.transpose(-1, -2))  # (B, H, rows, keys)
-        ds = probs.mul_(dprobs.sub_(delta[:, :, r0:r1]))  # dS = P * (dP - rowsum(dO * O))
-        dq[:, :, r0:r1] = torch.matmul(ds, k_seen).mul_(scale)
-        dk[:, :, :keys] += torch.matmul(ds.transpose(-1, -2), q_rows).mul_(scale)
-        dbias[:, :, r0:r1, :keys] = ds.sum(reduce, keepdim=True) if reduce else ds
-        dbias[:, :, r0:r1, keys:] = 0.0  # keys the block never sees
-    return dq, dk, dv, dbias
+        dprobs = torch.matmul(
+            grad_delta[:, :, r0:r1], v_one[:, :, :keys].transpose(-1, -2)
+        )  # (B, H, rows, keys): dP - rowsum(dO * O)
+        ds = probs.mul_(dprobs)  # dS = P * (dP - rowsum(dO * O))
+        dq[:, :, r0:r1] = torch.matmul(ds, k[:, :, :keys]).mul_(scale)
+        dk[:, :, :keys] += torch.matmul(ds.transpose(-1, -2), q[:, :, r0:r1]).mul_(scale)
+        bias_grad.add(r0, r1, ds)
+    return dq, dk, dv, bias_grad.grad
 
 
 class _FlashBiasedAttention(torch.autograd.Function):
@@ -81,13 +127,19 @@ class _FlashBiasedAttention(torch.autograd.Function):
         bias: Tensor,
         scale: float,  # type: ignore[override]
         causal_mask: Tensor | None,
+        toeplitz_shape: tuple[int, int] | None,
     ) -> Tensor:
         """causal_mask (L, L) for square scores the kernel masks itself, else None (any
-        masking is already -inf in the bias)."""
-        mask = bias.detach()
+        masking is already -inf in the bias). bias is the dense bias, or with toeplitz_shape
+        (Lq, Lk) a ToeplitzBias's values (Hb, Lq + Lk - 1)."""
+        if toeplitz_shape is None:
+            mask = bias.detach()
+        else:
+            mask = toeplitz(bias.detach(), *toeplitz_shape)[None]  # (1, Hb, Lq, Lk)
         out, lse = flash_ops.forward(q, k, v, causal_mask is not None, mask, scale)
         ctx.save_for_backward(q, k, v, mask, out, lse)
         ctx.scale, ctx.causal_mask = scale, causal_mask
+        ctx.values = bias.detach() if toeplitz_shape is not None else None
         return out
 
     @staticmethod
@@ -95,22 +147,28 @@ class _FlashBiasedAttention(torch.autograd.Function):
         grad_out = grad_out.contiguous()
         saved = ctx.saved_tensors
         if ctx.needs_input_grad[3]:
-            dq, dk, dv, dbias = _backward_with_bias_gradient(
-                saved, grad_out, ctx.scale, ctx.causal_mask
+            mask, k_len = saved[3], saved[1].shape[2]
+            bias_grad = (
+                _DenseBiasGradient(mask)
+                if ctx.values is None
+                else _PerDistanceGradient(ctx.values, k_len)
             )
-            return dq, dk, dv, dbias, None, None
+            dq, dk, dv, dbias = _backward_with_bias_gradient(
+                saved, grad_out, ctx.scale, ctx.causal_mask, bias_grad
+            )
+            return dq, dk, dv, dbias, None, None, None
         q, k, v, mask, out, lse = saved
         dq, dk, dv = flash_ops.backward(
             grad_out, q, k, v, out, lse, ctx.causal_mask is not None, mask, ctx.scale
         )
-        return dq, dk, dv, None, None, None
+        return dq, dk, dv, None, None, None, None
 
 
 def biased_attention(
     q: Tensor,
     k: Tensor,
     v: Tensor,
-    bias: Tensor | BandBias | RowBlockBias,
+    bias: Tensor | ToeplitzBias | BandBias | RowBlockBias,
     scale: float,
     causal_mask: Tensor | None,
 ) -> Tensor:
@@ -133,6 +191,19 @@ def biased_attention(
         if flash and fused_causal:
             return band_attention(q, k, v, bias.band.to(q.dtype), scale)
         bias = bias.dense(q_len)
+    if isinstance(bias, ToeplitzBias):
+        kernel_masks = causal_mask is None or fused_causal  # nothing left to mask in the bias
+        if flash and kernel_masks and torch.is_grad_enabled() and bias.values.requires_grad:
+            return _FlashBiasedAttention.apply(
+                q.contiguous(),
+                k.contiguous(),
+                v.contiguous(),
+                bias.values.to(q.dtype),
+                scale,
+                causal_mask,
+                (bias.q_len, bias.k_len),
+            )
+        bias = bias.dense()
     bias = bias.to(q.dtype)
     bias = bias.reshape((1,) * (4 - bias.dim()) + tuple(bias.shape)) if bias.dim() < 4 else bias
     if causal_mask is not None and not (flash and fused_causal):
@@ -142,7 +213,7 @@ def biased_attention(
     q, k, v, bias = q.contiguous(), k.contiguous(), v.contiguous(), bias.contiguous()
     if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, bias)):
         return _FlashBiasedAttention.apply(
-            q, k, v, bias, scale, causal_mask if fused_causal else None
+            q, k, v, bias, scale, causal_mask if fused_causal else None, None
         )
     out, _ = flash_ops.forward(q, k, v, fused_causal, bias, scale)
     return out
