@@ -12,6 +12,7 @@ from torch import Tensor, nn
 from posbench.encodings.base import AttentionShape, LayerContext, PositionalEncoding, Span
 from posbench.encodings.registry import register_encoding
 from posbench.kernels.bias_types import RowBlockBias, Scores
+from posbench.kernels.row_block_attention import row_blocks
 from posbench.validation import Range
 
 
@@ -31,8 +32,8 @@ class CoPE(PositionalEncoding):
     relative = False  # positions are counted in gated content, not in i - j
     pairwise = False  # p_ij counts the gates of every key between j and i
     cost_note = (
-        "positions depend on content: gates, a reverse cumulative sum and two gathers per "
-        "pair, formed a block of query rows at a time and again in the backward pass, so no "
+        "positions depend on content: gates, a cumulative sum and two gathers per pair, "
+        "formed a block of query rows at a time and again in the backward pass, so no "
         "(B, H, L, L) tensor is kept"
     )
 
@@ -49,41 +50,36 @@ class CoPE(PositionalEncoding):
         scale = 1.0 / math.sqrt(self.d_head)
         table = self.pos_emb[layer.index].to(q.dtype)  # (d, npos_max)
 
-        def own_keys(r0: int, r1: int) -> Tensor | None:
-            """Each query row's own key when causal (the last q_len keys are the queries)."""
-            if not self.causal:
-                return None
-            return torch.arange(r0, r1, device=q.device) + (k.shape[2] - q.shape[2])
-
         def rows(r0: int, r1: int, keys: int, content: Tensor | None) -> Tensor:
             """The bias of query rows r0..r1-1 against keys 0..keys-1, (B, H, rows, keys),
             from those pairs' content logits scale * q . k (formed here when not given)."""
             q_rows = q[:, :, r0:r1]
             if content is None:
                 content = scale * (q_rows @ k[:, :, :keys].transpose(-1, -2))
-            own = own_keys(r0, r1)
+            own = _own_keys(r0, r1, q.shape[2], k.shape[2], q.device) if self.causal else None
             return _contextual_bias(q_rows, content, table, own, self.npos_max)["bias"]
 
         def attend(
-            r0: int,
-            r1: int,
-            q_rows: Tensor,
-            k_rows: Tensor,
-            v: Tensor,
-            mask: Tensor | None,
-            scale: float,
+            q: Tensor, k: Tensor, v: Tensor, causal_mask: Tensor | None, scale: float
         ) -> Tensor:
-            own = own_keys(r0, r1)
-            return _CopeBlock.apply(q_rows, k_rows, v, table, own, mask, scale, self.npos_max)
+            return _CopeAttention.apply(
+                q, k, v, table, causal_mask, self.causal, scale, self.npos_max
+            )
 
         return Scores(q, k, RowBlockBias(rows, q.shape[2], k.shape[2], attend), scale)
 
 
 def _contextual_bias(
-    q: Tensor, content: Tensor, table: Tensor, own: Tensor | None, npos: int
+    q: Tensor,
+    content: Tensor,
+    table: Tensor,
+    own: Tensor | None,
+    npos: int,
+    for_backward: bool = False,
 ) -> dict[str, Tensor]:
-    """CoPE's bias for query rows q (B, H, R, d) from their content logits (B, H, R, K), with
-    the intermediates the hand-written backward pass reads (each (B, H, R, K))."""
+    """CoPE's bias for query rows q (B, H, R, d) from their content logits (B, H, R, K); with
+    ``for_backward``, also the intermediates the hand-written backward pass reads (each
+    (B, H, R, K))."""
     gates = torch.sigmoid(content)
     # p_ij = sum of the gates from key j to query i: the running sum at the query's own key
     # less the running sum before j. Later keys' gates never enter it, so they need no
@@ -93,89 +89,128 @@ def _contextual_bias(
         total = running.gather(-1, own.view(1, 1, -1, 1).expand(*running.shape[:-1], 1))
     else:
         total = running[..., -1:]
-    raw = total - running + gates
+    raw = torch.sub(total, running).add_(gates)  # (gather's backward keeps `running`)
     positions = raw.clamp(0, npos - 1)
+    inside = torch.eq(positions, raw) if for_backward else None  # where the clamp passes
     floor = positions.floor()
-    weight = positions - floor  # interpolation weight of the next integer position
+    weight = positions.sub_(floor)  # interpolation weight of the next integer position
     index = floor.long()
     at_integers = torch.matmul(q, table)  # (B, H, R, npos)
     slopes = F.pad(at_integers.diff(dim=-1), (0, 1))  # to the next integer position
     slope = slopes.gather(-1, index)
+    bias = at_integers.gather(-1, index).addcmul_(weight, slope)
+    if not for_backward:
+        return {"bias": bias}
     return {
-        "bias": at_integers.gather(-1, index).add_(weight * slope),
+        "bias": bias,
         "gates": gates,
-        "inside": (raw >= 0) & (raw <= npos - 1),  # where the clamp passes its gradient
+        "inside": inside,
         "index": index,
         "weight": weight,
         "slope": slope,
     }
 
 
-def _block_forward(
+def _own_keys(r0: int, r1: int, q_len: int, k_len: int, device: torch.device) -> Tensor:
+    """The own key of each causal query row r0..r1-1 (the last q_len keys are the queries)."""
+    return torch.arange(r0, r1, device=device) + (k_len - q_len)
+
+
+def _block_weights(
     q: Tensor,
     k: Tensor,
-    v: Tensor,
     table: Tensor,
     own: Tensor | None,
     mask: Tensor | None,
     scale: float,
     npos: int,
+    for_backward: bool,
 ) -> dict[str, Tensor]:
-    """One block of CoPE attention, q (B, H, R, d) against k, v (B, H, K, d): the output and
-    what the backward pass reads (each (B, H, R, K) unless named otherwise)."""
-    content = torch.matmul(q, k.transpose(-1, -2)).mul_(scale)
-    parts = _contextual_bias(q, content, table, own, npos)
-    logits = content.add_(parts.pop("bias"))
-    if mask is not None:
-        logits.masked_fill_(~mask, float("-inf"))
-    probs = torch.softmax(logits, dim=-1)
-    return parts | {"out": torch.matmul(probs, v), "probs": probs}
+    """The attention weights of query rows q (B, H, R, d) against keys k (B, H, K, d), with
+    ``for_backward`` what the backward pass reads (each (B, H, R, K)). Masked keys get content
+    -inf from the GEMM itself (its additive input), so their gates, weights and gate slopes
+    are exactly 0; they precede no allowed key, so no allowed position changes."""
+    B, H, R, _ = q.shape
+    if mask is None:
+        content = torch.matmul(q, k.transpose(-1, -2)).mul_(scale)
+    else:
+        masked = torch.zeros(mask.shape, dtype=q.dtype, device=q.device).masked_fill_(
+            ~mask, float("-inf")
+        )  # (R, K)
+        content = torch.baddbmm(
+            masked, q.flatten(0, 1), k.flatten(0, 1).transpose(-1, -2), alpha=scale
+        ).view(B, H, R, -1)
+    parts = _contextual_bias(q, content, table, own, npos, for_backward)
+    logits = content.add_(parts.pop("bias"))  # the gates were read off the content first
+    return parts | {"probs": torch.softmax(logits, dim=-1)}
 
 
-class _CopeBlock(torch.autograd.Function):
-    """CoPE attention of one block of query rows with its backward pass written out: it keeps
-    only its inputs and forms the block's gates, positions and weights again in the backward
-    pass, so no (B, H, L, L) tensor outlives its block."""
+class _CopeAttention(torch.autograd.Function):
+    """CoPE attention over every query row, a block of rows at a time
+    (posbench.kernels.row_block_attention.row_blocks), forward and backward written out. It
+    keeps its inputs and output only and forms each block's gates, positions and weights again
+    in the backward pass, so no (B, H, L, L) tensor outlives its block; the gradients of k, v
+    and the table accumulate in place across blocks."""
 
     @staticmethod
-    def forward(ctx, q, k, v, table, own, mask, scale, npos):  # type: ignore[override]
-        ctx.save_for_backward(q, k, v, table, own, mask)
-        ctx.scale, ctx.npos = scale, npos
-        with torch.no_grad():
-            return _block_forward(q, k, v, table, own, mask, scale, npos)["out"]
+    def forward(ctx, q, k, v, table, causal_mask, causal, scale, npos):  # type: ignore[override]
+        q_len, k_len = q.shape[2], k.shape[2]
+        out = q.new_empty(*q.shape[:-1], v.shape[-1])  # (B, H, Lq, dv), every row written
+        for r0, r1, keys, mask in row_blocks(q, k_len, causal_mask):
+            own = _own_keys(r0, r1, q_len, k_len, q.device) if causal else None
+            f = _block_weights(
+                q[:, :, r0:r1], k[:, :, :keys], table, own, mask, scale, npos, for_backward=False
+            )
+            out[:, :, r0:r1] = torch.matmul(f["probs"], v[:, :, :keys])
+        ctx.save_for_backward(q, k, v, table, out)
+        ctx.causal_mask, ctx.causal, ctx.scale, ctx.npos = causal_mask, causal, scale, npos
+        return out
 
     @staticmethod
     def backward(ctx, grad_out: Tensor):  # type: ignore[override]
-        q, k, v, table, own, mask = ctx.saved_tensors
-        f = _block_forward(q, k, v, table, own, mask, ctx.scale, ctx.npos)
-        probs = f["probs"]
-        grad_v = torch.matmul(probs.transpose(-1, -2), grad_out)
-        grad_probs = torch.matmul(grad_out, v.transpose(-1, -2))
-        # softmax: dlogits = P * (dP - rowsum(dP * P)); masked keys have P = 0
-        grad_logits = probs.mul_(grad_probs.sub_((grad_probs * probs).sum(-1, keepdim=True)))
-        # bias = at[index] + weight * slope[index], slope[m] = at[m + 1] - at[m]
-        grad_at = torch.zeros(*q.shape[:-1], ctx.npos, dtype=q.dtype, device=q.device)
-        grad_at.scatter_add_(-1, f["index"], grad_logits)
-        grad_slopes = torch.zeros_like(grad_at).scatter_add_(
-            -1, f["index"], grad_logits * f["weight"]
-        )
-        grad_at[..., 1:] += grad_slopes[..., :-1]
-        grad_at[..., :-1] -= grad_slopes[..., :-1]
-        # positions = clamp(total - running + gates); running = cumsum(gates)
-        grad_raw = (grad_logits * f["slope"]).mul_(f["inside"])
-        grad_running = -grad_raw
-        grad_total = grad_raw.sum(-1, keepdim=True)
-        if own is not None:
-            index = own.view(1, 1, -1, 1).expand(*grad_running.shape[:-1], 1)
-            grad_running.scatter_add_(-1, index, grad_total)
-        else:
-            grad_running[..., -1:] += grad_total
-        # cumsum's gradient is the reverse cumulative sum: the total less the running sum before
-        reverse = grad_running.sum(-1, keepdim=True) - grad_running.cumsum(-1) + grad_running
-        grad_gates = grad_raw.add_(reverse)
-        gates = f["gates"]
-        grad_content = grad_logits.add_(grad_gates.mul_(gates * (1 - gates))).mul_(ctx.scale)
-        grad_q = torch.matmul(grad_content, k) + torch.matmul(grad_at, table.transpose(0, 1))
-        grad_k = torch.matmul(grad_content.transpose(-1, -2), q)
-        grad_table = torch.einsum("bhrd,bhrn->dn", q, grad_at)
+        q, k, v, table, out = ctx.saved_tensors
+        causal_mask, causal, scale, npos = ctx.causal_mask, ctx.causal, ctx.scale, ctx.npos
+        q_len, k_len = q.shape[2], k.shape[2]
+        grad_out = grad_out.contiguous()
+        # rowsum(dP * P) = rowsum(dO * O); one more column lets the GEMM subtract it:
+        # [dO, -delta] . [v, 1] = dP - delta
+        delta = (grad_out * out).sum(-1, keepdim=True)  # (B, H, Lq, 1)
+        grad_delta = torch.cat([grad_out, -delta], -1)  # (B, H, Lq, dv + 1)
+        v_one = torch.cat([v, v.new_ones(*v.shape[:-1], 1)], -1)  # (B, H, Lk, dv + 1)
+        grad_q = torch.empty_like(q)  # every row block written
+        grad_k, grad_v = torch.zeros_like(k), torch.zeros_like(v)  # accumulated over blocks
+        grad_table = torch.zeros_like(table)
+        for r0, r1, keys, mask in row_blocks(q, k_len, causal_mask):
+            own = _own_keys(r0, r1, q_len, k_len, q.device) if causal else None
+            q_rows, k_seen, grad_rows = q[:, :, r0:r1], k[:, :, :keys], grad_out[:, :, r0:r1]
+            f = _block_weights(q_rows, k_seen, table, own, mask, scale, npos, for_backward=True)
+            probs = f["probs"]
+            grad_v[:, :, :keys] += torch.matmul(probs.transpose(-1, -2), grad_rows)
+            grad_probs = torch.matmul(
+                grad_delta[:, :, r0:r1], v_one[:, :, :keys].transpose(-1, -2)
+            )  # (B, H, rows, keys): dP - rowsum(dP * P)
+            # softmax: dlogits = P * (dP - rowsum(dP * P)); masked keys have P = 0
+            grad_logits = probs.mul_(grad_probs)
+            # bias = at[index] + weight * slope[index], slope[m] = at[m + 1] - at[m]
+            grad_at = torch.zeros(*q_rows.shape[:-1], npos, dtype=q.dtype, device=q.device)
+            grad_at.scatter_add_(-1, f["index"], grad_logits)
+            grad_slopes = torch.zeros_like(grad_at).scatter_add_(
+                -1, f["index"], torch.mul(grad_logits, f["weight"], out=grad_probs)
+            )  # grad_probs's buffer, spent, holds grad_logits * weight
+            grad_at[..., 1:] += grad_slopes[..., :-1]
+            grad_at[..., :-1] -= grad_slopes[..., :-1]
+            # positions = clamp(raw), raw_j = total - running_j + gates_j with running the
+            # cumulative sum of the gates and total the running sum at the query's own key o:
+            # d raw_j / d gates_t = [t <= o] - [t <= j] + [t = j], so with G = dL/d raw the
+            # gates' gradient is cumsum(G)_t for t <= o (keys past o are masked)
+            grad_raw = f["slope"].mul_(grad_logits).mul_(f["inside"])
+            grad_gates = grad_raw.cumsum(-1)  # past o it meets gates of slope 0 (masked keys)
+            gates = f["gates"]
+            sigmoid_slope = gates.mul(gates).neg_().add_(gates)  # g (1 - g)
+            grad_content = grad_logits.addcmul_(grad_gates, sigmoid_slope)  # scale applied below
+            grad_q[:, :, r0:r1] = torch.matmul(grad_content, k_seen).mul_(scale) + torch.matmul(
+                grad_at, table.transpose(0, 1)
+            )
+            grad_k[:, :, :keys] += torch.matmul(grad_content.transpose(-1, -2), q_rows).mul_(scale)
+            grad_table += torch.einsum("bhrd,bhrn->dn", q_rows, grad_at)
         return grad_q, grad_k, grad_v, grad_table, None, None, None, None

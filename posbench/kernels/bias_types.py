@@ -97,10 +97,10 @@ class RowBlockBias:
     backward pass: attention (posbench.kernels.row_block_attention) forms each block, uses it
     and drops it, and forms it again in the backward pass.
 
-    ``attend``, when given, is the encoding's own attention of one block, forward and backward
-    written out: ``attend(r0, r1, q_rows, k, v, mask, scale)`` -> (B, H, rows, dv), equal to
-    softmax(scale * q k^T + rows(...), masked) v; attention then calls it instead of forming
-    the bias and recomputing the block through autograd."""
+    ``attend``, when given, is the encoding's own attention, forward and backward written out
+    over the same blocks of rows: ``attend(q, k, v, causal_mask, scale)`` -> (B, H, Lq, dv),
+    equal to softmax(scale * q k^T + bias, masked) v; attention then calls it instead of
+    forming the bias and recomputing each block through autograd."""
 
     rows: Callable[[int, int, int, Tensor | None], Tensor]
     q_len: int

@@ -2,11 +2,13 @@
 at a time. Each block's bias, logits and weights exist only while the block runs, and the
 backward pass forms them again (activation checkpointing per block), so memory grows with
 L x block rows instead of L x L, and the block's tensors stay in cache. With causal square
-scores a block reads only the keys its rows can see."""
+scores a block reads only the keys its rows can see. An encoding may bring its own attention
+(RowBlockBias.attend), which walks the same blocks (``row_blocks``)."""
 
 from __future__ import annotations
 
 import functools
+from collections.abc import Iterator
 
 import torch
 from torch import Tensor
@@ -15,9 +17,25 @@ from torch.utils.checkpoint import checkpoint
 from posbench.kernels.bias_types import RowBlockBias
 
 #: Elements of one block's (B, H, rows, Lk) tensors (8 MiB in float32): the rows per block
-#: follow from it. Larger blocks spend less on dispatch and more on memory (measured: 2^20
-#: elements 4.9x NoPE at L = 1024 and 7.2x at 2048, 2^21 4.2x and 5.0x, 2^22 5.3x and 4.5x).
+#: follow from it. Larger blocks spend less on dispatch and more on memory (CoPE, measured at
+#: L = 1024 / 2048: 2^19 elements 3.35x / 5.15x NoPE with 84 / 128 MiB, 2^20 2.85x / 4.28x with
+#: 122 / 168 MiB, 2^21 2.96x / 3.68x with 198 / 245 MiB; NoPE 34 / 66 MiB).
 BLOCK_ELEMENTS = 1 << 21
+
+
+def row_blocks(
+    q: Tensor, k_len: int, causal_mask: Tensor | None
+) -> Iterator[tuple[int, int, int, Tensor | None]]:
+    """The blocks of query rows of q (B, H, Lq, d) against k_len keys: (r0, r1, keys, mask),
+    mask (rows, keys) the block's part of causal_mask (None: every key). With causal square
+    scores a block reads only the keys its rows can see."""
+    B, H, q_len, _ = q.shape
+    square_causal = causal_mask is not None and q_len == k_len
+    rows = max(1, BLOCK_ELEMENTS // (B * H * k_len))
+    for r0 in range(0, q_len, rows):
+        r1 = min(r0 + rows, q_len)
+        keys = r1 if square_causal else k_len  # later keys are all masked for these rows
+        yield r0, r1, keys, None if causal_mask is None else causal_mask[r0:r1, :keys]
 
 
 def row_block_attention(
@@ -25,20 +43,12 @@ def row_block_attention(
 ) -> Tensor:
     """q (B, H, Lq, d), k (B, H, Lk, d), v (B, H, Lk, dv) -> (B, H, Lq, dv); causal_mask (Lq, Lk)
     is True where attention is allowed (None: every key)."""
-    B, H, q_len, _ = q.shape
-    k_len = k.shape[2]
-    square_causal = causal_mask is not None and q_len == k_len
-    rows = max(1, BLOCK_ELEMENTS // (B * H * k_len))
+    if bias.attend is not None:  # the encoding's own attention, forward and backward
+        return bias.attend(q, k, v, causal_mask, scale)
     recompute = torch.is_grad_enabled()
     blocks = []
-    for r0 in range(0, q_len, rows):
-        r1 = min(r0 + rows, q_len)
-        keys = r1 if square_causal else k_len  # later keys are all masked for these rows
-        mask = None if causal_mask is None else causal_mask[r0:r1, :keys]
+    for r0, r1, keys, mask in row_blocks(q, k.shape[2], causal_mask):
         args = (q[:, :, r0:r1], k[:, :, :keys], v[:, :, :keys], mask)
-        if bias.attend is not None:  # the encoding's own block attention
-            blocks.append(bias.attend(r0, r1, *args, scale))
-            continue
         block = functools.partial(_block, bias, scale, r0, r1, keys)
         blocks.append(checkpoint(block, *args, use_reentrant=False) if recompute else block(*args))
     return torch.cat(blocks, dim=2)
