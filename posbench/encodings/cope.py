@@ -90,11 +90,16 @@ def _contextual_bias(
     else:
         total = running[..., -1:]
     raw = torch.sub(total, running).add_(gates)  # (gather's backward keeps `running`)
+    del running  # each (B, H, R, K) tensor is released once spent: a block's peak is memory's
+    if not for_backward:
+        del gates
     positions = raw.clamp(0, npos - 1)
     inside = torch.eq(positions, raw) if for_backward else None  # where the clamp passes
+    del raw
     floor = positions.floor()
     weight = positions.sub_(floor)  # interpolation weight of the next integer position
     index = floor.long()
+    del floor
     at_integers = torch.matmul(q, table)  # (B, H, R, npos)
     slopes = F.pad(at_integers.diff(dim=-1), (0, 1))  # to the next integer position
     slope = slopes.gather(-1, index)
@@ -182,35 +187,72 @@ class _CopeAttention(torch.autograd.Function):
         grad_table = torch.zeros_like(table)
         for r0, r1, keys, mask in row_blocks(q, k_len, causal_mask):
             own = _own_keys(r0, r1, q_len, k_len, q.device) if causal else None
-            q_rows, k_seen, grad_rows = q[:, :, r0:r1], k[:, :, :keys], grad_out[:, :, r0:r1]
-            f = _block_weights(q_rows, k_seen, table, own, mask, scale, npos, for_backward=True)
-            probs = f["probs"]
-            grad_v[:, :, :keys] += torch.matmul(probs.transpose(-1, -2), grad_rows)
-            grad_probs = torch.matmul(
-                grad_delta[:, :, r0:r1], v_one[:, :, :keys].transpose(-1, -2)
-            )  # (B, H, rows, keys): dP - rowsum(dP * P)
-            # softmax: dlogits = P * (dP - rowsum(dP * P)); masked keys have P = 0
-            grad_logits = probs.mul_(grad_probs)
-            # bias = at[index] + weight * slope[index], slope[m] = at[m + 1] - at[m]
-            grad_at = torch.zeros(*q_rows.shape[:-1], npos, dtype=q.dtype, device=q.device)
-            grad_at.scatter_add_(-1, f["index"], grad_logits)
-            grad_slopes = torch.zeros_like(grad_at).scatter_add_(
-                -1, f["index"], torch.mul(grad_logits, f["weight"], out=grad_probs)
-            )  # grad_probs's buffer, spent, holds grad_logits * weight
-            grad_at[..., 1:] += grad_slopes[..., :-1]
-            grad_at[..., :-1] -= grad_slopes[..., :-1]
-            # positions = clamp(raw), raw_j = total - running_j + gates_j with running the
-            # cumulative sum of the gates and total the running sum at the query's own key o:
-            # d raw_j / d gates_t = [t <= o] - [t <= j] + [t = j], so with G = dL/d raw the
-            # gates' gradient is cumsum(G)_t for t <= o (keys past o are masked)
-            grad_raw = f["slope"].mul_(grad_logits).mul_(f["inside"])
-            grad_gates = grad_raw.cumsum(-1)  # past o it meets gates of slope 0 (masked keys)
-            gates = f["gates"]
-            sigmoid_slope = gates.mul(gates).neg_().add_(gates)  # g (1 - g)
-            grad_content = grad_logits.addcmul_(grad_gates, sigmoid_slope)  # scale applied below
-            grad_q[:, :, r0:r1] = torch.matmul(grad_content, k_seen).mul_(scale) + torch.matmul(
-                grad_at, table.transpose(0, 1)
+            grads = _block_backward(
+                q[:, :, r0:r1],
+                k[:, :, :keys],
+                v_one[:, :, :keys],
+                grad_out[:, :, r0:r1],
+                grad_delta[:, :, r0:r1],
+                table,
+                own,
+                mask,
+                scale,
+                npos,
             )
-            grad_k[:, :, :keys] += torch.matmul(grad_content.transpose(-1, -2), q_rows).mul_(scale)
-            grad_table += torch.einsum("bhrd,bhrn->dn", q_rows, grad_at)
+            grad_q[:, :, r0:r1] = grads[0]
+            grad_k[:, :, :keys] += grads[1]
+            grad_v[:, :, :keys] += grads[2]
+            grad_table += grads[3]
         return grad_q, grad_k, grad_v, grad_table, None, None, None, None
+
+
+def _block_backward(
+    q: Tensor,
+    k: Tensor,
+    v_one: Tensor,
+    grad_out: Tensor,
+    grad_delta: Tensor,
+    table: Tensor,
+    own: Tensor | None,
+    mask: Tensor | None,
+    scale: float,
+    npos: int,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The gradients of one block of query rows q (B, H, R, d) against keys k (B, H, K, d):
+    (dq (B, H, R, d), dk and dv (B, H, K, d), dtable). v_one is [v, 1] and grad_delta
+    [dO, -rowsum(dO * O)], so one GEMM gives dP - rowsum(dP * P). A function of its own, so a
+    block's (B, H, R, K) tensors are freed before the next block forms its own, and each is
+    released as soon as it is spent."""
+    f = _block_weights(q, k, table, own, mask, scale, npos, for_backward=True)
+    probs = f.pop("probs")
+    grad_v = torch.matmul(probs.transpose(-1, -2), grad_out)
+    grad_probs = torch.matmul(grad_delta, v_one.transpose(-1, -2))  # dP - rowsum(dP * P)
+    # softmax: dlogits = P * (dP - rowsum(dP * P)); masked keys have P = 0
+    grad_logits = probs.mul_(grad_probs)
+    # bias = at[index] + weight * slope[index], slope[m] = at[m + 1] - at[m]
+    index = f.pop("index")
+    grad_at = torch.zeros(*q.shape[:-1], npos, dtype=q.dtype, device=q.device)
+    grad_at.scatter_add_(-1, index, grad_logits)
+    grad_slopes = torch.zeros_like(grad_at).scatter_add_(
+        -1, index, torch.mul(grad_logits, f.pop("weight"), out=grad_probs)
+    )  # grad_probs's buffer, spent, holds grad_logits * weight
+    del grad_probs, index
+    grad_at[..., 1:] += grad_slopes[..., :-1]
+    grad_at[..., :-1] -= grad_slopes[..., :-1]
+    # positions = clamp(raw), raw_j = total - running_j + gates_j with running the cumulative
+    # sum of the gates and total the running sum at the query's own key o:
+    # d raw_j / d gates_t = [t <= o] - [t <= j] + [t = j], so with G = dL/d raw the gates'
+    # gradient is cumsum(G)_t for t <= o (keys past o are masked)
+    grad_raw = f.pop("slope").mul_(grad_logits).mul_(f.pop("inside"))
+    grad_gates = grad_raw.cumsum(-1)  # past o it meets gates of slope 0 (masked keys)
+    del grad_raw
+    gates = f.pop("gates")
+    sigmoid_slope = gates.addcmul_(gates, gates, value=-1.0)  # g (1 - g), in place
+    grad_content = grad_logits.addcmul_(grad_gates, sigmoid_slope)  # scale applied below
+    del grad_gates, sigmoid_slope, gates
+    grad_q = torch.matmul(grad_content, k).mul_(scale) + torch.matmul(
+        grad_at, table.transpose(0, 1)
+    )
+    grad_k = torch.matmul(grad_content.transpose(-1, -2), q).mul_(scale)
+    grad_table = torch.einsum("bhrd,bhrn->dn", q, grad_at)
+    return grad_q, grad_k, grad_v, grad_table

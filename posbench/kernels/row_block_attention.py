@@ -18,8 +18,8 @@ from posbench.kernels.bias_types import RowBlockBias
 
 #: Elements of one block's (B, H, rows, Lk) tensors (8 MiB in float32): the rows per block
 #: follow from it. Larger blocks spend less on dispatch and more on memory (CoPE, measured at
-#: L = 1024 / 2048: 2^19 elements 3.35x / 5.15x NoPE with 84 / 128 MiB, 2^20 2.85x / 4.28x with
-#: 122 / 168 MiB, 2^21 2.96x / 3.68x with 198 / 245 MiB; NoPE 34 / 66 MiB).
+#: L = 1024 / 2048: 2^19 elements 3.44x / 5.07x NoPE with 71 / 127 MiB, 2^20 2.95x / 4.17x with
+#: 86 / 142 MiB, 2^21 2.89x / 3.77x with 115 / 171 MiB; NoPE 34 / 66 MiB).
 BLOCK_ELEMENTS = 1 << 21
 
 
