@@ -62,6 +62,7 @@ class CoPE(PositionalEncoding):
         def attend(
             q: Tensor, k: Tensor, v: Tensor, causal_mask: Tensor | None, scale: float
         ) -> Tensor:
+            q, k, v = q.contiguous(), k.contiguous(), v.contiguous()  # blocks view (B * H)
             return _CopeAttention.apply(
                 q, k, v, table, causal_mask, self.causal, scale, self.npos_max
             )
