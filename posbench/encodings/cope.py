@@ -12,6 +12,7 @@ from torch import Tensor, nn
 from posbench.encodings.base import AttentionShape, LayerContext, PositionalEncoding, Span
 from posbench.encodings.registry import register_encoding
 from posbench.kernels.bias_types import RowBlockBias, Scores
+from posbench.kernels.biased_attention import softmax_backward_operands
 from posbench.kernels.row_block_attention import row_blocks
 from posbench.validation import Range
 
@@ -178,11 +179,8 @@ class _CopeAttention(torch.autograd.Function):
         causal_mask, causal, scale, npos = ctx.causal_mask, ctx.causal, ctx.scale, ctx.npos
         q_len, k_len = q.shape[2], k.shape[2]
         grad_out = grad_out.contiguous()
-        # rowsum(dP * P) = rowsum(dO * O); one more column lets the GEMM subtract it:
-        # [dO, -delta] . [v, 1] = dP - delta
-        delta = (grad_out * out).sum(-1, keepdim=True)  # (B, H, Lq, 1)
-        grad_delta = torch.cat([grad_out, -delta], -1)  # (B, H, Lq, dv + 1)
-        v_one = torch.cat([v, v.new_ones(*v.shape[:-1], 1)], -1)  # (B, H, Lk, dv + 1)
+        # rowsum(dP * P) = rowsum(dO * O), subtracted by the GEMM through one more column
+        grad_delta, v_one = softmax_backward_operands(grad_out, out, v)
         grad_q = torch.empty_like(q)  # every row block written
         grad_k, grad_v = torch.zeros_like(k), torch.zeros_like(v)  # accumulated over blocks
         grad_table = torch.zeros_like(table)

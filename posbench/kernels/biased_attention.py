@@ -35,6 +35,19 @@ FLASH_MIN_PAIRS = 128 * 128
 ROW_BLOCK = 64
 
 
+def _with_ones(t: Tensor) -> Tensor:
+    """t (..., n, m) with a column of ones appended, (..., n, m + 1)."""
+    return torch.cat([t, t.new_ones(*t.shape[:-1], 1)], -1)
+
+
+def softmax_backward_operands(grad_out: Tensor, out: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+    """[dO, -delta] (B, H, Lq, dv + 1) and [v, 1] (B, H, Lk, dv + 1), delta = rowsum(dO * O):
+    one GEMM of a block of their rows gives dP - delta, the factor softmax's backward pass
+    multiplies P by (dS = P * (dP - delta)), with no pass over the block to subtract delta."""
+    delta = (grad_out * out).sum(-1, keepdim=True)  # (B, H, Lq, 1)
+    return torch.cat([grad_out, -delta], -1), _with_ones(v)
+
+
 class _DenseBiasGradient:
     """The gradient of a bias (Bb, Hb, Lq, Lk) broadcast against (B, H, Lq, Lk), written a
     block of query rows at a time."""
@@ -84,13 +97,10 @@ def _backward_with_bias_gradient(
     otherwise every key, masked ones already -inf in the bias."""
     q, k, v, bias, out, lse = saved
     q_len, k_len = q.shape[2], k.shape[2]
-    delta = (grad_out * out).sum(-1, keepdim=True)  # (B, H, Lq, 1)
-    # one more column each lets the GEMMs subtract logsumexp and delta themselves:
-    # [scale q, -lse] . [k, 1] = scale q . k - lse and [dO, -delta] . [v, 1] = dP - delta
+    # one more column lets the GEMM subtract logsumexp: [scale q, -lse] . [k, 1]
     q_lse = torch.cat([q * scale, -lse[..., None]], -1)  # (B, H, Lq, d + 1)
-    k_one = torch.cat([k, k.new_ones(*k.shape[:-1], 1)], -1)  # (B, H, Lk, d + 1)
-    grad_delta = torch.cat([grad_out, -delta], -1)  # (B, H, Lq, dv + 1)
-    v_one = torch.cat([v, v.new_ones(*v.shape[:-1], 1)], -1)  # (B, H, Lk, dv + 1)
+    k_one = _with_ones(k)  # (B, H, Lk, d + 1)
+    grad_delta, v_one = softmax_backward_operands(grad_out, out, v)
     dq = torch.empty_like(q)  # every row block written
     dk, dv = torch.zeros_like(k), torch.zeros_like(v)  # accumulated over row blocks
     future = None if causal_mask is None else ~causal_mask  # (L, L)
