@@ -57,7 +57,8 @@ def test_blocks_equal_the_math_path_on_the_dense_bias(
     k, v = torch.randn(2, 2, 2, len(k_span), 8, dtype=torch.float64, generator=generator)
     mask = causal_mask(len(q_span), len(k_span), q.device) if causal else None
     ctx = LayerContext(0, None, None)
-    monkeypatch.setattr(blocked, "BLOCK_ELEMENTS", 2 * 2 * 40 * 3)  # blocks of 3 rows
+    # blocks of 3 rows against 40 keys; causal blocks take more rows while they see fewer keys
+    monkeypatch.setattr(blocked, "BLOCK_ELEMENTS", 2 * 2 * 40 * 3)
 
     def run(dense: bool) -> tuple[torch.Tensor, ...]:
         leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
@@ -99,3 +100,43 @@ def test_no_square_tensor_is_kept_for_the_backward_pass(monkeypatch: pytest.Monk
     assert out.shape == (1, 2, L, 8)
     # CoPE's own attention keeps q, k, v, its table and the output; nothing of L x L
     assert saved and max(saved) <= 16 * L, max(saved)  # dense: 2 x L x L each
+
+
+@pytest.mark.parametrize("square_causal", [True, False])
+@pytest.mark.parametrize("limit", [1, 7 * 4, 40 * 4, 2**20])
+def test_row_blocks_cover_every_row_once_within_the_block_size(
+    square_causal: bool, limit: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Blocks tile the query rows in order, each within BLOCK_ELEMENTS (B * H * rows * keys)
+    unless it is a single row, and a causal block reads exactly the keys its rows see."""
+    monkeypatch.setattr(blocked, "BLOCK_ELEMENTS", limit)
+    L = 37
+    q = torch.zeros(2, 2, L, 4)
+    mask = causal_mask(L, L, q.device) if square_causal else None
+    next_row = 0
+    for r0, r1, keys, block_mask in blocked.row_blocks(q, L, mask):
+        assert r0 == next_row and r1 > r0
+        assert keys == (r1 if square_causal else L)
+        assert 4 * (r1 - r0) * keys <= limit or r1 - r0 == 1
+        if square_causal:
+            assert torch.equal(block_mask, mask[r0:r1, :keys])
+        next_row = r1
+    assert next_row == L
+
+
+def test_cope_positions_never_increase_along_the_keys() -> None:
+    """The backward pass sums per integer position over a prefix of each row: positions must
+    not increase along the keys, in float32, even where gates are near 0 and 1 alike."""
+    from posbench.encodings.cope import _contextual_bias, _own_keys
+
+    generator = torch.Generator().manual_seed(0)
+    R, K, npos = 64, 300, 40
+    q = torch.randn(2, 3, R, 8, generator=generator)
+    content = 30 * torch.randn(2, 3, R, K, generator=generator)  # gates saturate both ways
+    content[..., ::7] = 1e-3 * torch.randn(2, 3, R, (K + 6) // 7, generator=generator)
+    table = torch.randn(8, npos, generator=generator)
+    for own in (_own_keys(0, R, R, K, q.device), None):  # the queries: the last R keys
+        parts = _contextual_bias(q, content, table, own, npos, for_backward=True)
+        positions = parts["index"] + parts["weight"]  # exact: weight is the fractional part
+        assert (positions.diff(dim=-1) <= 0).all()
+        assert parts["index"].min() >= 0 and parts["index"].max() <= npos - 1

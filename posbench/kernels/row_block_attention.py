@@ -8,6 +8,7 @@ scores a block reads only the keys its rows can see. An encoding may bring its o
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Iterator
 
 import torch
@@ -16,26 +17,34 @@ from torch.utils.checkpoint import checkpoint
 
 from posbench.kernels.bias_types import RowBlockBias
 
-#: Elements of one block's (B, H, rows, Lk) tensors (8 MiB in float32): the rows per block
-#: follow from it. Larger blocks spend less on dispatch and more on memory (CoPE, measured at
-#: L = 1024 / 2048: 2^19 elements 3.44x / 5.07x NoPE with 71 / 127 MiB, 2^20 2.95x / 4.17x with
-#: 86 / 142 MiB, 2^21 2.89x / 3.77x with 115 / 171 MiB; NoPE 34 / 66 MiB).
-BLOCK_ELEMENTS = 1 << 21
+#: Elements of one block's (B, H, rows, keys) tensors (4 MiB in float32): the rows per block
+#: follow from it. Larger blocks spend less on dispatch and more on memory; CoPE at L = 2048
+#: (B = 8, 4 heads, d_head 32) peaks at 130 MiB with 2^20 elements, 158 MiB with 2^21, NoPE
+#: at 70 MiB (measured 2026-12-03).
+BLOCK_ELEMENTS = 1 << 20
 
 
 def row_blocks(
     q: Tensor, k_len: int, causal_mask: Tensor | None
 ) -> Iterator[tuple[int, int, int, Tensor | None]]:
     """The blocks of query rows of q (B, H, Lq, d) against k_len keys: (r0, r1, keys, mask),
-    mask (rows, keys) the block's part of causal_mask (None: every key). With causal square
-    scores a block reads only the keys its rows can see."""
+    mask (rows, keys) the block's part of causal_mask (None: every key). Each block holds at
+    most BLOCK_ELEMENTS (B, H, rows, keys) elements. With causal square scores a block reads
+    only the keys its rows can see, so early blocks take more rows: half as many blocks as
+    equal rows would need, at the same peak."""
     B, H, q_len, _ = q.shape
     square_causal = causal_mask is not None and q_len == k_len
-    rows = max(1, BLOCK_ELEMENTS // (B * H * k_len))
-    for r0 in range(0, q_len, rows):
-        r1 = min(r0 + rows, q_len)
+    pairs = BLOCK_ELEMENTS // (B * H)  # (rows, keys) pairs per block
+    r0 = 0
+    while r0 < q_len:
+        if square_causal:  # the most rows with rows * (r0 + rows) <= pairs
+            rows = (math.isqrt(r0 * r0 + 4 * pairs) - r0) // 2
+        else:
+            rows = pairs // k_len
+        r1 = min(r0 + max(1, rows), q_len)
         keys = r1 if square_causal else k_len  # later keys are all masked for these rows
         yield r0, r1, keys, None if causal_mask is None else causal_mask[r0:r1, :keys]
+        r0 = r1
 
 
 def row_block_attention(
