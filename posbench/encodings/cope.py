@@ -259,8 +259,9 @@ def _block_backward(
 
 def _position_ends(index: Tensor, npos: int) -> Tensor:
     """For each row of integer positions index (B, H, R, K), never increasing along the keys
-    and negated here in place, the number of keys at position m or above, for m = 0..npos (B, H, R, npos + 1): those keys
-    are a prefix of the row, so its length is a binary search."""
+    and negated here in place, the number of keys at position m or above, for m = 0..npos
+    (B, H, R, npos + 1): those keys are a prefix of the row, so its length is a binary
+    search."""
     levels = torch.arange(0, -npos - 1, -1, device=index.device)  # -m, ascending as -index
     levels = levels.expand(*index.shape[:-1], -1).contiguous()
     return torch.searchsorted(index.neg_(), levels, right=True)  # index is spent
