@@ -10,9 +10,13 @@ decoding merges key blocks:
 * near keys (the band) are dense blocks of ROWS query rows against the W - 1 + ROWS keys they
   can reach, with the band added on a strided view.
 
-The backward pass reuses the merged output and log-sum-exp: the flash backward given the total
-(out, lse) forms exactly the far part's share of dq, dk, dv, and the near blocks form theirs and
-the band's gradient. Nothing of size L x L is allocated."""
+The far part runs first, so each near block is normalised by its rows' total log-sum-exp as it
+is formed, and its probabilities are kept for the backward pass: B * H * L * (ROWS + W - 1)
+floats, which spares the backward pass one GEMM and four elementwise passes per block (about
+8% of T5's attention time at L = 1024). The backward pass reuses the merged output and
+log-sum-exp: the flash backward given the total (out, lse) forms exactly the far part's share
+of dq, dk, dv, and the near blocks form theirs and the band's gradient from the kept
+probabilities. Nothing of size L x L is allocated."""
 
 from __future__ import annotations
 
@@ -30,16 +34,11 @@ ROWS = 32
 EXP_FLOOR = -87.0
 
 
-def _lse_layout(lse: Tensor) -> Tensor:
-    """(B, H, L) stored as the flash kernel stores its log-sum-exp, (B, L, H) in memory."""
-    return lse.transpose(1, 2).contiguous().transpose(1, 2)
-
-
 def _near_blocks(q: Tensor, k_padded: Tensor, band: Tensor, scale: float):
     """For each block of query rows: (r0, r1, logits (B, H, rows, rows + W - 1)) over the keys
     r0 - W + 1 .. r1 - 1 (rows r0 .. r1 + W - 2 of k_padded), band added, -inf outside the
     band and before key 0."""
-    B, H, L, d = q.shape
+    B, H, L, _ = q.shape
     W = band.shape[-1]
     q_rows, k_rows = _flat(q), _flat(k_padded)
     for r0 in range(0, L, ROWS):
@@ -96,50 +95,60 @@ class _BandAttention(torch.autograd.Function):
         k_padded, v_padded = (F.pad(t, (0, 0, W - 1, 0)) for t in (k, v))  # key -W+1 .. L-1
         out = torch.empty_like(q)
         lse = q.new_empty(B, H, L)
-        for r0, r1, logits in _near_blocks(q, k_padded, band, scale):
-            peak = logits.amax(dim=-1)  # (B, H, rows): every row sees at least its own key
-            weights = _probabilities(logits, peak)
-            total = weights.sum(-1)
-            lse[:, :, r0:r1] = peak + total.log()
-            out[:, :, r0:r1] = (weights @ v_padded[:, :, r0 : r0 + weights.shape[-1]]).div_(
-                total[..., None]
-            )
-        if L > W:
+        probs = []  # each block's probabilities over its near keys, (B * H, rows, keys)
+        if L > W:  # far keys first: their log-sum-exp normalises the near blocks
             out_far, lse_far = flash_ops.forward(
                 q[:, :, W:], k[:, :, : L - W], v[:, :, : L - W], True, None, scale
             )
-            total = torch.logaddexp(lse[:, :, W:], lse_far)
-            out[:, :, W:] = (
-                out[:, :, W:] * (lse[:, :, W:] - total).exp()[..., None]
-                + out_far * (lse_far - total).exp()[..., None]
-            )
-            lse[:, :, W:] = total
-        ctx.save_for_backward(q, k, v, band, out, lse)
+        for r0, r1, logits in _near_blocks(q, k_padded, band, scale):
+            keys = logits.shape[-1]
+            peak = logits.amax(dim=-1)  # (B, H, rows): every row sees at least its own key
+            weights = _probabilities(logits, peak)
+            block_lse = lse[:, :, r0:r1]
+            torch.add(peak, weights.sum(-1).log_(), out=block_lse)  # the near keys' own
+            if r1 > W:  # rows W .. see far keys too
+                f0 = max(r0, W)
+                torch.logaddexp(
+                    block_lse[..., f0 - r0 :],
+                    lse_far[..., f0 - W : r1 - W],
+                    out=block_lse[..., f0 - r0 :],
+                )
+            weights.mul_((peak - block_lse).exp_()[..., None])  # P = exp(logits - lse)
+            probs.append(_flat(weights))
+            out[:, :, r0:r1] = weights @ v_padded[:, :, r0 : r0 + keys]
+        if L > W:
+            out[:, :, W:] += out_far * (lse_far - lse[:, :, W:]).exp_()[..., None]
+        ctx.save_for_backward(q, k, v, band, out, lse, *probs)
         ctx.scale = scale
         return out
 
     @staticmethod
     def backward(ctx, grad_out: Tensor):  # type: ignore[override]
-        q, k, v, band, out, lse = ctx.saved_tensors
-        scale, (B, H, L, _), W = ctx.scale, q.shape, band.shape[-1]
+        q, k, v, band, out, lse, *probs = ctx.saved_tensors
+        scale, (B, H, L, d), W = ctx.scale, q.shape, band.shape[-1]
         grad_out = grad_out.contiguous()
-        k_padded, v_padded = (F.pad(t, (0, 0, W - 1, 0)) for t in (k, v))  # key -W+1 .. L-1
-        dq = torch.zeros_like(q)
-        dk_padded, dv_padded = torch.zeros_like(k_padded), torch.zeros_like(v_padded)
+        k_padded = F.pad(k, (0, 0, W - 1, 0))  # key -W+1 .. L-1
+        v_padded = F.pad(v, (0, 0, W - 1, 0))
         if L > W:  # far keys 0 .. L - W - 1 sit at rows W - 1 .. L - 2 of the padded keys
-            dq[:, :, W:], dk_padded[:, :, W - 1 : L - 1], dv_padded[:, :, W - 1 : L - 1] = (
-                flash_ops.backward(
-                    grad_out[:, :, W:].contiguous(),
-                    q[:, :, W:].contiguous(),
-                    k[:, :, : L - W].contiguous(),
-                    v[:, :, : L - W].contiguous(),
-                    out[:, :, W:].contiguous(),
-                    _lse_layout(lse[:, :, W:]),
-                    True,
-                    None,
-                    scale,
-                )
+            dq_far, dk_far, dv_far = flash_ops.backward(
+                grad_out[:, :, W:],
+                q[:, :, W:],
+                k[:, :, : L - W],
+                v[:, :, : L - W],
+                out[:, :, W:],
+                lse[:, :, W:],
+                True,
+                None,
+                scale,
             )
+            dq = torch.cat([q.new_zeros(B, H, W, d), dq_far], 2)
+            dk_padded, dv_padded = (
+                torch.cat([q.new_zeros(B, H, W - 1, d), far, q.new_zeros(B, H, W, d)], 2)
+                for far in (dk_far, dv_far)
+            )
+        else:
+            dq = torch.zeros_like(q)
+            dk_padded, dv_padded = torch.zeros_like(k_padded), torch.zeros_like(v_padded)
         q3, k3, v3, grad3 = _flat(q), _flat(k_padded), _flat(v_padded), _flat(grad_out)
         dq3, dk3, dv3 = _flat(dq), _flat(dk_padded), _flat(dv_padded)
         minus_delta = _flat((grad_out * out).sum(-1, keepdim=True).neg_())  # (B * H, L, 1)
@@ -150,16 +159,13 @@ class _BandAttention(torch.autograd.Function):
             if ctx.needs_input_grad[3]
             else None
         )
-        for r0, r1, logits in _near_blocks(q, k_padded, band, scale):
-            keys = logits.shape[-1]
-            probs = _flat(_probabilities(logits, lse[:, :, r0:r1]))  # (B * H, rows, keys)
+        for r0, block_probs in zip(range(0, L, ROWS), probs):  # (B * H, rows, keys)
+            r1, keys = min(r0 + ROWS, L), block_probs.shape[-1]
             ds = torch.baddbmm(
                 minus_delta[:, r0:r1], grad3[:, r0:r1], v3[:, r0 : r0 + keys].transpose(-1, -2)
             )
-            ds.mul_(probs)  # dS = P * (dP - rowsum(dO * O))
-            # (slices of the gradients are not contiguous: an in-place baddbmm_ would loop
-            # per matrix)
-            dv3[:, r0 : r0 + keys] += torch.bmm(probs.transpose(-1, -2), grad3[:, r0:r1])
+            ds.mul_(block_probs)  # dS = P * (dP - rowsum(dO * O))
+            dv3[:, r0 : r0 + keys] += torch.bmm(block_probs.transpose(-1, -2), grad3[:, r0:r1])
             dq3[:, r0:r1].add_(torch.bmm(ds, k3[:, r0 : r0 + keys]), alpha=scale)
             dk3[:, r0 : r0 + keys].add_(torch.bmm(ds.transpose(-1, -2), q3[:, r0:r1]), alpha=scale)
             if dband is not None:
