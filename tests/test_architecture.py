@@ -254,3 +254,17 @@ def test_no_line_is_longer_than_100_characters() -> None:
         if len(line) > 100
     ]
     assert not long, long
+
+
+def test_the_speed_benchmark_has_a_goal_for_every_builtin_encoding() -> None:
+    """benchmarks/ runs outside the default suite, so a built-in added without a goal there
+    would fail only when someone runs it: checked here instead."""
+    import importlib.util
+
+    from posbench.encodings import BUILTINS
+
+    path = PACKAGE.parent / "benchmarks" / "test_speed_goals.py"
+    spec = importlib.util.spec_from_file_location("speed_goals", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert set(module.LIMITS) == set(BUILTINS) - {"nope"}
