@@ -96,9 +96,10 @@ class _BandAttention(torch.autograd.Function):
         out = torch.empty_like(q)
         lse = q.new_empty(B, H, L)
         probs = []  # each block's probabilities over its near keys, (B * H, rows, keys)
+        far_keys = slice(W - 1, L - 1)  # keys 0 .. L - W - 1 in the padded keys
         if L > W:  # far keys first: their log-sum-exp normalises the near blocks
             out_far, lse_far = flash_ops.forward(
-                q[:, :, W:], k[:, :, : L - W], v[:, :, : L - W], True, None, scale
+                q[:, :, W:], k_padded[:, :, far_keys], v_padded[:, :, far_keys], True, None, scale
             )
         for r0, r1, logits in _near_blocks(q, k_padded, band, scale):
             keys = logits.shape[-1]
@@ -118,23 +119,22 @@ class _BandAttention(torch.autograd.Function):
             out[:, :, r0:r1] = weights @ v_padded[:, :, r0 : r0 + keys]
         if L > W:
             out[:, :, W:] += out_far * (lse_far - lse[:, :, W:]).exp_()[..., None]
-        ctx.save_for_backward(q, k, v, band, out, lse, *probs)
+        ctx.save_for_backward(q, k_padded, v_padded, band, out, lse, *probs)
         ctx.scale = scale
         return out
 
     @staticmethod
     def backward(ctx, grad_out: Tensor):  # type: ignore[override]
-        q, k, v, band, out, lse, *probs = ctx.saved_tensors
+        q, k_padded, v_padded, band, out, lse, *probs = ctx.saved_tensors  # keys -W+1 .. L-1
         scale, (B, H, L, d), W = ctx.scale, q.shape, band.shape[-1]
         grad_out = grad_out.contiguous()
-        k_padded = F.pad(k, (0, 0, W - 1, 0))  # key -W+1 .. L-1
-        v_padded = F.pad(v, (0, 0, W - 1, 0))
-        if L > W:  # far keys 0 .. L - W - 1 sit at rows W - 1 .. L - 2 of the padded keys
+        far_keys = slice(W - 1, L - 1)  # keys 0 .. L - W - 1 in the padded keys
+        if L > W:
             dq_far, dk_far, dv_far = flash_ops.backward(
                 grad_out[:, :, W:],
                 q[:, :, W:],
-                k[:, :, : L - W],
-                v[:, :, : L - W],
+                k_padded[:, :, far_keys],
+                v_padded[:, :, far_keys],
                 out[:, :, W:],
                 lse[:, :, W:],
                 True,
@@ -181,5 +181,4 @@ class _BandAttention(torch.autograd.Function):
 def band_attention(q: Tensor, k: Tensor, v: Tensor, band: Tensor, scale: float) -> Tensor:
     """Causal softmax(scale * q k^T + bias) v for q, k, v (B, H, L, d) on the CPU, the bias
     band[b, h, i, j - i + W - 1] for i - W < j <= i and 0 beyond; band (B|1, H, L|1, W)."""
-    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
-    return _BandAttention.apply(q, k, v, band, scale)
+    return _BandAttention.apply(q.contiguous(), k, v, band, scale)  # k, v: padded copies
