@@ -231,17 +231,18 @@ class DeBERTa(PositionalEncoding):
         keys, distance = span.band(W, q.device)  # (L, W) each
         deltas = self.delta_of(distance)  # (L, W)
         rows = kr.shape[1]  # 2k
-        c2p = (q @ (kr - kr[:, far, None]).transpose(-1, -2)).gather(
+        # scaled on the (H, 2k, d) tables, as in _band_scores
+        c2p = (q @ ((kr - kr[:, far, None]) * scale).transpose(-1, -2)).gather(
             -1, deltas.expand(B, H, L, W)
         )  # (B, H, L, W): Qc_i . (Kr_δ - Kr_far)
-        p2c_rows = k @ (qr - qr[:, far, None]).transpose(-1, -2)  # (B, H, L, 2k): row j, δ
+        p2c_rows = k @ ((qr - qr[:, far, None]) * scale).transpose(-1, -2)  # (B, H, L, 2k)
         p2c = (
             p2c_rows.flatten(-2)
             .gather(-1, (keys * rows + deltas).flatten().expand(B, H, L * W))
             .view(B, H, L, W)
         )  # (Qr_δ - Qr_far) . Kc_j
-        row_constant = (q @ kr[:, far, :, None]) * scale  # (B, H, L, 1): Qc_i . Kr_far
-        return Scores(q + qr[:, None, far], k, BandBias((c2p + p2c) * scale, row_constant), scale)
+        row_constant = q @ (kr[:, far, :, None] * scale)  # (B, H, L, 1): Qc_i . Kr_far
+        return Scores(q + qr[:, None, far], k, BandBias(c2p + p2c, row_constant), scale)
 
     @staticmethod
     def _band_scores(
