@@ -161,7 +161,7 @@ def test_models_that_did_not_learn_a_task_are_left_out_of_its_ranking() -> None:
             }
         ]
     )
-    assert learned_in_distribution(frame).to_dict() == {
+    assert learned_in_distribution(frame) == {
         ("copy", "alibi"): True,
         ("copy", "nope"): False,
         ("reverse", "alibi"): True,

@@ -154,7 +154,9 @@ def _reads_untrained(record: dict[str, Any], column: str) -> bool:
     return False
 
 
-def _best_accuracy(group: pd.DataFrame, column: str, learned: pd.Series) -> float | None:
+def _best_accuracy(
+    group: pd.DataFrame, column: str, learned: dict[tuple[str, str], bool]
+) -> float | None:
     """The value to bold in a task's accuracy column: the mean of the encoding that its
     interval separates from every other learned encoding (None where nothing is separated)."""
     rows = group[
@@ -186,7 +188,9 @@ def _keep_informative(
     return kept, same
 
 
-def _answer_table(task: str, group: pd.DataFrame, learned: pd.Series, unit: str) -> dict[str, Any]:
+def _answer_table(
+    task: str, group: pd.DataFrame, learned: dict[tuple[str, str], bool], unit: str
+) -> dict[str, Any]:
     """A task with answers: its accuracy columns, effective length, seeds, best seed, share
     generalising and steps to threshold, one row per encoding."""
     best = {c: _best_accuracy(group, c, learned) for c, _ in ANSWER_COLUMNS}

@@ -179,7 +179,11 @@ _COSTS = ("latency_ratio", "latency_at", "latency_noisy", "memory_ratio", "memor
 
 
 def _record(
-    row: dict, metric: HeadlineMetric, column: str, learned: pd.Series, untrained: pd.Series
+    row: dict,
+    metric: HeadlineMetric,
+    column: str,
+    learned: dict[tuple[str, str], bool],
+    untrained: pd.Series,
 ) -> dict[str, object]:
     key = (row["task"], row["encoding_label"])
     return {

@@ -9,6 +9,7 @@ from typing import Any, Iterable
 
 import numpy as np
 import pandas as pd
+from scipy import stats
 
 from posbench.encodings import BUILTINS
 from posbench.tasks import REGISTRY as TASKS
@@ -385,11 +386,11 @@ def lm_headline(frame: pd.DataFrame) -> pd.DataFrame:
     return table.reset_index(drop=True)
 
 
-def learned_in_distribution(frame: pd.DataFrame) -> pd.Series:
+def learned_in_distribution(frame: pd.DataFrame) -> dict[tuple[str, str], bool]:
     """Per (task, encoding_label): whether the model learned the task in distribution (mean
     over seeds): exact match within the training range at least UNDERTRAINED_BELOW, or, for a
     task with a loss floor, in-distribution loss within UNLEARNED_EXCESS of it. Only such
-    numbers are ranked."""
+    numbers are ranked. A plain dict, since callers look it up once per table row."""
     trained = frame[frame["task"].notna() & frame["mem_len"].isna() & frame["eval_len"].notna()]
     trained = trained[trained["eval_len"].astype(float) <= trained["train_len_max"].astype(float)]
     out: dict[tuple[str, str], bool] = {}
@@ -405,7 +406,7 @@ def learned_in_distribution(frame: pd.DataFrame) -> pd.Series:
         .mean()
     )
     out |= {key: bool(value <= UNLEARNED_EXCESS) for key, value in excess.items()}
-    return pd.Series(out, dtype=bool)
+    return out
 
 
 def comparison_kind(frame: pd.DataFrame) -> dict[str, str]:
@@ -439,6 +440,26 @@ def task_names(frame: pd.DataFrame) -> dict[str, str]:
 
 #: Bootstrap replicates for each encoding's mean reciprocal rank.
 MRR_REPLICATES = 500
+
+
+def _group_ids(keys: list[Any]) -> list[np.ndarray]:
+    """The positions of each distinct key, in order of first appearance."""
+    positions: dict[Any, list[int]] = {}
+    for position, key in enumerate(keys):
+        positions.setdefault(key, []).append(position)
+    return [np.asarray(members) for members in positions.values()]
+
+
+def _nanmean_over(values: np.ndarray, groups: list[np.ndarray]) -> np.ndarray:
+    """(R, columns) -> (R, groups): each group's columns averaged, NaNs skipped (NaN where a
+    row has none), as pandas' mean does."""
+    out = np.full((values.shape[0], len(groups)), np.nan)
+    for index, members in enumerate(groups):
+        part = values[:, members]
+        counts = (~np.isnan(part)).sum(axis=1)
+        sums = np.nansum(part, axis=1)
+        out[:, index] = np.where(counts > 0, sums / np.maximum(counts, 1), np.nan)
+    return out
 
 
 def cross_task_ranking(frame: pd.DataFrame) -> pd.DataFrame:
@@ -481,26 +502,41 @@ def cross_task_ranking(frame: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame(columns=columns + ["tasks"])
     per_seed = rows.groupby(["metric", "task", "encoding_label", "seed"])["value"].mean()
     groups = {key: seeds.to_numpy() for key, seeds in per_seed.groupby(level=[0, 1, 2])}
+    keys = list(groups)  # (metric, task, encoding_label)
+    ranked_within = _group_ids([(metric, task) for metric, task, _ in keys])
+    task_level = _group_ids([(m, task_of[t], label) for m, t, label in keys])
+    task_level_keys = list(dict.fromkeys((m, task_of[t], label) for m, t, label in keys))
+    encoding_level = _group_ids([(m, label) for m, _, label in task_level_keys])
+    encoding_level_keys = list(dict.fromkeys((m, label) for m, _, label in task_level_keys))
 
-    def mrr_of(means: dict) -> pd.DataFrame:
-        scores = pd.Series(list(means.values()), index=pd.MultiIndex.from_tuples(list(means)))
-        ranks = scores.groupby(level=[0, 1]).rank(ascending=False, method="average")
-        reciprocal = (1.0 / ranks).rename("reciprocal").reset_index()
-        reciprocal.columns = ["metric", "task", "encoding_label", "reciprocal"]
-        reciprocal["task_name"] = reciprocal["task"].map(task_of)
-        per_task = reciprocal.groupby(["metric", "task_name", "encoding_label"])["reciprocal"]
-        mrr = per_task.mean().groupby(level=[0, 2]).mean().unstack(level=0)  # (encoding, metric)
-        return mrr.reindex(columns=metrics)
+    def mrr_of(means: np.ndarray) -> np.ndarray:  # (R, keys) -> (R, (metric, label) pairs)
+        reciprocal = np.full_like(means, np.nan)
+        for members in ranked_within:
+            ranks = stats.rankdata(-means[:, members], axis=1, nan_policy="omit")
+            reciprocal[:, members] = 1.0 / ranks
+        return _nanmean_over(_nanmean_over(reciprocal, task_level), encoding_level)
 
-    mrr = mrr_of({key: float(seeds.mean()) for key, seeds in groups.items()})
-    table = mrr.add_prefix("mrr_")
+    labels = sorted({label for _, label in encoding_level_keys})
+
+    def as_table(values: np.ndarray) -> pd.DataFrame:  # (pairs,) -> (encoding, metric)
+        index = pd.MultiIndex.from_tuples(encoding_level_keys)
+        table = pd.Series(values, index=index).unstack(level=0)
+        return table.reindex(index=labels, columns=metrics)
+
+    observed = np.array([[float(groups[key].mean()) for key in keys]])
+    table = as_table(mrr_of(observed)[0]).add_prefix("mrr_")
     if any(len(seeds) > 1 for seeds in groups.values()):
-        draws = [
-            mrr_of(means).reindex_like(mrr) for means in seed_resamples(groups, MRR_REPLICATES)
-        ]
+        draws = np.array(
+            [[means[key] for key in keys] for means in seed_resamples(groups, MRR_REPLICATES)]
+        )  # (replicates, keys)
+        replicated = mrr_of(draws)  # (replicates, (metric, label) pairs)
         for metric in metrics:
-            stacked = np.stack([draw[metric].to_numpy() for draw in draws])  # (replicates, enc)
-            bounds = [percentile_interval(stacked[:, i]) for i in range(stacked.shape[1])]
+            by_label = {
+                label: replicated[:, i]
+                for i, (m, label) in enumerate(encoding_level_keys)
+                if m == metric
+            }
+            bounds = [percentile_interval(by_label.get(label, [])) for label in labels]
             table[f"mrr_{metric}_low"] = [low for low, _ in bounds]
             table[f"mrr_{metric}_high"] = [high for _, high in bounds]
     table = table.reindex(columns=columns[1:])
