@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 import torch
 
-from posbench.experiment.config import RunConfig
+from posbench.experiment.config import RunConfig, SweepConfig
 from posbench.plugins import load_plugin_dir
 from posbench.store import COLUMNS, RunFolder, read_json
 from posbench.experiment.runner import load_run, run_sweep
@@ -109,7 +109,7 @@ def test_foreign_output_folder_is_refused(tmp_path: Path) -> None:
     assert [p.name for p in tmp_path.iterdir()] == ["mine.txt"]
 
 
-def _stopping_twins(task: str, options: dict, stop: dict) -> "SweepConfig":
+def _stopping_twins(task: str, options: dict, stop: dict) -> SweepConfig:
     """`task` twice with one training: the task itself checks every 10 steps whether to stop
     (`stop`); TASK-fixed trains all 40 steps."""
     import dataclasses

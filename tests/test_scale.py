@@ -21,7 +21,7 @@ from posbench.experiment.config import (
     expand_runs,
     model_sizes,
 )
-from posbench.experiment.runner import resolve_sweep, run_sweep
+from posbench.experiment.runner import resolve_sweep
 from posbench.report.html import REPORT_RECORD, build_report
 from posbench.report.index import build_index
 from posbench.report.scale import (
