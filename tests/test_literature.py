@@ -345,6 +345,30 @@ def test_the_randomized_gain_is_judged_at_equal_compute_where_a_task_has_it() ->
     assert verdict == AGREES  # +11.0 is within a factor of two of +12.0; +70.0 would not be
 
 
+def test_the_randomized_gain_needs_half_its_pairs_learned_and_groups_the_rest_by_task() -> None:
+    labels = ("rope", "alibi", "learned")
+    accuracies = {n: 0.3 for n in labels} | {f"{n}+random": 0.42 for n in labels}
+    unlearned = {"alibi", "learned+random"}  # only rope's pair is compared: 1 of 3
+    copy_rows = _randomized(accuracies)
+    reverse_rows = [row | {"task": "reverse"} for row in _randomized(accuracies)]
+    exact = [
+        row
+        | {
+            "metric": "exact_match",
+            "value": 0.3 if row["encoding_label"] in unlearned or row["task"] == "reverse" else 1.0,
+        }
+        for row in copy_rows + reverse_rows
+        if row["eval_len"] == 8 and math.isnan(row["mem_len"])
+    ]
+    verdict, measured = _verdicts(copy_rows + reverse_rows + exact)[RANDOMIZED]
+    assert verdict == INCONCLUSIVE
+    assert "judged on 1 of 6 pairs, fewer than 50%" in measured
+    assert "every pair on reverse (3); alibi, learned+random on copy" in measured
+    half = [row for row in exact if row["task"] == "copy"]  # reverse learned: 4 of 6 compared
+    verdict, measured = _verdicts(copy_rows + reverse_rows + half)[RANDOMIZED]
+    assert verdict == PARTLY and "judged on" not in measured  # learned+random lost copy
+
+
 CONTEXT_FREE = "Transformers fail to generalise on context-free tasks"
 
 
@@ -363,6 +387,19 @@ def test_no_plain_encoding_solving_a_non_regular_task_agrees_with_deletang() -> 
     verdict, measured = _verdicts(unlearned)[CONTEXT_FREE]
     assert verdict == NOT_MEASURED and "learned one of its tasks" in measured
     assert _verdicts(_copy({"t5": 0.5}))[CONTEXT_FREE][0] == NOT_MEASURED
+
+
+def test_deletang_agreement_needs_half_the_pairs_learned_and_a_solved_task_refutes_it() -> None:
+    learned = _deepmind({("reverse_string", "rope"): 0.6})
+    unlearned = _deepmind(
+        {("reverse_string", "alibi"): 0.5, ("stack_manipulation", "rope"): 0.4}, exact=0.1
+    )
+    verdict, measured = _verdicts(learned + unlearned)[CONTEXT_FREE]
+    assert verdict == INCONCLUSIVE
+    assert "judged on 1 of 3 task x encoding pairs, fewer than 50%" in measured
+    solved = _deepmind({("reverse_string", "rope"): 0.95})
+    verdict, measured = _verdicts(solved + unlearned)[CONTEXT_FREE]
+    assert verdict == DISAGREES and "solved (>= 90%): reverse_string" in measured
 
 
 def test_seed_bootstrap_draws_seeds_per_encoding_with_replacement() -> None:

@@ -36,6 +36,10 @@ RANK_AGREEMENT = 0.9
 #: Seed bootstrap replicates per verdict, and the share of them that must agree (or disagree).
 BOOTSTRAP_REPLICATES = 200
 AGREEMENT_NEEDED = 0.9
+#: A finding about a suite of tasks (Ruoss et al.'s gain, Deletang et al.'s unsolved classes)
+#: is judged only when at least this share of its (task, encoding) pairs learned their task in
+#: distribution: below it, the verdict would rest on the few models the budget happened to train.
+JUDGED_SHARE_NEEDED = 0.5
 #: The metrics the checks read (the rest of a results frame is dropped before resampling).
 CHECKED_METRICS = (
     "exact_match",
@@ -443,12 +447,13 @@ def _randomized_gain(frame: pd.DataFrame) -> tuple[str, str]:
             continue
         failed = [n for n in (plain, label) if not learned.get((task, n), True)]
         if failed:
-            unlearned.append(f"{' and '.join(failed)} on {task}")
+            unlearned.append((task, " and ".join(failed)))
             lost |= failed == [label]  # randomizing cost the model the task itself
             continue
         pairs.append((task, plain, float(means[(task, plain)]), float(value)))
     skipped = (
-        f"; not compared, as they did not learn the task in distribution: {', '.join(unlearned)}"
+        "; not compared, as they did not learn the task in distribution: "
+        + _unlearned_pairs(unlearned, pairs)
         if unlearned
         else ""
     )
@@ -489,11 +494,37 @@ def _randomized_gain(frame: pd.DataFrame) -> tuple[str, str]:
         f"{100 * RUOSS_GAIN:+.1f} (theirs: an encoder, best of 10 seeds, 15 tasks; here the mean "
         "over seeds)" + skipped
     )
+    total = len(pairs) + len(unlearned)
+    if len(pairs) < JUDGED_SHARE_NEEDED * total:
+        return text + _too_few_learned(len(pairs), total, "pairs"), INCONCLUSIVE
     if mean_gain < GAIN_MARGIN:
         return text, DISAGREES
     if min(gains) <= -GAIN_MARGIN or lost:
         return text, PARTLY
     return text, AGREES if RUOSS_GAIN / 2 <= mean_gain <= 2 * RUOSS_GAIN else PARTLY
+
+
+def _unlearned_pairs(unlearned: list[tuple[str, str]], judged: list[tuple]) -> str:
+    """The (task, names) pairs left out, grouped by task: "every pair on TASK (n)" for a task
+    none of whose several pairs was compared, else the names that failed on each task."""
+    by_task: dict[str, list[str]] = {}
+    for task, names in unlearned:
+        by_task.setdefault(task, []).append(names)
+    judged_tasks = {pair[0] for pair in judged}
+    whole = [t for t, names in by_task.items() if t not in judged_tasks and len(names) > 1]
+    parts = (
+        [f"every pair on {', '.join(f'{t} ({len(by_task[t])})' for t in whole)}"] if whole else []
+    )
+    parts += [f"{', '.join(names)} on {t}" for t, names in by_task.items() if t not in whole]
+    return "; ".join(parts)
+
+
+def _too_few_learned(judged: int, total: int, what: str) -> str:
+    """The clause an inconclusive verdict adds when too few models learned their tasks."""
+    return (
+        f"; judged on {judged} of {total} {what}, fewer than {JUDGED_SHARE_NEEDED:.0%}: too few "
+        "models learned their task in distribution for a verdict at this budget"
+    )
 
 
 # ---- Deletang et al. 2023: Transformers and the Chomsky hierarchy -----------------------------
@@ -524,6 +555,7 @@ def _unsolved(family: str, only: tuple[str, ...] = ()) -> Callable[[pd.DataFrame
         top = best.groupby(level="task").idxmax()
         solved = sorted({task for (task, _), value in best.items() if value >= SOLVED_AT})
         unjudged = scores.loc[~scores["learned"], ["task", "encoding_label"]].drop_duplicates()
+        total = len(best) + len(unjudged)
         text = (
             f"{family}, best seed per task at plain positions (the best encoding): "
             + ", ".join(f"{task} {label} {best[(task, label)]:.2f}" for task, label in top)
@@ -537,7 +569,11 @@ def _unsolved(family: str, only: tuple[str, ...] = ()) -> Callable[[pd.DataFrame
             + " (theirs: the best of 10 seeds and 3 learning rates, tested to length 500 after "
             "training to 40)"
         )
-        return text, DISAGREES if solved else AGREES
+        if solved:  # one solved task refutes "none solved", however few models learned
+            return text, DISAGREES
+        if len(best) < JUDGED_SHARE_NEEDED * total:
+            return text + _too_few_learned(len(best), total, "task x encoding pairs"), INCONCLUSIVE
+        return text, AGREES
 
     return check
 
