@@ -73,6 +73,24 @@ def test_the_index_lists_only_encodings_that_learned_the_task(tmp_path: Path) ->
     assert task["best"] == "no encoding learned the task in distribution"
 
 
+def test_the_mrr_row_says_a_sweep_of_sizes_averages_each_tasks_sizes(tmp_path: Path) -> None:
+    folder = tmp_path / "reports" / "sizes"
+    folder.mkdir(parents=True)
+    (folder / "report.html").write_text("<title>posbench report</title>")
+    record = dict.fromkeys(("about", "built", "built_by", "runs", "failed", "missing"), "")
+    record |= {"posbench_versions": [], "commits": [], "compute_seconds": 1.0}
+    record |= {"effective_lengths": [], "mrr": [{"encoding": "t5", "value": 0.5, "low": None}]}
+    (folder / REPORT_RECORD).write_text(json.dumps(record))
+    assert (
+        "<th>across tasks</th><td>MRR: t5 0.50</td>"
+        in build_index(tmp_path / "reports").read_text()
+    )
+    record["scale"] = ["copy: the ranking holds."]
+    (folder / REPORT_RECORD).write_text(json.dumps(record))
+    page = build_index(tmp_path / "reports").read_text()
+    assert "<th>across tasks (each task&#39;s sizes averaged)</th><td>MRR: t5 0.50</td>" in page
+
+
 def test_a_corrupt_record_and_an_empty_folder_are_one_sentence(tmp_path: Path) -> None:
     (tmp_path / "empty").mkdir()
     with pytest.raises(ResultsError, match="holds no report"):

@@ -56,6 +56,13 @@ class IndexedReport:
         ]
 
     @property
+    def mrr_scope(self) -> str:
+        """What the MRR row averages over: a sweep of several model sizes averages each task's
+        sizes before averaging across tasks, as it averages a task's protocols."""
+        sizes = bool(self.record.get("scale"))
+        return "across tasks (each task's sizes averaged)" if sizes else "across tasks"
+
+    @property
     def best_mrr(self) -> str:
         rows = [r for r in self.record.get("mrr", []) if r["value"] is not None]
         return ", ".join(
