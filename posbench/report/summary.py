@@ -9,7 +9,7 @@ from typing import Any, Iterable
 
 import numpy as np
 import pandas as pd
-from scipy import stats
+from scipy.stats import rankdata
 
 from posbench.encodings import BUILTINS
 from posbench.tasks import REGISTRY as TASKS
@@ -512,7 +512,7 @@ def cross_task_ranking(frame: pd.DataFrame) -> pd.DataFrame:
     def mrr_of(means: np.ndarray) -> np.ndarray:  # (R, keys) -> (R, (metric, label) pairs)
         reciprocal = np.full_like(means, np.nan)
         for members in ranked_within:
-            ranks = stats.rankdata(-means[:, members], axis=1, nan_policy="omit")
+            ranks = rankdata(-means[:, members], axis=1, nan_policy="omit")
             reciprocal[:, members] = 1.0 / ranks
         return _nanmean_over(_nanmean_over(reciprocal, task_level), encoding_level)
 
