@@ -389,6 +389,21 @@ def test_no_plain_encoding_solving_a_non_regular_task_agrees_with_deletang() -> 
     assert _verdicts(_copy({"t5": 0.5}))[CONTEXT_FREE][0] == NOT_MEASURED
 
 
+def test_deletang_claims_are_judged_on_their_five_encodings_and_others_are_named_beside() -> None:
+    theirs = _deepmind({("reverse_string", "rope"): 0.6, ("stack_manipulation", "txl"): 0.7})
+    others = _deepmind({("reverse_string", "t5"): 0.97, ("stack_manipulation", "learned"): 0.5})
+    verdict, measured = _verdicts(theirs + others)[CONTEXT_FREE]
+    assert verdict == AGREES and "solved (>= 90%): none" in measured
+    assert "solved by encodings they did not run (not judged): reverse_string t5 0.97" in measured
+    assert "learned" not in measured.split("(not judged)")[1]  # 0.5 is not solved
+    verdict, measured = _verdicts(others)[CONTEXT_FREE]
+    assert verdict == NOT_MEASURED and "ran at plain positions with their encodings" in measured
+    unlearned = _deepmind({("reverse_string", "rope"): 0.95}, exact=0.1)
+    verdict, measured = _verdicts(others + unlearned)[CONTEXT_FREE]
+    assert verdict == NOT_MEASURED and "none of their encodings" in measured
+    assert "reverse_string t5 0.97" in measured
+
+
 def test_deletang_agreement_needs_half_the_pairs_learned_and_a_solved_task_refutes_it() -> None:
     learned = _deepmind({("reverse_string", "rope"): 0.6})
     unlearned = _deepmind(
