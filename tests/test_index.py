@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import re
 from pathlib import Path
 
@@ -13,11 +14,12 @@ from helpers import (
     needs_chromium,
     one_sentence_error,
     open_page,
+    tidy,
     tiny_sweep,
 )
 from posbench.errors import ResultsError
 from posbench.experiment.runner import run_sweep
-from posbench.report.html import REPORT_RECORD, build_report
+from posbench.report.html import REPORT_RECORD, _report_record, build_report
 from posbench.report.index import build_index, read_reports
 from posbench.version import __version__
 
@@ -52,19 +54,25 @@ def test_the_index_links_every_report_with_its_record(reports: Path) -> None:
     assert [r.folder for r in read_reports(reports)] == ["older", "tiny"]
 
 
-def test_the_index_lists_only_encodings_that_learned_the_task(tmp_path: Path) -> None:
-    folder = tmp_path / "reports" / "lm"
+def _front_page_record(reports: Path, name: str, **fields: object) -> tuple[Path, dict]:
+    """A report folder holding a stub page and a record with `fields` over empty defaults."""
+    folder = reports / name
     folder.mkdir(parents=True)
     (folder / "report.html").write_text("<title>posbench report</title>")
+    record = dict.fromkeys(("about", "built", "built_by", "runs", "failed", "missing"), "")
+    record |= {"posbench_versions": [], "commits": [], "compute_seconds": 1.0}
+    record |= {"effective_lengths": [], "mrr": []} | fields
+    (folder / REPORT_RECORD).write_text(json.dumps(record))
+    return folder, record
 
+
+def test_the_index_lists_only_encodings_that_learned_the_task(tmp_path: Path) -> None:
     def length(encoding: str, value: float, learned: bool) -> dict:
         row = {"task": "lm", "encoding": encoding, "value": value, "low": None, "high": None}
         return row | {"learned": learned}
 
-    record = dict.fromkeys(("about", "built", "built_by", "runs", "failed", "missing"), "")
-    record |= {"posbench_versions": [], "commits": [], "compute_seconds": 1.0, "mrr": []}
-    record["effective_lengths"] = [length("alibi", 512, False), length("txl", 256, True)]
-    (folder / REPORT_RECORD).write_text(json.dumps(record))
+    lengths = [length("alibi", 512, False), length("txl", 256, True)]
+    folder, record = _front_page_record(tmp_path / "reports", "lm", effective_lengths=lengths)
     (task,) = read_reports(tmp_path / "reports")[0].best_by_task
     assert task == {"task": "lm", "best": "txl 256"}
     record["effective_lengths"] = [length("alibi", 512, False)]
@@ -74,13 +82,8 @@ def test_the_index_lists_only_encodings_that_learned_the_task(tmp_path: Path) ->
 
 
 def test_the_mrr_row_says_a_sweep_of_sizes_averages_each_tasks_sizes(tmp_path: Path) -> None:
-    folder = tmp_path / "reports" / "sizes"
-    folder.mkdir(parents=True)
-    (folder / "report.html").write_text("<title>posbench report</title>")
-    record = dict.fromkeys(("about", "built", "built_by", "runs", "failed", "missing"), "")
-    record |= {"posbench_versions": [], "commits": [], "compute_seconds": 1.0}
-    record |= {"effective_lengths": [], "mrr": [{"encoding": "t5", "value": 0.5, "low": None}]}
-    (folder / REPORT_RECORD).write_text(json.dumps(record))
+    mrr = [{"encoding": "t5", "value": 0.5, "low": None}]
+    folder, record = _front_page_record(tmp_path / "reports", "sizes", mrr=mrr)
     assert (
         "<th>across tasks</th><td>MRR: t5 0.50</td>"
         in build_index(tmp_path / "reports").read_text()
@@ -89,6 +92,30 @@ def test_the_mrr_row_says_a_sweep_of_sizes_averages_each_tasks_sizes(tmp_path: P
     (folder / REPORT_RECORD).write_text(json.dumps(record))
     page = build_index(tmp_path / "reports").read_text()
     assert "<th>across tasks (each task&#39;s sizes averaged)</th><td>MRR: t5 0.50</td>" in page
+
+
+def test_the_mrr_row_says_how_many_tasks_each_encoding_was_ranked_on(tmp_path: Path) -> None:
+    mrr = [{"encoding": "nope", "value": 0.67, "low": 0.17, "high": 1.0, "tasks": 1}]
+    mrr += [{"encoding": "t5", "value": 0.58, "low": 0.24, "high": 0.71, "tasks": 2}]
+    _front_page_record(tmp_path / "reports", "tasks", mrr=mrr)
+    (report,) = read_reports(tmp_path / "reports")
+    assert (
+        report.best_mrr == "nope 0.67 [0.17, 1.00] over 1 task, t5 0.58 [0.24, 0.71] over 2 tasks"
+    )
+
+
+def test_a_report_records_how_many_tasks_each_mrr_ranks(tmp_path: Path) -> None:
+    scores = {("a", "x"): 0.9, ("a", "y"): 0.5, ("a", "z"): 0.1, ("b", "x"): 0.2, ("b", "y"): 0.8}
+    rows = [
+        {"task": task, "encoding_label": label, "seed": seed, "metric": "greedy_token_accuracy"}
+        | {"mem_len": math.nan, "eval_len": length, "train_len_max": 8}
+        | {"value": value if length > 8 else 1.0}
+        for (task, label), value in scores.items()
+        for seed in (0, 1)
+        for length in (8, 16)
+    ]
+    record = _report_record(tmp_path, tmp_path / "out", tidy(rows), {}, [], [], [])
+    assert {row["encoding"]: row["tasks"] for row in record["mrr"]} == {"x": 2, "y": 2, "z": 1}
 
 
 def test_a_corrupt_record_and_an_empty_folder_are_one_sentence(tmp_path: Path) -> None:

@@ -633,6 +633,7 @@ def _report_record(
                 "value": _finite(r["mrr_headline"]),
                 "low": _finite(r["mrr_headline_low"]),
                 "high": _finite(r["mrr_headline_high"]),
+                "tasks": int(r["tasks"]),
             }
             for r in cross_task_ranking(frame).to_dict("records")
         ],

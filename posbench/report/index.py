@@ -64,11 +64,21 @@ class IndexedReport:
 
     @property
     def best_mrr(self) -> str:
+        """The encodings with the highest MRR, each with how many tasks it was ranked on (those
+        it learned): an MRR over one task does not compare with one over four."""
         rows = [r for r in self.record.get("mrr", []) if r["value"] is not None]
         return ", ".join(
-            f"{row['encoding']} {_interval(row, 2)}"
+            f"{row['encoding']} {_interval(row, 2)}{_over_tasks(row)}"
             for row in sorted(rows, key=lambda r: -r["value"])[:TOP_ENCODINGS]
         )
+
+
+def _over_tasks(row: dict[str, Any]) -> str:
+    """' over 3 tasks', or nothing for a record from before the count was kept."""
+    tasks = row.get("tasks")
+    if tasks is None:
+        return ""
+    return f" over {tasks} task{'' if tasks == 1 else 's'}"
 
 
 def _interval(row: dict[str, Any], digits: int = 0) -> str:
