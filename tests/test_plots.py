@@ -40,6 +40,14 @@ def test_colours_are_fixed_per_label_whatever_the_order() -> None:
     assert list(one)[-1] == "zzz-plugin"  # built-ins first, in their usual order
 
 
+def test_a_randomized_twin_shares_its_encodings_colour_and_is_dashed() -> None:
+    colours = plots.colour_map(["rope", "rope+random", "alibi", "txl+random"])
+    assert colours["rope+random"] == colours["rope"]
+    assert colours["txl+random"] not in (colours["rope"], colours["alibi"])  # no plain twin here
+    assert len(set(colours.values())) == 3
+    assert plots.line_style("rope+random") == "--" and plots.line_style("rope") == "-"
+
+
 def test_loss_by_position_is_drawn_at_token_positions(monkeypatch: pytest.MonkeyPatch) -> None:
     """x is each row's position (eval_len is the length evaluated, the same for all of them);
     y the mean over seeds."""

@@ -46,6 +46,7 @@ from posbench.report.stats import GENERALISES_AT, Interval, rank_groups, sole_be
 from posbench.report.summary import (
     EFFECTIVE_AT,
     EFFECTIVE_PENALTY,
+    RANDOM_SUFFIX,
     comparison_kind,
     FAMILIES,
     cross_task_ranking,
@@ -475,7 +476,7 @@ def _deepmind_section(frame: pd.DataFrame) -> dict[str, Any] | None:
 
     gains = []
     for label in labels:
-        twin = f"{label}+random"
+        twin = f"{label}{RANDOM_SUFFIX}"
         if twin in labels:
             by_family = family_gains(scores, label, twin)
             gains.append(

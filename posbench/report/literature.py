@@ -21,6 +21,7 @@ from scipy import stats
 from posbench.experiment.config import UNLEARNED_EXCESS
 from posbench.report.published import published_numbers, unseen_scores
 from posbench.report.summary import (
+    RANDOM_SUFFIX,
     comparison_kind,
     deepmind_scores,
     learned_in_distribution,
@@ -415,9 +416,6 @@ def _restart_confusion(frame: pd.DataFrame) -> tuple[str, str]:
 
 # ---- Ruoss et al. 2023: randomized positions
 # ------------------------------------------------------
-#: How suites label an encoding trained with randomized positions: its name plus this suffix,
-#: beside the same encoding with default options (its name as label).
-RANDOM_SUFFIX = "+random"
 #: A gain (token accuracy, 0..1) within this of zero counts as no difference.
 GAIN_MARGIN = 0.02
 #: Ruoss et al.'s mean gain over the 15 tasks; a gain within a factor of two of it agrees in size.

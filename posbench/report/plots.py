@@ -21,9 +21,8 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
 from posbench.report.overview import HEADLINE_METRICS
-from posbench.report.summary import token_metric
 from posbench.report.stats import mean_interval
-from posbench.report.summary import encoding_order
+from posbench.report.summary import RANDOM_SUFFIX, encoding_order, token_metric
 
 #: The report's look, applied per figure through rc_context: the caller's rcParams and
 #: backend are never touched (no pyplot, no matplotlib.use).
@@ -43,12 +42,27 @@ def styled(fn: F) -> F:
 
 
 def colour_map(labels: Sequence[str]) -> dict[str, str]:
-    """A fixed colour per encoding label: built-ins first in their usual order, then the rest."""
+    """A fixed colour per encoding label: built-ins first in their usual order, then the rest.
+    A randomized twin (NAME+random beside NAME) shares NAME's colour and is drawn dashed
+    (line_style), so a figure of 14 encodings pairs them at a glance."""
     order = encoding_order(labels)
+    present = set(order)
+    own = [label for label in order if _plain_twin(label) not in present]
     palette = matplotlib.colormaps["tab10"].colors + matplotlib.colormaps["Dark2"].colors
-    return {
-        label: matplotlib.colors.to_hex(palette[i % len(palette)]) for i, label in enumerate(order)
+    colours = {
+        label: matplotlib.colors.to_hex(palette[i % len(palette)]) for i, label in enumerate(own)
     }
+    return {label: colours.get(label) or colours[str(_plain_twin(label))] for label in order}
+
+
+def line_style(label: str) -> str:
+    """Dashed for a randomized twin, solid otherwise."""
+    return "--" if label.endswith(RANDOM_SUFFIX) else "-"
+
+
+def _plain_twin(label: str) -> str | None:
+    """NAME for a label NAME+random, else None."""
+    return label.removesuffix(RANDOM_SUFFIX) if label.endswith(RANDOM_SUFFIX) else None
 
 
 def to_png(fig: Figure) -> str:
@@ -73,7 +87,15 @@ def _lines(
     for label in sorted(rows["encoding_label"].unique(), key=list(colours).index):
         stats = _mean_interval(rows[rows["encoding_label"] == label], x)
         xs = stats[x].map(positions) if positions else stats[x]
-        ax.plot(xs, stats["mean"], marker="o", ms=3, color=colours[label], label=label)
+        ax.plot(
+            xs,
+            stats["mean"],
+            marker="o",
+            ms=3,
+            color=colours[label],
+            ls=line_style(label),
+            label=label,
+        )
         ax.fill_between(
             xs, stats["low"], stats["high"], color=colours[label], alpha=0.15, linewidth=0
         )
@@ -284,7 +306,12 @@ def attention_distance(distances: dict[str, pd.DataFrame], colours: dict[str, st
             if rows.empty:
                 continue
             ax.plot(
-                rows["distance"] + 1, rows["mass"], color=colours[label], label=label, linewidth=1.2
+                rows["distance"] + 1,
+                rows["mass"],
+                color=colours[label],
+                ls=line_style(label),
+                label=label,
+                linewidth=1.2,
             )
             tokens = int(rows["tokens"].iloc[0])
         ax.set_xscale("log")

@@ -22,6 +22,11 @@ from posbench.report.stats import (
 )
 
 
+#: How suites label an encoding trained with randomized positions: its name plus this suffix,
+#: beside the same encoding with default options (its name as label).
+RANDOM_SUFFIX = "+random"
+
+
 def encoding_order(labels: Iterable[str]) -> list[str]:
     """Built-in encodings first in their usual order, then the rest alphabetically."""
     return sorted(
