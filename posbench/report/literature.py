@@ -548,11 +548,20 @@ def _unsolved(family: str, only: tuple[str, ...] = ()) -> Callable[[pd.DataFrame
         ]
         if only:
             scores = scores[scores["task"].isin(only)]
-        theirs = scores["encoding_label"].map(names).isin(DELETANG_ENCODINGS)
-        beside = _solved_beside(scores[~theirs])
-        scores = scores[theirs]
-        learned = scores[scores["learned"]]
-        if learned.empty:
+        learned = scores[scores["learned"].astype(bool)]
+        best_seeds = learned.groupby(["task", "encoding_label"])["score"].max()
+        theirs = best_seeds.index.get_level_values("encoding_label").map(names)
+        best = best_seeds[theirs.isin(DELETANG_ENCODINGS)]
+        others = best_seeds[~theirs.isin(DELETANG_ENCODINGS)]
+        others = others[others >= SOLVED_AT]
+        beside = (
+            "; solved by encodings they did not run (not judged): "
+            + ", ".join(f"{task} {label} {value:.2f}" for (task, label), value in others.items())
+            if len(others)
+            else ""
+        )
+        scores = scores[scores["encoding_label"].map(names).isin(DELETANG_ENCODINGS)]
+        if best.empty:
             reason = (
                 "no task of the class ran at plain positions with their encodings"
                 if scores.empty
@@ -560,7 +569,6 @@ def _unsolved(family: str, only: tuple[str, ...] = ()) -> Callable[[pd.DataFrame
                 "distribution"
             )
             return f"{family}: {reason}{beside}", NOT_MEASURED
-        best = learned.groupby(["task", "encoding_label"])["score"].max()
         top = best.groupby(level="task").idxmax()
         solved = sorted({task for (task, _), value in best.items() if value >= SOLVED_AT})
         unjudged = scores.loc[~scores["learned"], ["task", "encoding_label"]].drop_duplicates()
@@ -585,21 +593,6 @@ def _unsolved(family: str, only: tuple[str, ...] = ()) -> Callable[[pd.DataFrame
         return text, AGREES
 
     return check
-
-
-def _solved_beside(scores: pd.DataFrame) -> str:
-    """The tasks that encodings outside their five solved (learned, best seed >= SOLVED_AT), as
-    a clause for the measured text; empty when there are none."""
-    learned = scores[scores["learned"].astype(bool)]
-    if learned.empty:
-        return ""
-    best = learned.groupby(["task", "encoding_label"])["score"].max()
-    solved = best[best >= SOLVED_AT]
-    if solved.empty:
-        return ""
-    return "; solved by encodings they did not run (not judged): " + ", ".join(
-        f"{task} {label} {value:.2f}" for (task, label), value in solved.items()
-    )
 
 
 FINDINGS: tuple[Finding, ...] = (
