@@ -11,11 +11,12 @@ from dataclasses import dataclass
 
 import pytest
 
-from posbench.kernels.cpu import configure_cpu
+from posbench.kernels.cpu import configure_cpu, keep_freed_memory
 from posbench.experiment.timing import guarded, interleaved_times
 
 THREADS = int(os.environ.get("POSBENCH_BENCH_THREADS", "2"))
 configure_cpu(THREADS)
+keep_freed_memory()  # as in the posbench command's own processes
 
 
 @dataclass

@@ -535,9 +535,11 @@ def inspect_command(
 
 def main() -> None:
     """Console-script entry point."""
+    from posbench.kernels.cpu import keep_freed_memory
     from posbench.warning_lines import show_warnings_as_lines
 
     show_warnings_as_lines()
+    keep_freed_memory()
     app(prog_name="posbench")
 
 

@@ -27,7 +27,7 @@ import torch
 
 from posbench.experiment.config import ModelSize, config_id, run_label
 from posbench.experiment.evaluation import POSITION_METRICS
-from posbench.kernels.cpu import denormals_flushed
+from posbench.kernels.cpu import denormals_flushed, freed_memory_kept
 from posbench.errors import ResultsError
 from posbench.version import __version__
 
@@ -206,6 +206,7 @@ def environment(device: str) -> dict[str, Any]:
         "cpu_count": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
         "flush_denormals": denormals_flushed(),
+        "freed_memory_kept": freed_memory_kept(),
         "default_dtype": str(torch.get_default_dtype()),
         "device": device,
         "git_commit": git_commit(),

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import sys
 import textwrap
 from pathlib import Path
 
@@ -15,7 +16,7 @@ from posbench.experiment.compute import SilentReporter
 from posbench.errors import ConfigError
 from posbench.experiment.executors import ProcessExecutor, make_executor
 from posbench.plugins import load_plugin_dir
-from posbench.store import RunFolder
+from posbench.store import RunFolder, read_json
 from posbench.experiment.runner import run_sweep
 
 from helpers import TINY_TOML, invoke, one_sentence_error, tiny_sweep, write_config
@@ -69,6 +70,9 @@ def test_processes_give_the_same_results(local_results: Path, tmp_path: Path) ->
     outcome = run_sweep(four_runs(), tmp_path / "sw", executor=ProcessExecutor(jobs=2))
     assert len(outcome.ran) == 4
     pd.testing.assert_frame_equal(values(outcome.results_csv), values(local_results))
+    if sys.platform.startswith("linux"):  # posbench's own workers reuse freed memory (glibc)
+        for run_id in outcome.ran:
+            assert read_json(tmp_path / "sw" / run_id / "env.json")["freed_memory_kept"] is True
 
 
 def test_processes_record_a_dead_worker_and_finish_the_rest(

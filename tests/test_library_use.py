@@ -22,6 +22,7 @@ PROBE = textwrap.dedent(
     import torch
     from helpers import tiny_sweep
     from posbench.experiment.runner import run_sweep
+    from posbench.kernels.cpu import freed_memory_kept
 
     def denormals():  # a parallel op: every worker thread's mode shows
         return int((torch.full((1 << 22,), 1e-30) * 1e-10).count_nonzero())
@@ -39,21 +40,23 @@ PROBE = textwrap.dedent(
         mode = oct(os.stat(outcome.results_csv).st_mode & 0o777)
     after = (denormals(), torch.get_num_threads(), torch.get_rng_state(), os.umask(0o027))
     print(before[0], after[0], before[1], after[1], bool(torch.equal(before[2], after[2])),
-    oct(after[3]), mode)
+    oct(after[3]), mode, freed_memory_kept())
     """
 )
 
 
-def test_a_sweep_leaves_threads_denormals_rng_and_umask_unchanged() -> None:
+def test_a_sweep_leaves_threads_denormals_rng_umask_and_malloc_unchanged() -> None:
     out = subprocess.run(
         [sys.executable, "-c", PROBE], capture_output=True, text=True, check=True
     ).stdout.split()
-    denormals_before, denormals_after, threads_before, threads_after, same_rng, umask, mode = out
+    denormals_before, denormals_after, threads_before, threads_after, same_rng, umask = out[:6]
+    mode, malloc_changed = out[6:]
     assert denormals_before == denormals_after == str(1 << 22)  # still not flushed, on every thread
     assert threads_before == threads_after == "2"
     assert same_rng == "True"
     assert umask == "0o27"
     assert mode == "0o640"  # files honour the caller's umask (0666 & ~027)
+    assert malloc_changed == "False"  # the posbench command's own processes raise its thresholds
 
 
 def test_a_run_computes_in_float32_whatever_the_callers_default_dtype(tmp_path: Path) -> None:

@@ -1,5 +1,5 @@
-"""CPU compute settings: the thread count, and float32 denormals flushed to zero on every
-CPU thread torch computes on.
+"""CPU compute settings: the thread count, float32 denormals flushed to zero on every CPU
+thread torch computes on, and freed memory kept for reuse.
 
 Softmax over long rows produces probabilities such as exp(-100) that are denormal in float32;
 x86 cores process those tens of times slower, and ALiBi's linear penalty makes them common
@@ -8,12 +8,21 @@ x86 cores process those tens of times slower, and ALiBi's linear penalty makes t
 FTZ/DAZ for the calling thread only, while torch's kernels run on OpenMP worker threads, so
 this runs it once inside an OpenMP parallel region of the runtime torch itself loaded.
 TensorFlow flushes denormals on its compute threads by default for the same reason; the effect
-on results is below 1e-38 in absolute value."""
+on results is below 1e-38 in absolute value.
+
+glibc's malloc maps every block over 32 MiB afresh and unmaps it when freed, so each new
+(H, L, L) tensor at L = 2048 (64 MiB) pays 16,384 page faults when first written: 20 ms of a
+23 ms Toeplitz expansion on this project's 2-core machine, a cost of the allocator, not of the
+encoding, that a process linked with jemalloc or tcmalloc (PyTorch's CPU tuning advice) never
+pays. ``keep_freed_memory`` raises glibc's mapping and trimming thresholds so those blocks are
+reused in posbench's own processes; it changes when memory returns to the system, never a
+computed number."""
 
 from __future__ import annotations
 
 import ctypes
 import os
+import sys
 import threading
 from contextlib import contextmanager
 from typing import Iterator
@@ -23,6 +32,12 @@ import torch
 _OPENMP_RUNTIMES = ("libgomp", "libiomp5", "libomp")
 _applied: set[tuple[int, int, int]] = set()
 _CALLBACK_TYPE = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+#: Freed blocks up to this size stay in the process for reuse (glibc's own ceiling is 32 MiB).
+RETAINED_BYTES = 1 << 30
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameter numbers
+#: Set in the environment, these keep glibc's malloc as the caller configured it.
+MALLOC_VARIABLES = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_")
+_memory_kept: list[bool] = []
 
 
 def _loaded_openmp_runtime() -> str | None:
@@ -87,6 +102,33 @@ def flushing_denormals() -> bool:
     return float(torch.tensor(1e-30, dtype=torch.float32) * 1e-10) == 0.0
 
 
+def keep_freed_memory() -> bool:
+    """Have glibc's malloc keep freed blocks up to RETAINED_BYTES for reuse instead of
+    unmapping them (see the module docstring); True where it now does. Nothing changes outside
+    glibc or where the environment sets MALLOC_VARIABLES (the memory probe maps every block on
+    purpose, so that peak RSS follows tensors). Once per process, and only in processes
+    posbench owns (the command, its worker processes, the benchmarks): glibc cannot go back to
+    its adaptive thresholds, so a library caller's process is left as it was. It changes no
+    computed number."""
+    if not _memory_kept:
+        _memory_kept.append(
+            sys.platform.startswith("linux")
+            and not any(name in os.environ for name in MALLOC_VARIABLES)
+            and _set_malloc_thresholds(RETAINED_BYTES)
+        )
+    return _memory_kept[0]
+
+
+def _set_malloc_thresholds(size: int) -> bool:
+    """mallopt(M_MMAP_THRESHOLD) and mallopt(M_TRIM_THRESHOLD) to size; False without glibc."""
+    try:
+        mallopt = ctypes.CDLL(None).mallopt  # the C library this process runs on
+    except (OSError, AttributeError):
+        return False
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    return bool(mallopt(_M_MMAP_THRESHOLD, size)) and bool(mallopt(_M_TRIM_THRESHOLD, size))
+
+
 def configure_cpu(threads: int | None = None) -> None:
     """Compute on `threads` CPU threads (None keeps torch's choice), denormals flushed on each.
 
@@ -119,6 +161,11 @@ def compute_settings(threads: int | None = None) -> Iterator[None]:
         if not was_flushing:
             _stop_flushing(team)
         torch.set_num_threads(old_threads)
+
+
+def freed_memory_kept() -> bool:
+    """Whether ``keep_freed_memory`` took effect in this process (recorded in env.json)."""
+    return bool(_memory_kept) and _memory_kept[0]
 
 
 def denormals_flushed() -> bool:
