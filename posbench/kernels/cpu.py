@@ -32,7 +32,8 @@ import torch
 _OPENMP_RUNTIMES = ("libgomp", "libiomp5", "libomp")
 _applied: set[tuple[int, int, int]] = set()
 _CALLBACK_TYPE = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
-#: Freed blocks up to this size stay in the process for reuse (glibc's own ceiling is 32 MiB).
+#: Freed blocks up to this size stay in the process for reuse (glibc's adaptive threshold stops
+#: at 32 MiB).
 RETAINED_BYTES = 1 << 30
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameter numbers
 #: Set in the environment, these keep glibc's malloc as the caller configured it.
