@@ -104,13 +104,13 @@ def flushing_denormals() -> bool:
 
 
 def keep_freed_memory() -> bool:
-    """Have glibc's malloc keep freed blocks up to RETAINED_BYTES for reuse instead of unmapping them
-    (see the module docstring); True where it now does. Nothing changes outside glibc or where the
-    environment sets MALLOC_VARIABLES (the memory probe maps every block on purpose, so that peak
-    RSS follows tensors). Once per process, and only in processes posbench owns (the command, the
-    process executor's workers, the benchmarks; not Ray's shared workers): glibc cannot go back to
-    its adaptive thresholds, so a library caller's process is left as it was. It changes no computed
-    number."""
+    """Have glibc's malloc keep freed blocks up to RETAINED_BYTES for reuse instead of unmapping
+    them (see the module docstring); True where it now does. Nothing changes outside glibc or
+    where the environment sets MALLOC_VARIABLES (the memory probe maps every block on purpose,
+    so that peak RSS follows tensors). Once per process, and only in processes posbench owns
+    (the command, the process executor's workers, the benchmarks; not Ray's shared workers):
+    glibc cannot go back to its adaptive thresholds, so a library caller's process is left as it
+    was. It changes no computed number."""
     if not _memory_kept:
         _memory_kept.append(
             sys.platform.startswith("linux")
