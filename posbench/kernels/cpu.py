@@ -21,6 +21,7 @@ computed number."""
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import sys
 import threading
@@ -38,7 +39,6 @@ RETAINED_BYTES = 1 << 30
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameter numbers
 #: Set in the environment, these keep glibc's malloc as the caller configured it.
 MALLOC_VARIABLES = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_")
-_memory_kept: list[bool] = []
 
 
 def _loaded_openmp_runtime() -> str | None:
@@ -103,6 +103,7 @@ def flushing_denormals() -> bool:
     return float(torch.tensor(1e-30, dtype=torch.float32) * 1e-10) == 0.0
 
 
+@functools.cache
 def keep_freed_memory() -> bool:
     """Have glibc's malloc keep freed blocks up to RETAINED_BYTES for reuse instead of unmapping
     them (see the module docstring); True where it now does. Nothing changes outside glibc or
@@ -111,13 +112,11 @@ def keep_freed_memory() -> bool:
     (the command, the process executor's workers, the benchmarks; not Ray's shared workers):
     glibc cannot go back to its adaptive thresholds, so a library caller's process is left as it
     was. It changes no computed number."""
-    if not _memory_kept:
-        _memory_kept.append(
-            sys.platform.startswith("linux")
-            and not any(name in os.environ for name in MALLOC_VARIABLES)
-            and _set_malloc_thresholds(RETAINED_BYTES)
-        )
-    return _memory_kept[0]
+    return (
+        sys.platform.startswith("linux")
+        and not any(name in os.environ for name in MALLOC_VARIABLES)
+        and _set_malloc_thresholds(RETAINED_BYTES)
+    )
 
 
 def _set_malloc_thresholds(size: int) -> bool:
@@ -166,7 +165,7 @@ def compute_settings(threads: int | None = None) -> Iterator[None]:
 
 def freed_memory_kept() -> bool:
     """Whether ``keep_freed_memory`` took effect in this process (recorded in env.json)."""
-    return bool(_memory_kept) and _memory_kept[0]
+    return keep_freed_memory.cache_info().currsize > 0 and keep_freed_memory()
 
 
 def denormals_flushed() -> bool:
