@@ -97,10 +97,12 @@ def check_causality(encoding: str, **options: Any) -> None:
 def check_chunked_equals_whole(
     encoding: str, chunk_sizes: tuple[int, ...] = (1, 5, 8), **options: Any
 ) -> None:
-    """A sequence fed in chunks through an unbounded cache gives the logits of the whole; an
+    """A sequence fed in chunks through an unbounded cache gives the logits of the whole, and
+    so do the attention logits of each chunk's queries against the keys before them; an
     encoding that declares ``cache_consistent = False`` must really differ (a declaration
     that is not needed hides a check). Drawn positions are drawn once for the stream, whole
     or chunked alike."""
+    _check_chunked_scores(encoding, chunk_sizes, **options)
     model = tiny_model(encoding, **options).eval()
     tokens = _tokens()
     consistent = getattr(model.encoding, "cache_consistent", True)
@@ -140,6 +142,33 @@ def check_chunked_equals_whole(
         assert gap > 1e-3, (
             f"{encoding}: declares cache_consistent = False but its chunked scores equal the whole"
         )
+
+
+def _check_chunked_scores(encoding: str, chunk_sizes: tuple[int, ...], **options: Any) -> None:
+    """Each chunk's queries against the keys before them (one token: the decoding path) give
+    the rows of the whole's attention logits. At the tiny model's initial weights an
+    encoding's learned position terms move its output logits by as little as 1e-7, below what
+    the model-level comparison can see; at the logits they are of order one."""
+    torch.manual_seed(0)
+    enc = create_encoding(encoding, n_heads=4, d_head=8, causal=True, n_layers=1, **options).eval()
+    if not enc.cache_consistent:
+        return
+    enc.random_positions = None  # plain spans: drawn positions have their own check
+    P = min(SEQ_LEN, enc.max_positions or SEQ_LEN)
+    q, k = torch.randn(2, 2, 4, P, 8, generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        whole = attention_logits(enc, q, k, Span(0, P), Span(0, P))  # (B, H, P, P)
+        tolerance = 1e-5 * max(1.0, whole.abs().max().item())
+        for size in chunk_sizes:
+            for s in range(0, P, size):
+                e = min(s + size, P)
+                part = attention_logits(enc, q[..., s:e, :], k[..., :e, :], Span(s, e), Span(0, e))
+                seen = causal_mask(e - s, e, torch.device("cpu"))  # (e - s, e)
+                err = (part - whole[..., s:e, :e])[..., seen].abs().max().item()
+                assert err <= tolerance, (
+                    f"{encoding}: the attention logits of queries {s}..{e - 1} against the keys "
+                    f"before them differ from the whole's by {err:.2e}"
+                )
 
 
 def attention_logits(

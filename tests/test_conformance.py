@@ -68,6 +68,20 @@ def test_a_parameter_without_a_real_gradient_is_caught_not_passed_by_round_off()
         check_shapes_and_gradients("test_row_constant")
 
 
+def test_a_decoding_path_that_drifts_from_the_whole_is_caught_at_the_attention_logits() -> None:
+    """A 10% error in one query's bias moves the tiny model's output logits by less than the
+    model-level check resolves when the learned term is small (as learned position terms
+    start); the attention-logit comparison sees it."""
+    from pathlib import Path
+
+    from posbench.plugins import load_plugin_dir
+    from posbench.testing import check_chunked_equals_whole
+
+    load_plugin_dir(Path("tests/plugins"))
+    with pytest.raises(AssertionError, match="attention logits of queries 1..1 against the keys"):
+        check_chunked_equals_whole("test_decode_drift")
+
+
 @pytest.mark.parametrize("check", CHECKS)
 @pytest.mark.parametrize("encoding", ENCODINGS)
 def test_conformance_with_randomized_positions(encoding: str, check: str) -> None:
