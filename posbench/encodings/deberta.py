@@ -184,8 +184,30 @@ class DeBERTa(PositionalEncoding):
                     0, Lq - width :
                 ]  # keys i - W + 1 .. i
                 return self._band_scores(q, k, kr, qr, band_deltas, far, scale)
+        if Lq == 1:
+            return self._decoding_scores(q, k, q_span, k_span, kr, qr, scale)
         c2p, p2c = self._relative_terms(q, k, q_span, k_span, kr, qr)
         return Scores(q, k, (c2p + p2c) * scale, scale)
+
+    def _decoding_scores(
+        self, q: Tensor, k: Tensor, q_span: Span, k_span: Span, kr: Tensor, qr: Tensor, scale: float
+    ) -> Scores:
+        """One query (a decoding step): every key whose δ is the far one reads Qr_far . Kc_j,
+        which moves into the query (q + Qr_far), so position-to-content is formed only for the
+        keys whose δ differs (at most the span), not for every cached key."""
+        B, H, _, _ = q.shape
+        Lk = k.shape[2]
+        far = 2 * self.att_span - 1
+        delta = self.delta(q_span, k_span, q.device)[0]  # (Lk,)
+        near = (self.delta(q_span, k_span, torch.device("cpu"))[0] != far).nonzero()[:, 0]
+        near = near.to(q.device)  # (n,): found on the CPU, so a GPU step does not wait on it
+        c2p_table = torch.einsum("bhqd,hrd->bhqr", q, kr)  # (B, H, 1, 2k), kr not copied per b
+        c2p = c2p_table.gather(-1, delta.expand(B, H, 1, Lk))  # (B, H, 1, Lk)
+        p2c_near = torch.linalg.vecdot(
+            qr[:, delta[near]] - qr[:, far, None], k[:, :, near]
+        )  # (B, H, n): (Qr_δ - Qr_far) . Kc_j
+        bias = c2p.index_add(-1, near, p2c_near[:, :, None])  # (B, H, 1, Lk)
+        return Scores(q + qr[:, None, far], k, bias * scale, scale)
 
     def _relative_terms(
         self, q: Tensor, k: Tensor, q_span: Span, k_span: Span, kr: Tensor, qr: Tensor
@@ -195,11 +217,8 @@ class DeBERTa(PositionalEncoding):
         Lk = k.shape[2]
         delta = self.delta(q_span, k_span, q.device)  # (Lq, Lk)
         c2p = (q @ kr.transpose(-1, -2)).gather(-1, delta.expand(B, H, Lq, Lk))  # (B, H, Lq, Lk)
-        if Lq == 1:  # decoding: Qr_δ(i,j) . Kc_j key by key, not all 2k rows against every key
-            p2c = torch.einsum("hjd,bhjd->bhj", qr[:, delta[0]], k)[:, :, None]  # (B, H, 1, Lk)
-        else:
-            p2c_table = qr @ k.transpose(-1, -2)  # (B, H, 2k, Lk): Qr_r . Kc_j
-            p2c = p2c_table.gather(-2, delta.expand(B, H, Lq, Lk))  # (B, H, Lq, Lk)
+        p2c_table = qr @ k.transpose(-1, -2)  # (B, H, 2k, Lk): Qr_r . Kc_j
+        p2c = p2c_table.gather(-2, delta.expand(B, H, Lq, Lk))  # (B, H, Lq, Lk)
         return c2p, p2c
 
     def score_terms(
