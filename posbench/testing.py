@@ -144,13 +144,26 @@ def check_chunked_equals_whole(
         )
 
 
+def logit_encoding(encoding: str, **options: Any) -> PositionalEncoding:
+    """The encoding the checks at the attention logits read: 4 heads of 8, causal, one layer,
+    seeded, in eval mode. A parameter initialised to all zeros (CoPE's position embeddings, as
+    in its paper) would make its term vanish and pass every comparison uncomputed, so such
+    parameters are drawn from N(0, 0.5^2); the others keep their initialisation."""
+    torch.manual_seed(0)
+    enc = create_encoding(encoding, n_heads=4, d_head=8, causal=True, n_layers=1, **options)
+    with torch.no_grad():
+        for parameter in enc.parameters():
+            if parameter.is_floating_point() and not parameter.any():
+                parameter.normal_(std=0.5)
+    return enc.eval()
+
+
 def _check_chunked_scores(encoding: str, chunk_sizes: tuple[int, ...], **options: Any) -> None:
     """Each chunk's queries against the keys before them (one token: the decoding path) give
     the rows of the whole's attention logits. At the tiny model's initial weights an
     encoding's learned position terms move its output logits by as little as 1e-7, below what
     the model-level comparison can see; at the logits they are of order one."""
-    torch.manual_seed(0)
-    enc = create_encoding(encoding, n_heads=4, d_head=8, causal=True, n_layers=1, **options).eval()
+    enc = logit_encoding(encoding, **options)
     if not enc.cache_consistent:
         return
     enc.random_positions = None  # plain spans: drawn positions have their own check
@@ -195,8 +208,7 @@ def check_shift_invariance(encoding: str, shift: int = 37, **options: Any) -> No
     """For relative encodings: attention is unchanged when all positions shift together.
     Logits are compared up to a constant per query row (softmax ignores it; causal ALiBi
     folded into q and k relies on exactly that)."""
-    torch.manual_seed(0)
-    enc = create_encoding(encoding, n_heads=4, d_head=8, causal=True, n_layers=1, **options)
+    enc = logit_encoding(encoding, **options)
     if not enc.relative:
         return
     q, k = torch.randn(2, 4, 6, 8), torch.randn(2, 4, 10, 8)
@@ -245,8 +257,7 @@ def check_explicit_positions(encoding: str, **options: Any) -> None:
     start..stop-1 explicitly they give exactly the plain span's embeddings and logits (the
     general paths against the fast ones), and at drawn positions p those of all positions
     0..P-1 at rows and columns p, for encodings whose logits are pairwise."""
-    torch.manual_seed(0)
-    enc = create_encoding(encoding, n_heads=4, d_head=8, causal=True, n_layers=1, **options).eval()
+    enc = logit_encoding(encoding, **options)
     enc.random_positions = None  # the spans below say their positions themselves
     P = min(30, enc.max_positions or 30)  # positions 0..P-1, within what the encoding represents
     n = min(10, P // 2)

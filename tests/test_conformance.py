@@ -82,6 +82,21 @@ def test_a_decoding_path_that_drifts_from_the_whole_is_caught_at_the_attention_l
         check_chunked_equals_whole("test_decode_drift")
 
 
+def test_checks_at_the_logits_draw_zero_initialised_parameters_and_keep_the_rest() -> None:
+    """CoPE's position embeddings start at zero, which would make its position term vanish
+    from every comparison of logits; T5's table starts small but non-zero and is kept."""
+    import torch
+
+    from posbench.encodings import create_encoding
+    from posbench.testing import logit_encoding
+
+    assert create_encoding("cope", n_heads=4, d_head=8, n_layers=1).pos_emb.abs().max() == 0
+    assert logit_encoding("cope").pos_emb.std() > 0.4
+    torch.manual_seed(0)
+    fresh = create_encoding("t5", n_heads=4, d_head=8, causal=True, n_layers=1)
+    assert torch.equal(logit_encoding("t5").state_dict()["tables.0.weight"], fresh.tables[0].weight)
+
+
 @pytest.mark.parametrize("check", CHECKS)
 @pytest.mark.parametrize("encoding", ENCODINGS)
 def test_conformance_with_randomized_positions(encoding: str, check: str) -> None:
