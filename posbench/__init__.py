@@ -5,6 +5,7 @@ from __future__ import annotations
 from posbench.encodings import (
     AttentionShape,
     BandBias,
+    DistanceTableBias,
     IndexedTable,
     LayerContext,
     PositionalEncoding,
@@ -26,6 +27,7 @@ __all__ = [
     "AttentionShape",
     "BandBias",
     "Decoder",
+    "DistanceTableBias",
     "IndexedTable",
     "LayerContext",
     "ModelConfig",

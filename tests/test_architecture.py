@@ -22,10 +22,12 @@ LAYERS: list[set[str]] = [
         "kernels.flash_ops",
         "kernels.masks",
         "kernels.bias_types",
+        "kernels.softmax_backward",
     },
     {
         "kernels.band_attention",
         "kernels.biased_attention",
+        "kernels.rel_shift_attention",
         "kernels.row_block_attention",
         "kernels.flex_bias",
         "registry",

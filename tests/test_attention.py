@@ -136,7 +136,8 @@ def test_band_attention_matches_the_dense_bias(
         ("kerple_log", {}),  # a learned dense bias: its gradient from the fused backward
         ("kerple_power", {}),
         ("fire", {}),
-        ("txl", {"clamp_len": 32}),  # a bias formed from q
+        ("txl", {}),  # the rel-shift kernel: a bias formed from q and the distance table
+        ("txl", {"clamp_len": 32}),
         ("t5", {"num_buckets": 8, "max_distance": 8, "randomize_positions": 512}),  # drawn
         ("deberta", {"span": 4, "randomize_positions": 512}),
         ("deberta", {"span": 12, "position_buckets": 4, "randomize_positions": 512}),

@@ -15,7 +15,13 @@ from posbench.encodings.base import (
 from posbench.encodings.positions import RandomPositions, random_positions_from
 from posbench.errors import OptionError
 from posbench.registry import check_options
-from posbench.kernels.bias_types import BandBias, RowBlockBias, Scores, ToeplitzBias
+from posbench.kernels.bias_types import (
+    BandBias,
+    DistanceTableBias,
+    RowBlockBias,
+    Scores,
+    ToeplitzBias,
+)
 from posbench.encodings.registry import REGISTRY, register_encoding
 
 

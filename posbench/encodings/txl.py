@@ -15,7 +15,7 @@ from torch import Tensor, nn
 from posbench.encodings.registry import register_encoding
 from posbench.encodings.base import AttentionShape, LayerContext, PositionalEncoding, Span
 from posbench.encodings.tables import sinusoid
-from posbench.kernels.bias_types import Scores
+from posbench.kernels.bias_types import DistanceTableBias, Scores
 from posbench.validation import Range
 
 
@@ -26,17 +26,19 @@ class TransformerXL(PositionalEncoding):
     R is [sin | cos] concatenated (not interleaved). Distances above ``clamp_len`` use
     R_clamp_len. u and v are per layer ("untied", the original default) unless ``share_uv``.
     ``scale=False`` drops the 1/sqrt(d) the original code applies to the whole sum.
-    Without clamp_len, terms (b)+(d) become a dot product of augmented q and k (the sin/cos
-    identity in docs/encodings/transformer-xl.md), keeping fused attention; a single decoding
-    query takes the same term against the shared position table instead, so cached keys stay
-    d wide. With clamp_len they are one matmul of (q + v) against the projected distance
-    table, then a gather. No (Lq, Lk, d) tensor is ever built.
+    Causal square scores on the CPU hand attention terms (b)+(d) as (q + v) against the
+    projected distance table (a DistanceTableBias), which the rel-shift kernel runs a block of
+    query rows at a time. Elsewhere, without clamp_len, they become a dot product of augmented
+    q and k (the sin/cos identity in docs/encodings/transformer-xl.md), keeping fused attention
+    in linear memory; a single decoding query takes the same term against the shared position
+    table instead, so cached keys stay d wide. With clamp_len they are one matmul of (q + v)
+    against the projected distance table, then a gather. No (Lq, Lk, d) tensor is ever built.
     """
 
     relative = True
     cost_note = (
-        "terms (b) and (d) widen q and k by d_model per head (the sin/cos "
-        "identity), and u, v add two more"
+        "terms (b) and (d) are a product of (q + v) with the distance table per block of rows "
+        "on the CPU (elsewhere they widen q and k by d_model), and u, v add two more"
     )
 
     def __init__(
@@ -83,6 +85,14 @@ class TransformerXL(PositionalEncoding):
         uv = 0 if self.share_uv else layer.index
         u, v = self.u[uv][:, None, :], self.v[uv][:, None, :]  # (H, 1, d)
         scale = 1.0 / math.sqrt(self.d_head) if self.scale else 1.0
+        L = q.shape[2]
+        square = self.causal and L > 1 and q_span.same_positions(k_span) and q_span.contiguous
+        if square and q.device.type == "cpu":  # the rel-shift kernel, a block of rows at a time
+            table = self.w_kr[layer.index](
+                self.distance_embedding(torch.arange(L, device=q.device)).to(q.dtype)
+            )  # (L, d_model): W_kR R for distances 0..L-1
+            table = table.view(L, self.n_heads, self.d_head).transpose(0, 1)  # (H, L, d)
+            return Scores(q + u, k, DistanceTableBias((q + v) * scale, table), scale)
         if self.clamp_len is not None:
             return self._score_gather(q, k, q_span, k_span, layer.index, u, v, scale)
         # Terms (b) + (d) as a dot product. With a_i = q_i + v and W_kR's head block split

@@ -3,8 +3,10 @@
 A bias is a tensor broadcastable to (B, H, Lq, Lk), a :class:`ToeplitzBias` (learned values
 per distance i - j, whose gradient attention sums per distance without the (H, Lq, Lk) matrix),
 a :class:`BandBias` (a causal band of W keys plus a row constant), which the band kernel runs in
-O(L * W) memory, or a :class:`RowBlockBias` (formed a block of query rows at a time, for a bias
-that depends on content everywhere), which attention never holds whole. Toeplitz expansion of
+O(L * W) memory, a :class:`DistanceTableBias` (each query against a per-distance table,
+Transformer-XL's position terms), which the rel-shift kernel runs a block of query rows at a
+time, or a :class:`RowBlockBias` (formed a block of query rows at a time, for a bias that
+depends on content everywhere), which attention never holds whole. Toeplitz expansion of
 per-distance values, with a backward pass that sums diagonals, lives here too.
 """
 
@@ -23,7 +25,7 @@ class Scores:
 
     q: Tensor  # (B, H, Lq, d')
     k: Tensor  # (B, H, Lk, d')
-    bias: Tensor | ToeplitzBias | BandBias | RowBlockBias | None  # (B, H, Lq, Lk), scaled logits
+    bias: Tensor | ToeplitzBias | BandBias | DistanceTableBias | RowBlockBias | None  # scaled
     scale: float
 
     def logits(self) -> Tensor:
@@ -88,6 +90,26 @@ class BandBias:
 
 
 @dataclass
+class DistanceTableBias:
+    """A causal bias for square scores that is each query's dot product with a per-distance
+    table: bias[b, h, i, j] = a[b, h, i] . table[h, i - j] for j <= i (Transformer-XL's terms
+    (b) + (d): a = (q + v) / sqrt(d), table = W_kR R). Attention runs it a block of query rows
+    at a time (posbench.kernels.rel_shift_attention), in O(L x rows) memory."""
+
+    a: Tensor  # (B, H, L, d), the scale folded in
+    table: Tensor  # (H, L, d): distances 0..L-1
+
+    def dense(self, length: int | None = None) -> Tensor:
+        """The (B, H, L, L) matrix, future keys at distance 0 (masked); for tests, pictures and
+        short inputs."""
+        L = self.a.shape[2]
+        position = torch.arange(L, device=self.a.device)
+        distance = (position[:, None] - position[None, :]).clamp(min=0)  # (L, L)
+        by_distance = self.a @ self.table.transpose(-1, -2)  # (B, H, L, L): [i, i - j]
+        return by_distance.gather(-1, distance.expand(*by_distance.shape))
+
+
+@dataclass
 class RowBlockBias:
     """A bias formed a block of query rows at a time: ``rows(r0, r1, keys, content)`` is the
     bias of query rows r0..r1-1 against keys 0..keys-1, (B|1, H, r1 - r0, keys), given those
@@ -112,9 +134,12 @@ class RowBlockBias:
         return self.rows(0, self.q_len, self.k_len, None)
 
 
-def dense_bias(bias: Tensor | ToeplitzBias | BandBias | RowBlockBias, length: int) -> Tensor:
+def dense_bias(
+    bias: Tensor | ToeplitzBias | BandBias | DistanceTableBias | RowBlockBias, length: int
+) -> Tensor:
     """A bias as a tensor broadcastable to (B, H, Lq, Lk); ``length`` is L for a BandBias."""
-    return bias.dense(length) if isinstance(bias, (ToeplitzBias, BandBias, RowBlockBias)) else bias
+    structured = (ToeplitzBias, BandBias, DistanceTableBias, RowBlockBias)
+    return bias.dense(length) if isinstance(bias, structured) else bias
 
 
 class _Toeplitz(torch.autograd.Function):

@@ -11,7 +11,8 @@ P = exp(S - logsumexp) and dS = P * (dP - rowsum(dO * O)) one block of query row
 over the keys those rows can see, and reads dq, dk, dv and dbias off them in the same pass; for
 a ToeplitzBias (KERPLE) it sums each block's dS along its diagonals there and then, so the
 gradient is per distance and the (H, L, L) one is never written. A BandBias (T5, DeBERTa) goes
-to posbench.kernels.band_attention instead, a RowBlockBias (CoPE) to
+to posbench.kernels.band_attention instead, a DistanceTableBias (Transformer-XL) to
+posbench.kernels.rel_shift_attention, a RowBlockBias (CoPE) to
 posbench.kernels.row_block_attention."""
 
 from __future__ import annotations
@@ -24,28 +25,18 @@ from posbench.kernels import flash_ops
 from posbench.kernels.band_attention import EXP_FLOOR, band_attention
 from posbench.kernels.bias_types import (
     BandBias,
+    DistanceTableBias,
     RowBlockBias,
     ToeplitzBias,
     diagonal_sums,
     toeplitz,
 )
+from posbench.kernels.rel_shift_attention import rel_shift_attention
 from posbench.kernels.row_block_attention import row_block_attention
+from posbench.kernels.softmax_backward import softmax_backward_operands, with_ones
 
 FLASH_MIN_PAIRS = 128 * 128
 ROW_BLOCK = 64
-
-
-def _with_ones(t: Tensor) -> Tensor:
-    """t (..., n, m) with a column of ones appended, (..., n, m + 1)."""
-    return torch.cat([t, t.new_ones(*t.shape[:-1], 1)], -1)
-
-
-def softmax_backward_operands(grad_out: Tensor, out: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-    """[dO, -delta] (B, H, Lq, dv + 1) and [v, 1] (B, H, Lk, dv + 1), delta = rowsum(dO * O):
-    one GEMM of a block of their rows gives dP - delta, the factor softmax's backward pass
-    multiplies P by (dS = P * (dP - delta)), with no pass over the block to subtract delta."""
-    delta = (grad_out * out).sum(-1, keepdim=True)  # (B, H, Lq, 1)
-    return torch.cat([grad_out, -delta], -1), _with_ones(v)
 
 
 class _DenseBiasGradient:
@@ -99,7 +90,7 @@ def _backward_with_bias_gradient(
     q_len, k_len = q.shape[2], k.shape[2]
     # one more column lets the GEMM subtract logsumexp: [scale q, -lse] . [k, 1]
     q_lse = torch.cat([q * scale, -lse[..., None]], -1)  # (B, H, Lq, d + 1)
-    k_one = _with_ones(k)  # (B, H, Lk, d + 1)
+    k_one = with_ones(k)  # (B, H, Lk, d + 1)
     grad_delta, v_one = softmax_backward_operands(grad_out, out, v)
     dq = torch.empty_like(q)  # every row block written
     dk, dv = torch.zeros_like(k), torch.zeros_like(v)  # accumulated over row blocks
@@ -178,7 +169,7 @@ def biased_attention(
     q: Tensor,
     k: Tensor,
     v: Tensor,
-    bias: Tensor | ToeplitzBias | BandBias | RowBlockBias,
+    bias: Tensor | ToeplitzBias | BandBias | DistanceTableBias | RowBlockBias,
     scale: float,
     causal_mask: Tensor | None,
 ) -> Tensor:
@@ -201,6 +192,10 @@ def biased_attention(
         if flash and fused_causal:
             return band_attention(q, k, v, bias.band.to(q.dtype), scale)
         bias = bias.dense(q_len)
+    if isinstance(bias, DistanceTableBias):
+        if flash and fused_causal:
+            return rel_shift_attention(q, k, v, bias.a, bias.table.to(q.dtype), scale)
+        bias = bias.dense()
     if isinstance(bias, ToeplitzBias):
         kernel_masks = causal_mask is None or fused_causal  # nothing left to mask in the bias
         if flash and kernel_masks and torch.is_grad_enabled() and bias.values.requires_grad:

@@ -1,0 +1,116 @@
+"""Causal attention whose bias is a query's dot product with a per-distance table (Transformer-XL's
+position terms): logits = scale * q k^T + bias, bias[b, h, i, j] = a[b, h, i] . r[h, i - j] for
+j <= i, computed one block of query rows at a time and never whole.
+
+For a block of rows r0..r1 - 1 against keys 0..r1 - 1 the distances are 0..r1 - 1, so one
+product y = a_rows r_rev^T over the block's distances (r_rev: the table in reverse distance
+order) holds every bias of the block, each row shifted by one: the bias is a skewed strided view
+of y (Transformer-XL's "relative shift", without its padded copy). The forward pass runs the CPU
+flash kernel on each block with that bias as its mask; the backward pass forms each block's
+probabilities again from the saved log-sum-exp, as posbench.kernels.biased_attention does, and
+writes the block's dS where the skewed view reads it, so the gradients of a and r are two more
+products per block. Memory grows with L x block rows, not L^2."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from posbench.kernels import flash_ops
+from posbench.kernels.band_attention import EXP_FLOOR
+from posbench.kernels.masks import causal_mask
+from posbench.kernels.row_block_attention import row_blocks
+from posbench.kernels.softmax_backward import softmax_backward_operands, with_ones
+
+
+def _skewed(y: Tensor, rows: int, keys: int, row_stride: int) -> Tensor:
+    """The bias (H, B, rows, keys) of a block from y (H, B, rows, ...) whose row a holds
+    distance keys - 1 - m at column m, a row stride apart: bias[a, j] = y[a, rows - 1 - a + j]."""
+    H, B = y.shape[:2]
+    return y.as_strided(
+        (H, B, rows, keys),
+        (y.stride(0), y.stride(1), row_stride - 1, 1),
+        y.storage_offset() + rows - 1,
+    )
+
+
+def _block_bias(a_rows: Tensor, r_rev: Tensor, keys: int) -> Tensor:
+    """y (H, B, rows, keys) = a_rows (H, B, rows, d) against the table's first `keys` distances
+    in reverse order, r_rev[:, -keys:] (H, keys, d)."""
+    H, B, rows, d = a_rows.shape
+    y = torch.bmm(a_rows.reshape(H, B * rows, d), r_rev[:, -keys:].transpose(1, 2))
+    return y.view(H, B, rows, keys)
+
+
+class _RelShiftAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx, q: Tensor, k: Tensor, v: Tensor, a: Tensor, r_rev: Tensor, scale: float
+    ) -> Tensor:
+        """q, k, v, a (H, B, L, d) (heads first); r_rev (H, L, d), distance L - 1 first."""
+        H, B, L, _ = q.shape
+        out = torch.empty_like(q)
+        lse = q.new_empty(H, B, L)
+        for r0, r1, keys, allowed in row_blocks(q, L, causal_mask(L, L, q.device)):
+            rows = r1 - r0
+            y = _block_bias(a[:, :, r0:r1], r_rev, keys)
+            mask = _skewed(y, rows, keys, keys).contiguous()  # (H, B, rows, keys)
+            # square scores: the future keys of rows r0..r1-1 all lie in columns r0..r1-1
+            mask[..., r0:].masked_fill_(~allowed[:, r0:], float("-inf"))
+            block_out, block_lse = flash_ops.forward(
+                q[:, :, r0:r1], k[:, :, :keys], v[:, :, :keys], False, mask, scale
+            )
+            out[:, :, r0:r1], lse[:, :, r0:r1] = block_out, block_lse
+        ctx.save_for_backward(q, k, v, a, r_rev, out, lse)
+        ctx.scale = scale
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out: Tensor):  # type: ignore[override]
+        q, k, v, a, r_rev, out, lse = ctx.saved_tensors
+        scale, (H, B, L, d) = ctx.scale, q.shape
+        grad_out = grad_out.contiguous()
+        # [scale q, -lse] . [k, 1] = scale q . k - lse, and [dO, -delta] . [v, 1] = dP - delta
+        q_lse = torch.cat([q * scale, -lse[..., None]], -1)  # (H, B, L, d + 1)
+        k_one = with_ones(k)
+        grad_delta, v_one = softmax_backward_operands(grad_out, out, v)
+        dq, da = torch.empty_like(q), torch.empty_like(a)  # every row block written
+        dk, dv, dr_rev = torch.zeros_like(k), torch.zeros_like(v), torch.zeros_like(r_rev)
+        for r0, r1, keys, allowed in row_blocks(q, L, causal_mask(L, L, q.device)):
+            rows = r1 - r0
+            scores = torch.matmul(q_lse[:, :, r0:r1], k_one[:, :, :keys].transpose(-1, -2))
+            scores += _skewed(_block_bias(a[:, :, r0:r1], r_rev, keys), rows, keys, keys)
+            scores[..., r0:].masked_fill_(~allowed[:, r0:], float("-inf"))
+            probs = scores.clamp_(min=EXP_FLOOR).exp_()  # (H, B, rows, keys); future ~0
+            grad_rows = grad_out[:, :, r0:r1]
+            dv[:, :, :keys] += torch.matmul(probs.transpose(-1, -2), grad_rows)
+            dprobs = torch.matmul(grad_delta[:, :, r0:r1], v_one[:, :, :keys].transpose(-1, -2))
+            # dS lands in a buffer whose skewed view is dy, the gradient of the block's y:
+            # row a at column rows - 1 + j, zeros before, and rows + 1 spare elements per (h, b)
+            # so that (b, a) merge into one dimension of dy
+            width = keys + rows - 1
+            buffer = q.new_empty(H, B, rows * (width + 1))
+            padded = buffer[..., : rows * width].view(H, B, rows, width)
+            padded[..., : rows - 1] = 0.0
+            ds = torch.mul(probs, dprobs, out=padded[..., rows - 1 :])  # P * (dP - delta)
+            dq[:, :, r0:r1] = torch.matmul(ds, k[:, :, :keys]).mul_(scale)
+            dk[:, :, :keys] += torch.matmul(ds.transpose(-1, -2), q[:, :, r0:r1]).mul_(scale)
+            # dy[a, m] = dS[a, m + a - (rows - 1)] = padded[a, m + a]: a row stride of width + 1
+            dy = padded.as_strided(
+                (H, B, rows, keys), (*padded.stride()[:2], width + 1, 1), padded.storage_offset()
+            ).view(H, B * rows, keys)
+            da[:, :, r0:r1] = torch.bmm(dy, r_rev[:, -keys:]).view(H, B, rows, d)
+            a_rows = a[:, :, r0:r1].reshape(H, B * rows, d)
+            dr_rev[:, L - keys :] += torch.bmm(dy.transpose(1, 2), a_rows)
+        return dq, dk, dv, da, dr_rev, None
+
+
+def rel_shift_attention(
+    q: Tensor, k: Tensor, v: Tensor, a: Tensor, table: Tensor, scale: float
+) -> Tensor:
+    """Causal softmax(scale * q k^T + bias) v on the CPU for q, k, v, a (B, H, L, d) and a
+    per-distance table (H, L, d) of distances 0..L - 1: bias[b, h, i, j] = a_i . table[h, i - j]
+    for j <= i (a carries its own scale)."""
+    heads_first = [t.transpose(0, 1).contiguous() for t in (q, k, v, a)]  # (H, B, L, d)
+    out = _RelShiftAttention.apply(*heads_first, table.flip(1).contiguous(), scale)
+    return out.transpose(0, 1)

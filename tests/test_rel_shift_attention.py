@@ -1,0 +1,59 @@
+"""Attention with a DistanceTableBias (Transformer-XL's position terms) through the rel-shift
+kernel: outputs and gradients equal the math path on the dense bias (float64), over blocks of
+many sizes, and nothing of size L x L is kept for the backward pass."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from posbench.kernels import row_block_attention
+from posbench.kernels.bias_types import DistanceTableBias
+from posbench.kernels.biased_attention import biased_attention
+from posbench.kernels.masks import causal_mask
+
+B, H, L, d = 2, 3, 200, 8
+
+
+def _leaves(dtype: torch.dtype) -> list[torch.Tensor]:
+    generator = torch.Generator().manual_seed(0)
+    shapes = [(B, H, L, d)] * 4 + [(H, L, d)]  # q, k, v, a and the table
+    return [torch.randn(s, generator=generator, dtype=torch.float64).to(dtype) for s in shapes]
+
+
+def _attention(q, k, v, a, table):
+    return biased_attention(q, k, v, DistanceTableBias(a, table), 0.3, causal_mask(L, L, q.device))
+
+
+def _math_path(q, k, v, a, table):
+    logits = 0.3 * q @ k.transpose(-1, -2) + DistanceTableBias(a, table).dense()
+    logits = logits.masked_fill(~causal_mask(L, L, q.device), float("-inf"))
+    return torch.softmax(logits, -1) @ v
+
+
+@pytest.mark.parametrize("block_elements", [1 << 20, 6000, 700])
+def test_rel_shift_attention_equals_the_math_path(monkeypatch, block_elements: int) -> None:
+    """Blocks of one or two rows up to the whole matrix in one block."""
+    monkeypatch.setattr(row_block_attention, "BLOCK_ELEMENTS", block_elements)
+    ours_in = [t.requires_grad_() for t in _leaves(torch.float32)]
+    reference_in = [t.requires_grad_() for t in _leaves(torch.float64)]
+    out, reference = _attention(*ours_in), _math_path(*reference_in)
+    grad = torch.randn(out.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    ours = (out, *torch.autograd.grad(out, ours_in, grad.float()))
+    expected = (reference, *torch.autograd.grad(reference, reference_in, grad))
+    for name, a, b in zip(["out", "q", "k", "v", "a", "table"], ours, expected):
+        err = (a.double() - b).abs().max().item()
+        assert err < 2e-5 * max(1.0, b.abs().max().item()), f"{name}: {err:.2e}"
+
+
+def test_rel_shift_attention_keeps_nothing_of_size_l_squared_for_backward() -> None:
+    sizes: list[int] = []
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        sizes.append(t.numel())
+        return t
+
+    leaves = [t.requires_grad_() for t in _leaves(torch.float32)]
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        _attention(*leaves)
+    assert sizes and max(sizes) < B * H * L * L // 4
