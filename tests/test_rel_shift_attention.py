@@ -12,31 +12,36 @@ from posbench.kernels.bias_types import DistanceTableBias
 from posbench.kernels.biased_attention import biased_attention
 from posbench.kernels.masks import causal_mask
 
-B, H, L, d = 2, 3, 200, 8
+B, H, LQ, d = 2, 3, 200, 8
 
 
-def _leaves(dtype: torch.dtype) -> list[torch.Tensor]:
+def _leaves(dtype: torch.dtype, k_len: int) -> list[torch.Tensor]:
     generator = torch.Generator().manual_seed(0)
-    shapes = [(B, H, L, d)] * 4 + [(H, L, d)]  # q, k, v, a and the table
+    shapes = [(B, H, LQ, d), (B, H, k_len, d), (B, H, k_len, d), (B, H, LQ, d), (H, k_len, d)]
     return [torch.randn(s, generator=generator, dtype=torch.float64).to(dtype) for s in shapes]
 
 
 def _attention(q, k, v, a, table):
-    return biased_attention(q, k, v, DistanceTableBias(a, table), 0.3, causal_mask(L, L, q.device))
+    mask = causal_mask(q.shape[2], k.shape[2], q.device)
+    return biased_attention(q, k, v, DistanceTableBias(a, table), 0.3, mask)
 
 
 def _math_path(q, k, v, a, table):
     logits = 0.3 * q @ k.transpose(-1, -2) + DistanceTableBias(a, table).dense()
-    logits = logits.masked_fill(~causal_mask(L, L, q.device), float("-inf"))
+    logits = logits.masked_fill(~causal_mask(q.shape[2], k.shape[2], q.device), float("-inf"))
     return torch.softmax(logits, -1) @ v
 
 
+@pytest.mark.parametrize("memory", [0, 70], ids=["square", "after memory"])
 @pytest.mark.parametrize("block_elements", [1 << 20, 6000, 700])
-def test_rel_shift_attention_equals_the_math_path(monkeypatch, block_elements: int) -> None:
-    """Blocks of one or two rows up to the whole matrix in one block."""
+def test_rel_shift_attention_equals_the_math_path(
+    monkeypatch, block_elements: int, memory: int
+) -> None:
+    """Blocks of one or two rows up to the whole matrix in one block; queries the whole
+    sequence or a segment after its memory."""
     monkeypatch.setattr(row_block_attention, "BLOCK_ELEMENTS", block_elements)
-    ours_in = [t.requires_grad_() for t in _leaves(torch.float32)]
-    reference_in = [t.requires_grad_() for t in _leaves(torch.float64)]
+    ours_in = [t.requires_grad_() for t in _leaves(torch.float32, LQ + memory)]
+    reference_in = [t.requires_grad_() for t in _leaves(torch.float64, LQ + memory)]
     out, reference = _attention(*ours_in), _math_path(*reference_in)
     grad = torch.randn(out.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
     ours = (out, *torch.autograd.grad(out, ours_in, grad.float()))
@@ -53,7 +58,7 @@ def test_rel_shift_attention_keeps_nothing_of_size_l_squared_for_backward() -> N
         sizes.append(t.numel())
         return t
 
-    leaves = [t.requires_grad_() for t in _leaves(torch.float32)]
+    leaves = [t.requires_grad_() for t in _leaves(torch.float32, LQ)]
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         _attention(*leaves)
-    assert sizes and max(sizes) < B * H * L * L // 4
+    assert sizes and max(sizes) < B * H * LQ * LQ // 4

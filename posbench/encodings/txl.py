@@ -26,9 +26,10 @@ class TransformerXL(PositionalEncoding):
     R is [sin | cos] concatenated (not interleaved). Distances above ``clamp_len`` use
     R_clamp_len. u and v are per layer ("untied", the original default) unless ``share_uv``.
     ``scale=False`` drops the 1/sqrt(d) the original code applies to the whole sum.
-    Causal square scores on the CPU hand attention terms (b)+(d) as (q + v) against the
-    projected distance table (a DistanceTableBias), which the rel-shift kernel runs a block of
-    query rows at a time. Elsewhere, without clamp_len, they become a dot product of augmented
+    On the CPU, causal scores whose queries are the last keys (a segment, after its memory or
+    not) hand attention terms (b)+(d) as (q + v) against the projected distance table (a
+    DistanceTableBias), which the rel-shift kernel runs a block of query rows at a time.
+    Elsewhere, without clamp_len, they become a dot product of augmented
     q and k (the sin/cos identity in docs/encodings/transformer-xl.md), keeping fused attention
     in linear memory; a single decoding query takes the same term against the shared position
     table instead, so cached keys stay d wide. With clamp_len they are one matmul of (q + v)
@@ -85,13 +86,14 @@ class TransformerXL(PositionalEncoding):
         uv = 0 if self.share_uv else layer.index
         u, v = self.u[uv][:, None, :], self.v[uv][:, None, :]  # (H, 1, d)
         scale = 1.0 / math.sqrt(self.d_head) if self.scale else 1.0
-        L = q.shape[2]
-        square = self.causal and L > 1 and q_span.same_positions(k_span) and q_span.contiguous
-        if square and q.device.type == "cpu":  # the rel-shift kernel, a block of rows at a time
+        Lq, Lk = q.shape[2], k.shape[2]
+        last_keys = q_span.contiguous and k_span.contiguous and q_span.last == k_span.last
+        if self.causal and 1 < Lq <= Lk and last_keys and q.device.type == "cpu":
+            # the rel-shift kernel, a block of query rows at a time (the queries: the last keys)
             table = self.w_kr[layer.index](
-                self.distance_embedding(torch.arange(L, device=q.device)).to(q.dtype)
-            )  # (L, d_model): W_kR R for distances 0..L-1
-            table = table.view(L, self.n_heads, self.d_head).transpose(0, 1)  # (H, L, d)
+                self.distance_embedding(torch.arange(Lk, device=q.device)).to(q.dtype)
+            )  # (Lk, d_model): W_kR R for distances 0..Lk-1
+            table = table.view(Lk, self.n_heads, self.d_head).transpose(0, 1)  # (H, Lk, d)
             return Scores(q + u, k, DistanceTableBias((q + v) * scale, table), scale)
         if self.clamp_len is not None:
             return self._score_gather(q, k, q_span, k_span, layer.index, u, v, scale)

@@ -91,22 +91,23 @@ class BandBias:
 
 @dataclass
 class DistanceTableBias:
-    """A causal bias for square scores that is each query's dot product with a per-distance
-    table: bias[b, h, i, j] = a[b, h, i] . table[h, i - j] for j <= i (Transformer-XL's terms
-    (b) + (d): a = (q + v) / sqrt(d), table = W_kR R). Attention runs it a block of query rows
-    at a time (posbench.kernels.rel_shift_attention), in O(L x rows) memory."""
+    """A causal bias that is each query's dot product with a per-distance table, the queries
+    the last Lq of the Lk keys: bias[b, h, i, j] = a[b, h, i] . table[h, i - j] for j <= i
+    (Transformer-XL's terms (b) + (d): a = (q + v) / sqrt(d), table = W_kR R). Attention runs it
+    a block of query rows at a time (posbench.kernels.rel_shift_attention), in O(L x rows)
+    memory."""
 
-    a: Tensor  # (B, H, L, d), the scale folded in
-    table: Tensor  # (H, L, d): distances 0..L-1
+    a: Tensor  # (B, H, Lq, d), the scale folded in
+    table: Tensor  # (H, Lk, d): distances 0..Lk-1
 
     def dense(self, length: int | None = None) -> Tensor:
-        """The (B, H, L, L) matrix, future keys at distance 0 (masked); for tests, pictures and
-        short inputs."""
-        L = self.a.shape[2]
-        position = torch.arange(L, device=self.a.device)
-        distance = (position[:, None] - position[None, :]).clamp(min=0)  # (L, L)
-        by_distance = self.a @ self.table.transpose(-1, -2)  # (B, H, L, L): [i, i - j]
-        return by_distance.gather(-1, distance.expand(*by_distance.shape))
+        """The (B, H, Lq, Lk) matrix, future keys at distance 0 (masked); for tests, pictures
+        and short inputs."""
+        q_len, k_len = self.a.shape[2], self.table.shape[1]
+        key = torch.arange(k_len, device=self.a.device)
+        distance = (key[-q_len:, None] - key[None, :]).clamp(min=0)  # (Lq, Lk)
+        by_distance = self.a @ self.table.transpose(-1, -2)  # (B, H, Lq, Lk): [i, i - j]
+        return by_distance.gather(-1, distance.expand(*by_distance.shape[:2], q_len, k_len))
 
 
 @dataclass

@@ -193,7 +193,7 @@ def biased_attention(
             return band_attention(q, k, v, bias.band.to(q.dtype), scale)
         bias = bias.dense(q_len)
     if isinstance(bias, DistanceTableBias):
-        if flash and fused_causal:
+        if flash and causal_mask is not None and q_len <= k_len:  # queries: the last keys
             return rel_shift_attention(q, k, v, bias.a, bias.table.to(q.dtype), scale)
         bias = bias.dense()
     if isinstance(bias, ToeplitzBias):

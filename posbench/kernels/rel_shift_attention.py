@@ -1,9 +1,10 @@
 """Causal attention whose bias is a query's dot product with a per-distance table (Transformer-XL's
 position terms): logits = scale * q k^T + bias, bias[b, h, i, j] = a[b, h, i] . r[h, i - j] for
-j <= i, computed one block of query rows at a time and never whole.
+j <= i, computed one block of query rows at a time and never whole. The queries are the last Lq
+of the Lk keys (Lq = Lk, or a segment after its memory).
 
-For a block of rows r0..r1 - 1 against keys 0..r1 - 1 the distances are 0..r1 - 1, so one
-product y = a_rows r_rev^T over the block's distances (r_rev: the table in reverse distance
+For a block of rows whose last query is key n - 1 the keys are 0..n - 1, at distances up to
+n - 1, so one product y = a_rows r_rev^T over those distances (r_rev: the table in reverse
 order) holds every bias of the block, each row shifted by one: the bias is a skewed strided view
 of y (Transformer-XL's "relative shift", without its padded copy). The forward pass runs the CPU
 flash kernel on each block with that bias as its mask; the backward pass forms each block's
@@ -47,16 +48,18 @@ class _RelShiftAttention(torch.autograd.Function):
     def forward(  # type: ignore[override]
         ctx, q: Tensor, k: Tensor, v: Tensor, a: Tensor, r_rev: Tensor, scale: float
     ) -> Tensor:
-        """q, k, v, a (H, B, L, d) (heads first); r_rev (H, L, d), distance L - 1 first."""
-        H, B, L, _ = q.shape
+        """q, a (H, B, Lq, d) and k, v (H, B, Lk, d) (heads first); r_rev (H, Lk, d), distance
+        Lk - 1 first."""
+        H, B, q_len, _ = q.shape
+        k_len = k.shape[2]
         out = torch.empty_like(q)
-        lse = q.new_empty(H, B, L)
-        for r0, r1, keys, allowed in row_blocks(q, L, causal_mask(L, L, q.device)):
+        lse = q.new_empty(H, B, q_len)
+        for r0, r1, keys, allowed in row_blocks(q, k_len, causal_mask(q_len, k_len, q.device)):
             rows = r1 - r0
             y = _block_bias(a[:, :, r0:r1], r_rev, keys)
             mask = _skewed(y, rows, keys, keys).contiguous()  # (H, B, rows, keys)
-            # square scores: the future keys of rows r0..r1-1 all lie in columns r0..r1-1
-            mask[..., r0:].masked_fill_(~allowed[:, r0:], float("-inf"))
+            # the future keys of the block's rows all lie in its last `rows` columns
+            mask[..., keys - rows :].masked_fill_(~allowed[:, keys - rows :], float("-inf"))
             block_out, block_lse = flash_ops.forward(
                 q[:, :, r0:r1], k[:, :, :keys], v[:, :, :keys], False, mask, scale
             )
@@ -68,7 +71,7 @@ class _RelShiftAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out: Tensor):  # type: ignore[override]
         q, k, v, a, r_rev, out, lse = ctx.saved_tensors
-        scale, (H, B, L, d) = ctx.scale, q.shape
+        scale, (H, B, q_len, d), k_len = ctx.scale, q.shape, k.shape[2]
         grad_out = grad_out.contiguous()
         # [scale q, -lse] . [k, 1] = scale q . k - lse, and [dO, -delta] . [v, 1] = dP - delta
         q_lse = torch.cat([q * scale, -lse[..., None]], -1)  # (H, B, L, d + 1)
@@ -76,11 +79,11 @@ class _RelShiftAttention(torch.autograd.Function):
         grad_delta, v_one = softmax_backward_operands(grad_out, out, v)
         dq, da = torch.empty_like(q), torch.empty_like(a)  # every row block written
         dk, dv, dr_rev = torch.zeros_like(k), torch.zeros_like(v), torch.zeros_like(r_rev)
-        for r0, r1, keys, allowed in row_blocks(q, L, causal_mask(L, L, q.device)):
+        for r0, r1, keys, allowed in row_blocks(q, k_len, causal_mask(q_len, k_len, q.device)):
             rows = r1 - r0
             scores = torch.matmul(q_lse[:, :, r0:r1], k_one[:, :, :keys].transpose(-1, -2))
             scores += _skewed(_block_bias(a[:, :, r0:r1], r_rev, keys), rows, keys, keys)
-            scores[..., r0:].masked_fill_(~allowed[:, r0:], float("-inf"))
+            scores[..., keys - rows :].masked_fill_(~allowed[:, keys - rows :], float("-inf"))
             probs = scores.clamp_(min=EXP_FLOOR).exp_()  # (H, B, rows, keys); future ~0
             grad_rows = grad_out[:, :, r0:r1]
             dv[:, :, :keys] += torch.matmul(probs.transpose(-1, -2), grad_rows)
@@ -101,16 +104,16 @@ class _RelShiftAttention(torch.autograd.Function):
             ).view(H, B * rows, keys)
             da[:, :, r0:r1] = torch.bmm(dy, r_rev[:, -keys:]).view(H, B, rows, d)
             a_rows = a[:, :, r0:r1].reshape(H, B * rows, d)
-            dr_rev[:, L - keys :] += torch.bmm(dy.transpose(1, 2), a_rows)
+            dr_rev[:, k_len - keys :] += torch.bmm(dy.transpose(1, 2), a_rows)
         return dq, dk, dv, da, dr_rev, None
 
 
 def rel_shift_attention(
     q: Tensor, k: Tensor, v: Tensor, a: Tensor, table: Tensor, scale: float
 ) -> Tensor:
-    """Causal softmax(scale * q k^T + bias) v on the CPU for q, k, v, a (B, H, L, d) and a
-    per-distance table (H, L, d) of distances 0..L - 1: bias[b, h, i, j] = a_i . table[h, i - j]
-    for j <= i (a carries its own scale)."""
+    """Causal softmax(scale * q k^T + bias) v on the CPU for q, a (B, H, Lq, d), k, v (B, H, Lk,
+    d), the queries the last Lq keys, and a per-distance table (H, Lk, d) of distances
+    0..Lk - 1: bias[b, h, i, j] = a_i . table[h, i - j] for j <= i (a carries its own scale)."""
     heads_first = [t.transpose(0, 1).contiguous() for t in (q, k, v, a)]  # (H, B, L, d)
     out = _RelShiftAttention.apply(*heads_first, table.flip(1).contiguous(), scale)
     return out.transpose(0, 1)

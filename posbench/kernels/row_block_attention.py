@@ -29,20 +29,22 @@ def row_blocks(
 ) -> Iterator[tuple[int, int, int, Tensor | None]]:
     """The blocks of query rows of q (B, H, Lq, d) against k_len keys: (r0, r1, keys, mask),
     mask (rows, keys) the block's part of causal_mask (None: every key). Each block holds at
-    most BLOCK_ELEMENTS (B, H, rows, keys) elements. With causal square scores a block reads
-    only the keys its rows can see, so early blocks take more rows: half as many blocks as
-    equal rows would need, at the same peak."""
+    most BLOCK_ELEMENTS (B, H, rows, keys) elements. With causal scores (the queries the last
+    Lq of the keys) a block reads only the keys its rows can see, so early blocks take more
+    rows: with square scores half as many blocks as equal rows would need, at the same peak."""
     B, H, q_len, _ = q.shape
-    square_causal = causal_mask is not None and q_len == k_len
+    causal = causal_mask is not None and q_len <= k_len
+    before = k_len - q_len  # keys before the first query's own
     pairs = BLOCK_ELEMENTS // (B * H)  # (rows, keys) pairs per block
     r0 = 0
     while r0 < q_len:
-        if square_causal:  # the most rows with rows * (r0 + rows) <= pairs
-            rows = (math.isqrt(r0 * r0 + 4 * pairs) - r0) // 2
+        if causal:  # the most rows with rows * (before + r0 + rows) <= pairs
+            seen = before + r0
+            rows = (math.isqrt(seen * seen + 4 * pairs) - seen) // 2
         else:
             rows = pairs // k_len
         r1 = min(r0 + max(1, rows), q_len)
-        keys = r1 if square_causal else k_len  # later keys are all masked for these rows
+        keys = before + r1 if causal else k_len  # later keys are all masked for these rows
         yield r0, r1, keys, None if causal_mask is None else causal_mask[r0:r1, :keys]
         r0 = r1
 
