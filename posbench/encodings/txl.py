@@ -29,11 +29,11 @@ class TransformerXL(PositionalEncoding):
     On the CPU, causal scores whose queries are the last keys (a segment, after its memory or
     not) hand attention terms (b)+(d) as (q + v) against the projected distance table (a
     DistanceTableBias), which the rel-shift kernel runs a block of query rows at a time.
-    Elsewhere, without clamp_len, they become a dot product of augmented
-    q and k (the sin/cos identity in docs/encodings/transformer-xl.md), keeping fused attention
-    in linear memory; a single decoding query takes the same term against the shared position
-    table instead, so cached keys stay d wide. With clamp_len they are one matmul of (q + v)
-    against the projected distance table, then a gather. No (Lq, Lk, d) tensor is ever built.
+    Elsewhere, without clamp_len, they become a dot product of augmented q and k (the sin/cos
+    identity in docs/encodings/transformer-xl.md), keeping fused attention in linear memory; a
+    single decoding query takes the same term against the shared position table instead, so
+    cached keys stay d wide. With clamp_len they are one matmul of (q + v) against the
+    projected distance table, then a gather. No (Lq, Lk, d) tensor is ever built.
     """
 
     relative = True
