@@ -198,9 +198,9 @@ class DeBERTa(PositionalEncoding):
         B, H, _, _ = q.shape
         Lk = k.shape[2]
         far = 2 * self.att_span - 1
-        delta = self.delta(q_span, k_span, q.device)[0]  # (Lk,)
-        near = (self.delta(q_span, k_span, torch.device("cpu"))[0] != far).nonzero()[:, 0]
-        near = near.to(q.device)  # (n,): found on the CPU, so a GPU step does not wait on it
+        delta = self.delta(q_span, k_span, torch.device("cpu"))[0]  # (Lk,)
+        near = (delta != far).nonzero()[:, 0]  # (n,): found on the CPU, so no GPU step waits
+        delta, near = delta.to(q.device), near.to(q.device)
         c2p_table = torch.einsum("bhqd,hrd->bhqr", q, kr)  # (B, H, 1, 2k), kr not copied per b
         c2p = c2p_table.gather(-1, delta.expand(B, H, 1, Lk))  # (B, H, 1, Lk)
         p2c_near = torch.linalg.vecdot(
