@@ -23,6 +23,7 @@ LAYERS: list[set[str]] = [
         "kernels.masks",
         "kernels.bias_types",
         "kernels.softmax_backward",
+        "kernels.probabilities",
     },
     {
         "kernels.band_attention",

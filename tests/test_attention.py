@@ -10,6 +10,7 @@ import torch.nn.functional as F
 import posbench
 
 from posbench.kernels.biased_attention import biased_attention
+from posbench.kernels.probabilities import probabilities_
 from posbench.encodings import BandBias, ToeplitzBias
 
 
@@ -226,3 +227,33 @@ def test_the_memory_estimate_never_allocates_what_it_estimates() -> None:
     smallest, peak_kib = map(int, done.stdout.split())
     assert smallest >= 4 * 128 * 2 * 10**8  # at least one (B, H, L, d) tensor's worth
     assert peak_kib < 2 * 2**20, f"estimating took {peak_kib / 2**20:.1f} GiB"
+
+
+def test_probabilities_are_exp_with_nothing_subnormal() -> None:
+    """Underflowing exps and tiny weights become exactly 0; every other entry is exp itself."""
+    scores = torch.tensor([float("-inf"), -1000.0, -87.5, -70.0, -60.0, -10.0, 0.0])
+    expected = torch.exp(scores).masked_fill(scores < -69.0, 0.0)  # exp(-69) ~ 1.0e-30
+    probs = probabilities_(scores.clone())
+    assert torch.equal(probs, expected)
+    tiny = torch.finfo(torch.float32).tiny
+    assert not ((probs > 0) & (probs < tiny)).any()
+
+
+def test_band_attention_keeps_masked_probabilities_exactly_zero(monkeypatch) -> None:
+    """The band kernel's kept probabilities, which its backward pass multiplies, are 0 outside
+    the band instead of exp(-87) (whose products are subnormal), and none is subnormal."""
+    monkeypatch.setattr("posbench.kernels.biased_attention.FLASH_MIN_PAIRS", 1)
+    torch.manual_seed(0)
+    L, W = 40, 6
+    q, k, v = (torch.randn(2, 3, L, 8, requires_grad=True) for _ in range(3))
+    bias = BandBias(torch.randn(1, 3, 1, W), torch.zeros(1, 3, 1, 1))
+    out = biased_attention(q, k, v, bias, 0.3, _mask("causal", L, L))
+    kept = out.grad_fn.saved_tensors[6:]  # (B * H, rows, rows + W - 1) per block of rows
+    assert kept
+    for block in kept:
+        rows = block.shape[1]
+        column = torch.arange(block.shape[2])
+        row = torch.arange(rows)[:, None]
+        outside = (column < row) | (column >= row + W)  # keys outside each row's band
+        assert (block[:, outside] == 0).all()
+        assert not ((block > 0) & (block < torch.finfo(torch.float32).tiny)).any()

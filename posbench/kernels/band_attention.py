@@ -27,11 +27,9 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from posbench.kernels import flash_ops
+from posbench.kernels.probabilities import probabilities_
 
 ROWS = 32
-#: exp inputs are clamped here: torch's vectorised exp is over 100x slower where the result
-#: underflows float32, and exp(-87) ~ 1.6e-38 is below anything float32 attention resolves.
-EXP_FLOOR = -87.0
 
 
 def _near_blocks(q: Tensor, k_padded: Tensor, band: Tensor, scale: float):
@@ -67,12 +65,6 @@ def _additive_mask(
     )
 
 
-def _probabilities(logits: Tensor, lse: Tensor) -> Tensor:
-    """exp(logits - lse) in place. Inputs are clamped at EXP_FLOOR first, so masked pairs get
-    exp(-87) ~ 1.6e-38 instead of 0: adding it changes no float32 sum that holds a 1."""
-    return logits.sub_(lse[..., None]).clamp_(min=EXP_FLOOR).exp_()
-
-
 def _flat(t: Tensor) -> Tensor:
     """(B, H, n, m) -> (B * H, n, m), a view of a contiguous tensor."""
     return t.flatten(0, 1)
@@ -104,7 +96,7 @@ class _BandAttention(torch.autograd.Function):
         for r0, r1, logits in _near_blocks(q, k_padded, band, scale):
             keys = logits.shape[-1]
             peak = logits.amax(dim=-1)  # (B, H, rows): every row sees at least its own key
-            weights = _probabilities(logits, peak)
+            weights = probabilities_(logits.sub_(peak[..., None]))
             block_lse = lse[:, :, r0:r1]
             torch.add(peak, weights.sum(-1).log_(), out=block_lse)  # the near keys' own
             if r1 > W:  # rows W .. see far keys too

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from posbench.kernels import flash_ops
-from posbench.kernels.band_attention import EXP_FLOOR, band_attention
+from posbench.kernels.band_attention import band_attention
 from posbench.kernels.bias_types import (
     BandBias,
     DistanceTableBias,
@@ -31,6 +31,7 @@ from posbench.kernels.bias_types import (
     diagonal_sums,
     toeplitz,
 )
+from posbench.kernels.probabilities import probabilities_
 from posbench.kernels.rel_shift_attention import rel_shift_attention
 from posbench.kernels.row_block_attention import row_block_attention
 from posbench.kernels.softmax_backward import softmax_backward_operands, with_ones
@@ -105,7 +106,7 @@ def _backward_with_bias_gradient(
         if future is not None:  # the kernel's own masking left the bias unmasked above the diagonal
             # square scores: the future keys of rows r0..r1-1 all lie in columns r0..r1-1
             scores[..., r0:].masked_fill_(future[r0:r1, r0:keys], float("-inf"))
-        probs = scores.clamp_(min=EXP_FLOOR).exp_()  # masked: exp(-87) ~ 0
+        probs = probabilities_(scores)  # masked: 0
         grad_rows = grad_out[:, :, r0:r1]
         dv[:, :, :keys] += torch.matmul(probs.transpose(-1, -2), grad_rows)  # (B, H, keys, dv)
         dprobs = torch.matmul(

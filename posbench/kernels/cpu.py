@@ -8,7 +8,9 @@ x86 cores process those tens of times slower, and ALiBi's linear penalty makes t
 FTZ/DAZ for the calling thread only, while torch's kernels run on OpenMP worker threads, so
 this runs it once inside an OpenMP parallel region of the runtime torch itself loaded.
 TensorFlow flushes denormals on its compute threads by default for the same reason; the effect
-on results is below 1e-38 in absolute value.
+on results is below 1e-38 in absolute value. posbench's own blocked kernels do not depend on it
+(posbench.kernels.probabilities keeps their probabilities out of the denormal range); torch's
+flash kernel, which runs ALiBi's bias, does.
 
 glibc's malloc maps every block over 32 MiB afresh and unmaps it when freed, so each new
 (H, L, L) tensor at L = 2048 (64 MiB) pays 16,384 page faults when first written: 20 ms of a

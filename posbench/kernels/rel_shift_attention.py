@@ -18,8 +18,8 @@ import torch
 from torch import Tensor
 
 from posbench.kernels import flash_ops
-from posbench.kernels.band_attention import EXP_FLOOR
 from posbench.kernels.masks import causal_mask
+from posbench.kernels.probabilities import probabilities_
 from posbench.kernels.row_block_attention import row_blocks
 from posbench.kernels.softmax_backward import softmax_backward_operands, with_ones
 
@@ -84,7 +84,7 @@ class _RelShiftAttention(torch.autograd.Function):
             scores = torch.matmul(q_lse[:, :, r0:r1], k_one[:, :, :keys].transpose(-1, -2))
             scores += _skewed(_block_bias(a[:, :, r0:r1], r_rev, keys), rows, keys, keys)
             scores[..., keys - rows :].masked_fill_(~allowed[:, keys - rows :], float("-inf"))
-            probs = scores.clamp_(min=EXP_FLOOR).exp_()  # (H, B, rows, keys); future ~0
+            probs = probabilities_(scores)  # (H, B, rows, keys); future 0
             grad_rows = grad_out[:, :, r0:r1]
             dv[:, :, :keys] += torch.matmul(probs.transpose(-1, -2), grad_rows)
             dprobs = torch.matmul(grad_delta[:, :, r0:r1], v_one[:, :, :keys].transpose(-1, -2))
