@@ -10,8 +10,9 @@ import os
 from dataclasses import dataclass
 
 import pytest
+import torch
 
-from posbench.kernels.cpu import configure_cpu, keep_freed_memory
+from posbench.kernels.cpu import configure_cpu, cpu_model, keep_freed_memory, last_level_cache_mib
 from posbench.experiment.timing import guarded, interleaved_times
 
 THREADS = int(os.environ.get("POSBENCH_BENCH_THREADS", "2"))
@@ -85,6 +86,11 @@ def pytest_terminal_summary(terminalreporter) -> None:
     if not GOALS and not NOTES:
         return
     terminalreporter.section(f"posbench goals (medians, {THREADS} threads, float32)")
+    cache, kernels = last_level_cache_mib(), torch.backends.cpu.get_cpu_capability()
+    terminalreporter.write_line(  # ratios differ between CPUs: each run says which it ran on
+        f"CPU: {cpu_model() or 'unknown model'}, torch's kernels {kernels}, last-level cache "
+        f"{'unknown' if cache is None else f'{cache:g} MiB'}"
+    )
     for goal in GOALS:
         terminalreporter.write_line(goal.line())
     for line in NOTES:

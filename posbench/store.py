@@ -27,7 +27,12 @@ import torch
 
 from posbench.experiment.config import ModelSize, config_id, run_label
 from posbench.experiment.evaluation import POSITION_METRICS
-from posbench.kernels.cpu import denormals_flushed, freed_memory_kept
+from posbench.kernels.cpu import (
+    cpu_model,
+    denormals_flushed,
+    freed_memory_kept,
+    last_level_cache_mib,
+)
 from posbench.errors import ResultsError
 from posbench.version import __version__
 
@@ -203,6 +208,8 @@ def environment(device: str) -> dict[str, Any]:
         "processor": platform.processor() or platform.machine(),
         # the SIMD kernels torch picked (AVX2, AVX512, ...): results are bit-for-bit only within one
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "cpu_model": cpu_model(),
+        "last_level_cache_mib": last_level_cache_mib(),
         "cpu_count": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
         "flush_denormals": denormals_flushed(),

@@ -112,3 +112,30 @@ def test_freed_memory_is_reused_unless_the_environment_sets_malloc(
         assert faults >= 5 * pages or _huge_pages_always()  # 2 MiB pages fault 512x less
     else:  # later tensors reuse the pages of earlier ones
         assert kept and faults < 2 * pages
+
+
+def test_last_level_cache_is_the_largest_level_in_sysfs(tmp_path) -> None:
+    from posbench.kernels.cpu import last_level_cache_mib
+
+    for name, level, size in [
+        ("index0", "1", "48K"),
+        ("index2", "2", "2048K"),
+        ("index3", "3", "491520K"),
+        ("index9", "4", "broken"),  # unreadable sizes are skipped
+    ]:
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "level").write_text(level + "\n")
+        (tmp_path / name / "size").write_text(size + "\n")
+    assert last_level_cache_mib(tmp_path) == 480.0
+    assert last_level_cache_mib(tmp_path / "absent") is None
+
+
+def test_cpu_model_is_the_kernels_model_name() -> None:
+    from posbench.kernels.cpu import cpu_model
+
+    try:
+        lines = open("/proc/cpuinfo").read().splitlines()
+    except OSError:
+        pytest.skip("no /proc/cpuinfo on this system")
+    names = [line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")]
+    assert cpu_model() == (names[0] if names else None)

@@ -28,6 +28,7 @@ import os
 import sys
 import threading
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Iterator
 
 import torch
@@ -173,3 +174,38 @@ def freed_memory_kept() -> bool:
 def denormals_flushed() -> bool:
     """Whether this process flushes denormals on all its torch threads (recorded in env.json)."""
     return os.getpid() in {key[0] for key in _applied}
+
+
+def cpu_model() -> str | None:
+    """The CPU's model name as the kernel reports it (/proc/cpuinfo); None where it does not.
+    Timing ratios depend on it: the flash kernel gains more from AVX-512 than posbench's
+    blocked kernels do, so the same code reads different ratios on different CPUs."""
+    try:
+        with open("/proc/cpuinfo") as info:
+            for line in info:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return None
+
+
+#: Where Linux describes the caches of CPU 0, one index* folder per cache.
+CACHE_DIR = Path("/sys/devices/system/cpu/cpu0/cache")
+
+
+def last_level_cache_mib(cache_dir: Path = CACHE_DIR) -> float | None:
+    """Size of the CPU's largest cache level in MiB (sysfs; as a virtual machine reports it),
+    None where unknown: decoding slows for every encoding alike once the cache of keys and
+    values outgrows it."""
+    sizes: dict[int, float] = {}
+    for index in cache_dir.glob("index*"):
+        try:
+            level = int((index / "level").read_text())
+            size = (index / "size").read_text().strip()
+        except (OSError, ValueError):
+            continue
+        units = {"K": 1 / 1024, "M": 1.0, "G": 1024.0}
+        if size[-1:] in units and size[:-1].isdigit():
+            sizes[level] = int(size[:-1]) * units[size[-1]]
+    return sizes[max(sizes)] if sizes else None
