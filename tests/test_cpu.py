@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -134,7 +135,7 @@ def test_cpu_model_is_the_kernels_model_name() -> None:
     from posbench.kernels.cpu import cpu_model
 
     try:
-        lines = open("/proc/cpuinfo").read().splitlines()
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
     except OSError:
         pytest.skip("no /proc/cpuinfo on this system")
     names = [line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")]

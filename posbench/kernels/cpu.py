@@ -178,8 +178,8 @@ def denormals_flushed() -> bool:
 
 def cpu_model() -> str | None:
     """The CPU's model name as the kernel reports it (/proc/cpuinfo); None where it does not.
-    Timing ratios depend on it: the flash kernel gains more from AVX-512 than posbench's
-    blocked kernels do, so the same code reads different ratios on different CPUs."""
+    Timing ratios depend on it: the same code read T5's fwd+bwd at 1.14x NoPE's on one 2-core
+    machine and at 1.30x on another (README's speed tables)."""
     try:
         with open("/proc/cpuinfo") as info:
             for line in info:
