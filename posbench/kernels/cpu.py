@@ -182,16 +182,15 @@ def cpu_model() -> str | None:
     machine and at 1.30x on another (README's speed tables)."""
     try:
         with open("/proc/cpuinfo") as info:
-            for line in info:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
+            names = (line.split(":", 1)[1] for line in info if line.startswith("model name"))
+            return next((name.strip() for name in names), None)
     except OSError:
-        pass
-    return None
+        return None
 
 
 #: Where Linux describes the caches of CPU 0, one index* folder per cache.
 CACHE_DIR = Path("/sys/devices/system/cpu/cpu0/cache")
+_MIB_PER_UNIT = {"K": 1 / 1024, "M": 1.0, "G": 1024.0}  # sysfs sizes read "48K", "2048K", ...
 
 
 def last_level_cache_mib(cache_dir: Path = CACHE_DIR) -> float | None:
@@ -205,7 +204,6 @@ def last_level_cache_mib(cache_dir: Path = CACHE_DIR) -> float | None:
             size = (index / "size").read_text().strip()
         except (OSError, ValueError):
             continue
-        units = {"K": 1 / 1024, "M": 1.0, "G": 1024.0}
-        if size[-1:] in units and size[:-1].isdigit():
-            sizes[level] = int(size[:-1]) * units[size[-1]]
+        if size[-1:] in _MIB_PER_UNIT and size[:-1].isdigit():
+            sizes[level] = int(size[:-1]) * _MIB_PER_UNIT[size[-1]]
     return sizes[max(sizes)] if sizes else None
