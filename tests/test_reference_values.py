@@ -14,6 +14,7 @@ from posbench.encodings.alibi import alibi_slopes
 from posbench.encodings.base import LayerContext, Span
 from posbench.kernels.bias_types import BandBias, dense_bias
 from posbench.encodings.deberta import log_bucket_position
+from posbench.encodings import fire as fire_module
 from posbench.encodings.t5 import t5_bucket
 from posbench.errors import OptionError
 from posbench.testing import attention_logits
@@ -644,9 +645,14 @@ def _fire_per_pair(enc, q_positions: torch.Tensor, k_positions: torch.Tensor) ->
         ),  # drawn positions
     ],
 )
-def test_fire_past_its_threshold_equals_the_mlp_per_pair(causal, q_span, k_span) -> None:
-    """Rows past the threshold, assembled from the hidden units' switching distances, give the
-    MLP's values and gradients at every pair (float64, random weights of both signs)."""
+@pytest.mark.parametrize("c", [0.3, -0.2])
+def test_fire_past_its_threshold_equals_the_mlp_per_pair(
+    causal, q_span, k_span, c, monkeypatch
+) -> None:
+    """Rows past the threshold, summed along the keys from the hidden units' switching keys in
+    blocks of 7 rows, give the MLP's values and gradients at every pair (float64, random
+    weights of both signs, a positive and a negative c)."""
+    monkeypatch.setattr(fire_module, "FIRE_ROWS", 7)
     k_span = k_span or q_span
     torch.manual_seed(0)
     enc = create_encoding("fire", n_heads=3, d_head=4, causal=causal, init_threshold=6.0)
@@ -654,7 +660,7 @@ def test_fire_past_its_threshold_equals_the_mlp_per_pair(causal, q_span, k_span)
     with torch.no_grad():
         for p in enc.mlp.parameters():
             p.normal_()
-        enc.c.fill_(0.3)
+        enc.c.fill_(c)
     ctx = LayerContext(0, None, None)
     weights = torch.randn(3, len(q_span), len(k_span), dtype=torch.float64)
     params = [p for p in enc.parameters()]

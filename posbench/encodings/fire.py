@@ -10,8 +10,11 @@ from torch import Tensor, nn
 
 from posbench.encodings.base import AttentionShape, LayerContext, PositionalEncoding, Span
 from posbench.encodings.registry import register_encoding
-from posbench.kernels.bias_types import toeplitz
+from posbench.kernels.bias_types import diagonal_sums, toeplitz
 from posbench.validation import Range
+
+#: Rows per block when assembling the rows past the threshold.
+FIRE_ROWS = 64
 
 
 @register_encoding("fire")
@@ -23,21 +26,21 @@ class FIRE(PositionalEncoding):
     the threshold L (init ``init_threshold`` = 512), one per model, as the reference. The
     normaliser grows with the query's position i once i passes L (progressive interpolation),
     so the bias is not a function of i - j alone: FIRE is not shift-invariant past L. Rows
-    i < L read one value per distance (a Toeplitz matrix); rows past L, in blocks of rows, from
-    each hidden unit's switching distance (see ``_past_threshold``): O(L^2 * H) per block
-    instead of the MLP's O(L^2 * mlp_width * H).
+    i < L read one value per distance (a Toeplitz matrix); rows past L, in blocks of rows, are
+    summed along the keys from the keys where each hidden unit switches (see
+    ``_past_threshold`` and ``_FireBias``): O(L^2 * H) instead of the MLP's
+    O(L^2 * mlp_width * H), forward and backward.
     """
 
     relative = False  # the normaliser depends on i once i >= L
     cost_note = (
-        "an MLP runs per distance below the threshold; past it each row is assembled per "
-        "distance from the hidden units' switching points; the learned (H, L, L) bias is "
-        "dense, so attention forms its gradient at every pair in the backward pass"
+        "an MLP runs per distance below the threshold; past it each row is a running sum "
+        "along the keys of the hidden units' steps, its gradient read off prefix sums; the "
+        "learned (H, L, L) bias is dense, so attention forms its gradient at every pair in "
+        "the backward pass"
     )
     #: The MLP's output bias adds one constant per head to every logit, which softmax ignores.
     gradient_free = ("mlp.2.bias",)
-    #: Rows per block when the bias is computed per (i, j) pair.
-    ROW_BLOCK = 128
 
     def __init__(
         self,
@@ -66,61 +69,154 @@ class FIRE(PositionalEncoding):
     def position_bias(
         self, q_span: Span, k_span: Span, layer: LayerContext, device: torch.device
     ) -> Tensor:
-        threshold = float(
-            torch.abs(self.threshold_multiplier.detach() * self.init_threshold)
-        )  # which rows
+        threshold = torch.abs(self.threshold_multiplier * self.init_threshold)
         dtype = self.c.dtype
-        rows = q_span.arange(device).to(dtype)  # (Lq,)
-        short = rows < threshold  # rows whose normaliser is the threshold's
-        n_short = (
-            int(short.sum()) if q_span.contiguous and k_span.contiguous else 0
-        )  # Toeplitz rows
-        parts = []
+        rows, keys = q_span.arange(device), k_span.arange(device)  # (Lq,), (Lk,) int64
+        short = rows < float(threshold.detach())  # rows whose normaliser is the threshold's
+        n_short = int(short.sum()) if q_span.contiguous and k_span.contiguous else 0
+        short_values = None
         if n_short:  # one value per distance i - j for these rows: a Toeplitz matrix
             lo, hi = q_span.first - k_span.last, q_span.first + n_short - 1 - k_span.first
             distances = torch.arange(lo, hi + 1, device=device).to(dtype)  # (n,)
-            values = self.mlp(
+            short_values = self.mlp(
                 self._normalised(distances, torch.zeros((), device=device, dtype=dtype))[:, None]
-            )  # (n, H)
-            parts.append(toeplitz(values.T, n_short, len(k_span)))  # (H, n_short, Lk)
-        keys = k_span.arange(device).to(dtype)
-        for start in range(n_short, len(q_span), self.ROW_BLOCK):
-            parts.append(self._past_threshold(rows[start : start + self.ROW_BLOCK], keys))
-        return torch.cat(parts, dim=1)  # (H, Lq, Lk)
+            ).T  # (H, n)
+        past = rows[n_short:]  # (P,)
+        steps = intervals = None
+        if len(past):
+            steps, intervals = self._past_threshold(past, keys, threshold)
+        return _FireBias.apply(
+            short_values, steps, self.c, self.mlp[2].bias, n_short, past, keys, intervals
+        )
 
-    def _past_threshold(self, rows: Tensor, keys: Tensor) -> Tensor:
-        """The bias of queries at positions `rows` (R,) against keys at `keys` (Lk,), (H, R,
-        Lk), without running the MLP per pair. In a row i the MLP reads x = f(u) / N_i, with
-        f(u) = log(|c u| + 1) rising in the distance u = |i - j| and N_i the row's normaliser,
-        so each hidden unit relu(w1 x + b1) is off on one side of one distance and linear in
-        f(u) on the other. The row's bias is therefore f(u) * A_i(u) + B_i(u) + b2, where A and
-        B sum w2 * w1 / N_i and w2 * b1 over the units that are on at u: piecewise constant in
-        u, built from each unit's switching distance by a cumulative sum, then read per pair."""
+    def _past_threshold(
+        self, rows: Tensor, keys: Tensor, threshold: Tensor
+    ) -> tuple[Tensor, Tensor]:
+        """Rows at positions `rows` (P,) past the threshold, against keys at `keys` (Lk,), as
+        each hidden unit's contribution and where it is on, without running the MLP per pair.
+        In a row i the MLP reads x = f(u) / N_i, with f(u) = log(|c u| + 1) rising in the
+        distance u = |i - j| and N_i the row's normaliser, so each hidden unit relu(w1 x + b1)
+        is off on one side of one distance and linear in f(u) on the other: the row's bias is
+        f(u) * A_i(u) + B_i(u) + b2, where A and B sum w2 * w1 / N_i and w2 * b1 over the units
+        on at u. Returns those steps (2H, P, K), A's then B's, and the keys where each unit
+        is on, (P, 4K) key indices [a, b, a', b']: on for a <= j < b (keys at or before the
+        query) and a' <= j < b' (keys after it)."""
         hidden, out = self.mlp[0], self.mlp[2]
         w1, b1 = hidden.weight[:, 0], hidden.bias  # (K,)
-        threshold = torch.abs(self.threshold_multiplier * self.init_threshold)
-        normaliser = torch.log(torch.abs(self.c * torch.maximum(rows, threshold)) + 1) + self.eps
-        distance = (rows[:, None] - keys[None, :]).abs().long()  # (R, Lk)
-        longest = int(distance.max())
-        f = torch.log(torch.abs(self.c * torch.arange(longest + 1, device=rows.device)) + 1)
-        with torch.no_grad():  # where each unit is on: start <= u < stop, (R, K)
+        position = torch.maximum(rows.to(self.c.dtype), threshold)  # (P,)
+        normaliser = torch.log(torch.abs(self.c * position) + 1) + self.eps
+        slope = (out.weight * w1)[:, None, :] / normaliser[None, :, None]  # (H, P, K)
+        offset = (out.weight * b1)[:, None, :].expand_as(slope)  # (H, P, K)
+        with torch.no_grad():  # each unit is on for distances start <= u < stop, (P, K)
+            longest = _longest(rows, keys)
+            f = _log_distance(self.c, longest)
             crossing = -b1[None, :] * normaliser[:, None] / w1[None, :]  # f(u) at w1 x + b1 = 0
             crossing = torch.nan_to_num(crossing)  # w1 = 0: the unit's sign is b1's alone
             rising, falling = w1 > 0, w1 < 0
-            start = torch.where(rising, torch.searchsorted(f.detach(), crossing, right=True), 0)
+            start = torch.where(rising, torch.searchsorted(f, crossing, right=True), 0)
             stop = torch.where(
                 falling,
-                torch.searchsorted(f.detach(), crossing, right=False),
+                torch.searchsorted(f, crossing, right=False),
                 torch.where(rising | (b1 > 0), longest + 1, 0),
             )
             stop = torch.maximum(stop, start)
-        H = out.weight.shape[0]
-        slope = (out.weight * w1)[:, None, :] / normaliser[None, :, None]  # (H, R, K)
-        offset = (out.weight * b1)[:, None, :].expand_as(slope)  # (H, R, K)
-        steps = torch.cat([slope, offset])  # (2H, R, K): switched on at start, off at stop
-        deltas = torch.zeros(2 * H, len(rows), longest + 2, dtype=steps.dtype, device=rows.device)
-        deltas = deltas.scatter_add(2, start.expand(2 * H, -1, -1), steps)
-        deltas = deltas.scatter_add(2, stop.expand(2 * H, -1, -1), -steps)
-        on = deltas.cumsum(2)[..., : longest + 1]  # (2H, R, U + 1): A and B at every distance
-        values = f * on[:H] + on[H:] + out.bias[:, None, None]  # (H, R, U + 1)
-        return values.gather(2, distance.expand(H, -1, -1))  # (H, R, Lk)
+            at = rows[:, None]  # (P, 1): keys with at - stop < j <= at - start, then
+            intervals = torch.cat(  # at + max(start, 1) <= j < at + max(stop, 1)
+                [
+                    torch.searchsorted(keys, at - stop, right=True),
+                    torch.searchsorted(keys, at - start, right=True),
+                    torch.searchsorted(keys, at + start.clamp(min=1)),
+                    torch.searchsorted(keys, at + stop.clamp(min=1)),
+                ],
+                dim=1,
+            )  # (P, 4K)
+        return torch.cat([slope, offset]), intervals
+
+
+def _log_distance(c: Tensor, longest: int) -> Tensor:
+    """f(u) = log(|c u| + 1) at the distances u = 0..longest, (U + 1,)."""
+    return torch.log(torch.abs(c * torch.arange(longest + 1, device=c.device, dtype=c.dtype)) + 1)
+
+
+class _FireBias(torch.autograd.Function):
+    """FIRE's (H, Lq, Lk) bias: the Toeplitz rows below the threshold from their per-distance
+    values, the rows past it from their hidden units' steps, a block of rows at a time. A past
+    row's bias is f(u) * A + B + b2 with A and B piecewise constant along the keys: the steps
+    are scattered at the keys where each unit switches on and off and summed along the keys.
+    The backward pass needs only the sums of G * f(u), G and G * df(u)/dc over each unit's
+    keys, read off prefix sums along the keys, so nothing of size (H, rows, keys) is kept
+    between the passes."""
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx,
+        short_values: Tensor | None,  # (H, n_short + Lk - 1): the rows below the threshold
+        steps: Tensor | None,  # (2H, P, K): A's steps, then B's, for the rows past it
+        c: Tensor,  # ()
+        b2: Tensor,  # (H,): the MLP's output bias
+        n_short: int,
+        rows: Tensor,  # (P,): positions of the rows past the threshold
+        keys: Tensor,  # (Lk,): key positions, increasing
+        intervals: Tensor | None,  # (P, 4K): key indices a, b, a', b' per unit
+    ) -> Tensor:
+        H, k_len, n_past = b2.shape[0], keys.shape[0], rows.shape[0]
+        out = b2.new_empty(H, n_short + n_past, k_len)
+        if short_values is not None:
+            out[:, :n_short] = toeplitz(short_values, n_short, k_len)
+        ctx.save_for_backward(steps, c, rows, keys, intervals)
+        ctx.n_short, ctx.has_short = n_short, short_values is not None
+        if steps is None:
+            return out
+        f = _log_distance(c, _longest(rows, keys))  # (U + 1,)
+        signed = torch.cat([steps, -steps, steps, -steps], dim=2)  # (2H, P, 4K): on, off
+        for r0 in range(0, n_past, FIRE_ROWS):
+            r1 = min(r0 + FIRE_ROWS, n_past)
+            on = out.new_zeros(2 * H, r1 - r0, k_len + 1)  # column Lk: past the last key
+            on.scatter_add_(2, intervals[None, r0:r1].expand(2 * H, -1, -1), signed[:, r0:r1])
+            on[H:, :, 0] += b2[:, None]
+            on.cumsum_(2)  # (2H, R, Lk + 1): A, then B + b2, at every key
+            distance = (rows[r0:r1, None] - keys[None, :]).abs()  # (R, Lk)
+            torch.addcmul(
+                on[H:, :, :k_len],
+                on[:H, :, :k_len],
+                f[distance],
+                out=out[:, n_short + r0 : n_short + r1],
+            )
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):  # type: ignore[override]
+        steps, c, rows, keys, intervals = ctx.saved_tensors
+        n_short = ctx.n_short
+        d_short = diagonal_sums(grad[:, :n_short]) if ctx.has_short else None
+        if steps is None:
+            return d_short, None, None, None, None, None, None, None
+        H, k_len, n_past, units = grad.shape[0], keys.shape[0], rows.shape[0], steps.shape[2]
+        longest = _longest(rows, keys)
+        f = _log_distance(c, longest)  # (U + 1,)
+        distances = torch.arange(longest + 1, device=c.device, dtype=c.dtype)
+        df_dc = torch.sign(c) * distances / (torch.abs(c * distances) + 1)  # (U + 1,)
+        d_steps = torch.empty_like(steps)
+        d_c, d_b2 = c.new_zeros(()), c.new_zeros(H)
+        for r0 in range(0, n_past, FIRE_ROWS):
+            r1 = min(r0 + FIRE_ROWS, n_past)
+            g = grad[:, n_short + r0 : n_short + r1]  # (H, R, Lk)
+            distance = (rows[r0:r1, None] - keys[None, :]).abs()  # (R, Lk)
+            sums = grad.new_empty(3 * H, r1 - r0, k_len + 1)
+            sums[..., 0] = 0.0
+            torch.mul(g, f[distance], out=sums[:H, :, 1:])
+            sums[H : 2 * H, :, 1:] = g
+            torch.mul(g, df_dc[distance], out=sums[2 * H :, :, 1:])
+            sums.cumsum_(2)  # (3H, R, Lk + 1): column j sums the keys before j
+            at = sums.gather(2, intervals[None, r0:r1].expand(3 * H, -1, -1))  # (3H, R, 4K)
+            on = at[..., units : 2 * units] - at[..., :units]  # keys a..b-1, (3H, R, K)
+            on += at[..., 3 * units :] - at[..., 2 * units : 3 * units]  # keys a'..b'-1
+            d_steps[:, r0:r1] = on[: 2 * H]
+            d_c += (steps[:H, r0:r1] * on[2 * H :]).sum()
+            d_b2 += sums[H : 2 * H, :, k_len].sum(1)
+        return d_short, d_steps, d_c, d_b2, None, None, None, None
+
+
+def _longest(rows: Tensor, keys: Tensor) -> int:
+    """The largest |i - j| between increasing positions `rows` and `keys`."""
+    return max(int(rows[-1] - keys[0]), int(keys[-1] - rows[0]), 0)
