@@ -3,6 +3,7 @@ mcleish7/arithmetic, cramming/architectures/embeddings.py (class FIRE)."""
 
 from __future__ import annotations
 
+import math
 from typing import Annotated
 
 import torch
@@ -71,9 +72,10 @@ class FIRE(PositionalEncoding):
     ) -> Tensor:
         threshold = torch.abs(self.threshold_multiplier * self.init_threshold)
         dtype = self.c.dtype
-        rows, keys = q_span.arange(device), k_span.arange(device)  # (Lq,), (Lk,) int64
-        short = rows < float(threshold.detach())  # rows whose normaliser is the threshold's
-        n_short = int(short.sum()) if q_span.contiguous and k_span.contiguous else 0
+        n_short = 0  # rows whose normaliser is the threshold's, positions below it
+        if q_span.contiguous and k_span.contiguous:
+            below = math.ceil(float(threshold.detach())) - q_span.first
+            n_short = min(len(q_span), max(0, below))
         short_values = None
         if n_short:  # one value per distance i - j for these rows: a Toeplitz matrix
             lo, hi = q_span.first - k_span.last, q_span.first + n_short - 1 - k_span.first
@@ -81,26 +83,29 @@ class FIRE(PositionalEncoding):
             short_values = self.mlp(
                 self._normalised(distances, torch.zeros((), device=device, dtype=dtype))[:, None]
             ).T  # (H, n)
-        past = rows[n_short:]  # (P,)
-        steps = intervals = None
+        past, keys = q_span.arange(device)[n_short:], k_span.arange(device)  # (P,), (Lk,)
+        steps = intervals = f = None
         if len(past):
-            steps, intervals = self._past_threshold(past, keys, threshold)
+            # the largest distance any pair of the spans has, at least any past row's
+            longest = max(q_span.last - k_span.first, k_span.last - q_span.first, 0)
+            steps, intervals, f = self._past_threshold(past, keys, threshold, longest)
         return _FireBias.apply(
-            short_values, steps, self.c, self.mlp[2].bias, n_short, past, keys, intervals
+            short_values, steps, f, self.c, self.mlp[2].bias, n_short, past, keys, intervals
         )
 
     def _past_threshold(
-        self, rows: Tensor, keys: Tensor, threshold: Tensor
-    ) -> tuple[Tensor, Tensor]:
+        self, rows: Tensor, keys: Tensor, threshold: Tensor, longest: int
+    ) -> tuple[Tensor, Tensor, Tensor]:
         """Rows at positions `rows` (P,) past the threshold, against keys at `keys` (Lk,), as
         each hidden unit's contribution and where it is on, without running the MLP per pair.
         In a row i the MLP reads x = f(u) / N_i, with f(u) = log(|c u| + 1) rising in the
         distance u = |i - j| and N_i the row's normaliser, so each hidden unit relu(w1 x + b1)
         is off on one side of one distance and linear in f(u) on the other: the row's bias is
         f(u) * A_i(u) + B_i(u) + b2, where A and B sum w2 * w1 / N_i and w2 * b1 over the units
-        on at u. Returns those steps (2H, P, K), A's then B's, and the keys where each unit
-        is on, (P, 4K) key indices [a, b, a', b']: on for a <= j < b (keys at or before the
-        query) and a' <= j < b' (keys after it)."""
+        on at u. Returns those steps (2H, P, K), A's then B's, the keys where each unit is
+        on, (P, 4K) key indices [a, b, a', b']: on for a <= j < b (keys at or before the
+        query) and a' <= j < b' (keys after it), and f at the distances 0..longest, which
+        must cover every pair's."""
         hidden, out = self.mlp[0], self.mlp[2]
         w1, b1 = hidden.weight[:, 0], hidden.bias  # (K,)
         position = torch.maximum(rows.to(self.c.dtype), threshold)  # (P,)
@@ -108,8 +113,7 @@ class FIRE(PositionalEncoding):
         slope = (out.weight * w1)[:, None, :] / normaliser[None, :, None]  # (H, P, K)
         offset = (out.weight * b1)[:, None, :].expand_as(slope)  # (H, P, K)
         with torch.no_grad():  # each unit is on for distances start <= u < stop, (P, K)
-            longest = _longest(rows, keys)
-            f = _log_distance(self.c, longest)
+            f = _log_distance(self.c, longest)  # (U + 1,)
             crossing = -b1[None, :] * normaliser[:, None] / w1[None, :]  # f(u) at w1 x + b1 = 0
             crossing = torch.nan_to_num(crossing)  # w1 = 0: the unit's sign is b1's alone
             rising, falling = w1 > 0, w1 < 0
@@ -130,7 +134,7 @@ class FIRE(PositionalEncoding):
                 ],
                 dim=1,
             )  # (P, 4K)
-        return torch.cat([slope, offset]), intervals
+        return torch.cat([slope, offset]), intervals, f
 
 
 def _log_distance(c: Tensor, longest: int) -> Tensor:
@@ -152,6 +156,7 @@ class _FireBias(torch.autograd.Function):
         ctx,
         short_values: Tensor | None,  # (H, n_short + Lk - 1): the rows below the threshold
         steps: Tensor | None,  # (2H, P, K): A's steps, then B's, for the rows past it
+        f: Tensor | None,  # (U + 1,): log(|c u| + 1) at every distance the spans have
         c: Tensor,  # ()
         b2: Tensor,  # (H,): the MLP's output bias
         n_short: int,
@@ -163,11 +168,10 @@ class _FireBias(torch.autograd.Function):
         out = b2.new_empty(H, n_short + n_past, k_len)
         if short_values is not None:
             out[:, :n_short] = toeplitz(short_values, n_short, k_len)
-        ctx.save_for_backward(steps, c, rows, keys, intervals)
+        ctx.save_for_backward(steps, f, c, rows, keys, intervals)
         ctx.n_short, ctx.has_short = n_short, short_values is not None
         if steps is None:
             return out
-        f = _log_distance(c, _longest(rows, keys))  # (U + 1,)
         signed = torch.cat([steps, -steps, steps, -steps], dim=2)  # (2H, P, 4K): on, off
         for r0 in range(0, n_past, FIRE_ROWS):
             r1 = min(r0 + FIRE_ROWS, n_past)
@@ -186,15 +190,13 @@ class _FireBias(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad: Tensor):  # type: ignore[override]
-        steps, c, rows, keys, intervals = ctx.saved_tensors
+        steps, f, c, rows, keys, intervals = ctx.saved_tensors
         n_short = ctx.n_short
         d_short = diagonal_sums(grad[:, :n_short]) if ctx.has_short else None
         if steps is None:
-            return d_short, None, None, None, None, None, None, None
+            return d_short, None, None, None, None, None, None, None, None
         H, k_len, n_past, units = grad.shape[0], keys.shape[0], rows.shape[0], steps.shape[2]
-        longest = _longest(rows, keys)
-        f = _log_distance(c, longest)  # (U + 1,)
-        distances = torch.arange(longest + 1, device=c.device, dtype=c.dtype)
+        distances = torch.arange(f.shape[0], device=c.device, dtype=c.dtype)
         df_dc = torch.sign(c) * distances / (torch.abs(c * distances) + 1)  # (U + 1,)
         d_steps = torch.empty_like(steps)
         d_c, d_b2 = c.new_zeros(()), c.new_zeros(H)
@@ -214,9 +216,4 @@ class _FireBias(torch.autograd.Function):
             d_steps[:, r0:r1] = on[: 2 * H]
             d_c += (steps[:H, r0:r1] * on[2 * H :]).sum()
             d_b2 += sums[H : 2 * H, :, k_len].sum(1)
-        return d_short, d_steps, d_c, d_b2, None, None, None, None
-
-
-def _longest(rows: Tensor, keys: Tensor) -> int:
-    """The largest |i - j| between increasing positions `rows` and `keys`."""
-    return max(int(rows[-1] - keys[0]), int(keys[-1] - rows[0]), 0)
+        return d_short, d_steps, None, d_c, d_b2, None, None, None, None
