@@ -24,6 +24,7 @@ from posbench.experiment.compute import (
     relay,
 )
 from posbench.experiment.reaper import start_reaper
+from posbench.kernels.cpu import keep_freed_memory
 
 
 class ProgressMailbox:
@@ -71,6 +72,7 @@ class MailboxReader:
 def _compute_on_ray(
     job: RunJob, threads: int, plugin_dirs: tuple[str, ...], mailbox: Any
 ) -> RunOutput:
+    keep_freed_memory()  # once per worker process, as posbench's own workers do
     return compute_run(job, threads, posting_sink(mailbox.post.remote), plugin_dirs)
 
 
