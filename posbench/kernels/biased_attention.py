@@ -31,10 +31,13 @@ from posbench.kernels.bias_types import (
     diagonal_sums,
     toeplitz,
 )
-from posbench.kernels.probabilities import probabilities_
 from posbench.kernels.rel_shift_attention import rel_shift_attention
 from posbench.kernels.row_block_attention import row_block_attention
-from posbench.kernels.softmax_backward import softmax_backward_operands, with_ones
+from posbench.kernels.softmax_backward import (
+    block_gradients,
+    softmax_backward_operands,
+    with_ones,
+)
 
 FLASH_MIN_PAIRS = 128 * 128
 ROW_BLOCK = 64
@@ -106,15 +109,17 @@ def _backward_with_bias_gradient(
         if future is not None:  # the kernel's own masking left the bias unmasked above the diagonal
             # square scores: the future keys of rows r0..r1-1 all lie in columns r0..r1-1
             scores[..., r0:].masked_fill_(future[r0:r1, r0:keys], float("-inf"))
-        probs = probabilities_(scores)  # masked: 0
-        grad_rows = grad_out[:, :, r0:r1]
-        dv[:, :, :keys] += torch.matmul(probs.transpose(-1, -2), grad_rows)  # (B, H, keys, dv)
-        dprobs = torch.matmul(
-            grad_delta[:, :, r0:r1], v_one[:, :, :keys].transpose(-1, -2)
-        )  # (B, H, rows, keys): dP - rowsum(dO * O)
-        ds = probs.mul_(dprobs)  # dS = P * (dP - rowsum(dO * O))
-        dq[:, :, r0:r1] = torch.matmul(ds, k[:, :, :keys]).mul_(scale)
-        dk[:, :, :keys] += torch.matmul(ds.transpose(-1, -2), q[:, :, r0:r1]).mul_(scale)
+        ds, dq[:, :, r0:r1] = block_gradients(
+            scores,
+            grad_delta[:, :, r0:r1],
+            v_one[:, :, :keys],
+            grad_out[:, :, r0:r1],
+            q[:, :, r0:r1],
+            k[:, :, :keys],
+            scale,
+            dk[:, :, :keys],
+            dv[:, :, :keys],
+        )  # dS (B, H, rows, keys)
         bias_grad.add(r0, r1, ds)
     return dq, dk, dv, bias_grad.grad
 

@@ -19,9 +19,12 @@ from torch import Tensor
 
 from posbench.kernels import flash_ops
 from posbench.kernels.masks import causal_mask
-from posbench.kernels.probabilities import probabilities_
 from posbench.kernels.row_block_attention import row_blocks
-from posbench.kernels.softmax_backward import softmax_backward_operands, with_ones
+from posbench.kernels.softmax_backward import (
+    block_gradients,
+    softmax_backward_operands,
+    with_ones,
+)
 
 
 def _skewed(y: Tensor, rows: int, keys: int, row_stride: int) -> Tensor:
@@ -84,10 +87,6 @@ class _RelShiftAttention(torch.autograd.Function):
             scores = torch.matmul(q_lse[:, :, r0:r1], k_one[:, :, :keys].transpose(-1, -2))
             scores += _skewed(_block_bias(a[:, :, r0:r1], r_rev, keys), rows, keys, keys)
             scores[..., keys - rows :].masked_fill_(~allowed[:, keys - rows :], float("-inf"))
-            probs = probabilities_(scores)  # (H, B, rows, keys); future 0
-            grad_rows = grad_out[:, :, r0:r1]
-            dv[:, :, :keys] += torch.matmul(probs.transpose(-1, -2), grad_rows)
-            dprobs = torch.matmul(grad_delta[:, :, r0:r1], v_one[:, :, :keys].transpose(-1, -2))
             # dS lands in a buffer whose skewed view is dy, the gradient of the block's y:
             # row a at column rows - 1 + j, zeros before, and rows + 1 spare elements per (h, b)
             # so that (b, a) merge into one dimension of dy
@@ -95,9 +94,18 @@ class _RelShiftAttention(torch.autograd.Function):
             buffer = q.new_empty(H, B, rows * (width + 1))
             padded = buffer[..., : rows * width].view(H, B, rows, width)
             padded[..., : rows - 1] = 0.0
-            ds = torch.mul(probs, dprobs, out=padded[..., rows - 1 :])  # P * (dP - delta)
-            dq[:, :, r0:r1] = torch.matmul(ds, k[:, :, :keys]).mul_(scale)
-            dk[:, :, :keys] += torch.matmul(ds.transpose(-1, -2), q[:, :, r0:r1]).mul_(scale)
+            _, dq[:, :, r0:r1] = block_gradients(
+                scores,
+                grad_delta[:, :, r0:r1],
+                v_one[:, :, :keys],
+                grad_out[:, :, r0:r1],
+                q[:, :, r0:r1],
+                k[:, :, :keys],
+                scale,
+                dk[:, :, :keys],
+                dv[:, :, :keys],
+                ds_out=padded[..., rows - 1 :],
+            )  # dS (H, B, rows, keys) in padded
             # dy[a, m] = dS[a, m + a - (rows - 1)] = padded[a, m + a]: a row stride of width + 1
             dy = padded.as_strided(
                 (H, B, rows, keys), (*padded.stride()[:2], width + 1, 1), padded.storage_offset()
