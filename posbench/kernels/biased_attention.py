@@ -33,11 +33,7 @@ from posbench.kernels.bias_types import (
 )
 from posbench.kernels.rel_shift_attention import rel_shift_attention
 from posbench.kernels.row_block_attention import row_block_attention
-from posbench.kernels.softmax_backward import (
-    block_gradients,
-    softmax_backward_operands,
-    with_ones,
-)
+from posbench.kernels.softmax_backward import BlockedSoftmaxBackward
 
 FLASH_MIN_PAIRS = 128 * 128
 ROW_BLOCK = 64
@@ -92,36 +88,18 @@ def _backward_with_bias_gradient(
     otherwise every key, masked ones already -inf in the bias."""
     q, k, v, bias, out, lse = saved
     q_len, k_len = q.shape[2], k.shape[2]
-    # one more column lets the GEMM subtract logsumexp: [scale q, -lse] . [k, 1]
-    q_lse = torch.cat([q * scale, -lse[..., None]], -1)  # (B, H, Lq, d + 1)
-    k_one = with_ones(k)  # (B, H, Lk, d + 1)
-    grad_delta, v_one = softmax_backward_operands(grad_out, out, v)
-    dq = torch.empty_like(q)  # every row block written
-    dk, dv = torch.zeros_like(k), torch.zeros_like(v)  # accumulated over row blocks
+    blocks = BlockedSoftmaxBackward(q, k, v, out, lse, grad_out, scale)
     future = None if causal_mask is None else ~causal_mask  # (L, L)
     for r0 in range(0, q_len, ROW_BLOCK):
         r1 = min(r0 + ROW_BLOCK, q_len)
         keys = k_len if future is None else r1
-        scores = torch.matmul(
-            q_lse[:, :, r0:r1], k_one[:, :, :keys].transpose(-1, -2)
-        )  # (B, H, rows, keys): scale q . k - lse
+        scores = blocks.scores(r0, r1, keys)  # (B, H, rows, keys): scale q . k - lse
         scores += bias[:, :, r0:r1, :keys]
         if future is not None:  # the kernel's own masking left the bias unmasked above the diagonal
             # square scores: the future keys of rows r0..r1-1 all lie in columns r0..r1-1
             scores[..., r0:].masked_fill_(future[r0:r1, r0:keys], float("-inf"))
-        ds, dq[:, :, r0:r1] = block_gradients(
-            scores,
-            grad_delta[:, :, r0:r1],
-            v_one[:, :, :keys],
-            grad_out[:, :, r0:r1],
-            q[:, :, r0:r1],
-            k[:, :, :keys],
-            scale,
-            dk[:, :, :keys],
-            dv[:, :, :keys],
-        )  # dS (B, H, rows, keys)
-        bias_grad.add(r0, r1, ds)
-    return dq, dk, dv, bias_grad.grad
+        bias_grad.add(r0, r1, blocks.gradients(scores, r0, r1))  # dS (B, H, rows, keys)
+    return blocks.dq, blocks.dk, blocks.dv, bias_grad.grad
 
 
 class _FlashBiasedAttention(torch.autograd.Function):

@@ -20,11 +20,7 @@ from torch import Tensor
 from posbench.kernels import flash_ops
 from posbench.kernels.masks import causal_mask
 from posbench.kernels.row_block_attention import row_blocks
-from posbench.kernels.softmax_backward import (
-    block_gradients,
-    softmax_backward_operands,
-    with_ones,
-)
+from posbench.kernels.softmax_backward import BlockedSoftmaxBackward
 
 
 def _skewed(y: Tensor, rows: int, keys: int, row_stride: int) -> Tensor:
@@ -76,15 +72,12 @@ class _RelShiftAttention(torch.autograd.Function):
         q, k, v, a, r_rev, out, lse = ctx.saved_tensors
         scale, (H, B, q_len, d), k_len = ctx.scale, q.shape, k.shape[2]
         grad_out = grad_out.contiguous()
-        # [scale q, -lse] . [k, 1] = scale q . k - lse, and [dO, -delta] . [v, 1] = dP - delta
-        q_lse = torch.cat([q * scale, -lse[..., None]], -1)  # (H, B, L, d + 1)
-        k_one = with_ones(k)
-        grad_delta, v_one = softmax_backward_operands(grad_out, out, v)
-        dq, da = torch.empty_like(q), torch.empty_like(a)  # every row block written
-        dk, dv, dr_rev = torch.zeros_like(k), torch.zeros_like(v), torch.zeros_like(r_rev)
+        blocks = BlockedSoftmaxBackward(q, k, v, out, lse, grad_out, scale)
+        da = torch.empty_like(a)  # every row block written
+        dr_rev = torch.zeros_like(r_rev)  # accumulated over row blocks
         for r0, r1, keys, allowed in row_blocks(q, k_len, causal_mask(q_len, k_len, q.device)):
             rows = r1 - r0
-            scores = torch.matmul(q_lse[:, :, r0:r1], k_one[:, :, :keys].transpose(-1, -2))
+            scores = blocks.scores(r0, r1, keys)  # (H, B, rows, keys): scale q . k - lse
             scores += _skewed(_block_bias(a[:, :, r0:r1], r_rev, keys), rows, keys, keys)
             scores[..., keys - rows :].masked_fill_(~allowed[:, keys - rows :], float("-inf"))
             # dS lands in a buffer whose skewed view is dy, the gradient of the block's y:
@@ -94,18 +87,7 @@ class _RelShiftAttention(torch.autograd.Function):
             buffer = q.new_empty(H, B, rows * (width + 1))
             padded = buffer[..., : rows * width].view(H, B, rows, width)
             padded[..., : rows - 1] = 0.0
-            _, dq[:, :, r0:r1] = block_gradients(
-                scores,
-                grad_delta[:, :, r0:r1],
-                v_one[:, :, :keys],
-                grad_out[:, :, r0:r1],
-                q[:, :, r0:r1],
-                k[:, :, :keys],
-                scale,
-                dk[:, :, :keys],
-                dv[:, :, :keys],
-                ds_out=padded[..., rows - 1 :],
-            )  # dS (H, B, rows, keys) in padded
+            blocks.gradients(scores, r0, r1, ds_out=padded[..., rows - 1 :])  # dS, future 0
             # dy[a, m] = dS[a, m + a - (rows - 1)] = padded[a, m + a]: a row stride of width + 1
             dy = padded.as_strided(
                 (H, B, rows, keys), (*padded.stride()[:2], width + 1, 1), padded.storage_offset()
@@ -113,7 +95,7 @@ class _RelShiftAttention(torch.autograd.Function):
             da[:, :, r0:r1] = torch.bmm(dy, r_rev[:, -keys:]).view(H, B, rows, d)
             a_rows = a[:, :, r0:r1].reshape(H, B * rows, d)
             dr_rev[:, k_len - keys :] += torch.bmm(dy.transpose(1, 2), a_rows)
-        return dq, dk, dv, da, dr_rev, None
+        return blocks.dq, blocks.dk, blocks.dv, da, dr_rev, None
 
 
 def rel_shift_attention(
