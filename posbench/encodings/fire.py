@@ -63,20 +63,27 @@ class FIRE(PositionalEncoding):
         self.threshold_multiplier = nn.Parameter(torch.tensor(1.0))
         self.eps = eps
 
-    def _normalised(self, distance: Tensor, position: Tensor) -> Tensor:
-        """log(|c d| + 1) / (log(|c max(i, L)| + 1) + eps), broadcasting d against i."""
+    def _log_scaled(self, x: Tensor) -> Tensor:
+        """log(|c x| + 1): f of a distance, and of max(i, L) in the normaliser."""
+        return torch.log(torch.abs(self.c * x) + 1)
+
+    def _normaliser(self, position: Tensor) -> Tensor:
+        """N_i = log(|c max(i, L)| + 1) + eps for query positions i."""
         threshold = torch.abs(self.threshold_multiplier * self.init_threshold)
-        normaliser = torch.log(torch.abs(self.c * torch.maximum(position, threshold)) + 1)
-        return torch.log(torch.abs(self.c * distance) + 1) / (normaliser + self.eps)
+        return self._log_scaled(torch.maximum(position, threshold)) + self.eps
+
+    def _normalised(self, distance: Tensor, position: Tensor) -> Tensor:
+        """f(d) / N_i, broadcasting d against i."""
+        return self._log_scaled(distance) / self._normaliser(position)
 
     def position_bias(
         self, q_span: Span, k_span: Span, layer: LayerContext, device: torch.device
     ) -> Tensor:
-        threshold = torch.abs(self.threshold_multiplier * self.init_threshold)
         dtype = self.c.dtype
         n_short = 0  # rows whose normaliser is the threshold's, positions below it
         if q_span.contiguous and k_span.contiguous:
-            below = math.ceil(float(threshold.detach())) - q_span.first
+            threshold = abs(float(self.threshold_multiplier.detach() * self.init_threshold))
+            below = math.ceil(threshold) - q_span.first
             n_short = min(len(q_span), max(0, below))
         short_values = None
         if n_short:  # one value per distance i - j for these rows: a Toeplitz matrix
@@ -90,13 +97,13 @@ class FIRE(PositionalEncoding):
         if len(past):
             # the largest distance any pair of the spans has, at least any past row's
             longest = max(q_span.last - k_span.first, k_span.last - q_span.first, 0)
-            steps, intervals, f = self._past_threshold(past, keys, threshold, longest)
+            steps, intervals, f = self._past_threshold(past, keys, longest)
         return _FireBias.apply(
             short_values, steps, f, self.c, self.mlp[2].bias, n_short, past, keys, intervals
         )
 
     def _past_threshold(
-        self, rows: Tensor, keys: Tensor, threshold: Tensor, longest: int
+        self, rows: Tensor, keys: Tensor, longest: int
     ) -> tuple[Tensor, Tensor, Tensor]:
         """Rows at positions `rows` (P,) past the threshold, against keys at `keys` (Lk,), as
         each hidden unit's contribution and where it is on, without running the MLP per pair.
@@ -110,12 +117,12 @@ class FIRE(PositionalEncoding):
         must cover every pair's."""
         hidden, out = self.mlp[0], self.mlp[2]
         w1, b1 = hidden.weight[:, 0], hidden.bias  # (K,)
-        position = torch.maximum(rows.to(self.c.dtype), threshold)  # (P,)
-        normaliser = torch.log(torch.abs(self.c * position) + 1) + self.eps
+        normaliser = self._normaliser(rows.to(self.c.dtype))  # (P,)
         slope = (out.weight * w1)[:, None, :] / normaliser[None, :, None]  # (H, P, K)
         offset = (out.weight * b1)[:, None, :].expand_as(slope)  # (H, P, K)
         with torch.no_grad():  # each unit is on for distances start <= u < stop, (P, K)
-            f = _log_distance(self.c, longest)  # (U + 1,)
+            distances = torch.arange(longest + 1, device=rows.device, dtype=self.c.dtype)
+            f = self._log_scaled(distances)  # (U + 1,)
             crossing = -b1[None, :] * normaliser[:, None] / w1[None, :]  # f(u) at w1 x + b1 = 0
             crossing = torch.nan_to_num(crossing)  # w1 = 0: the unit's sign is b1's alone
             rising, falling = w1 > 0, w1 < 0
@@ -137,11 +144,6 @@ class FIRE(PositionalEncoding):
                 dim=1,
             )  # (P, 4K)
         return torch.cat([slope, offset]), intervals, f
-
-
-def _log_distance(c: Tensor, longest: int) -> Tensor:
-    """f(u) = log(|c u| + 1) at the distances u = 0..longest, (U + 1,)."""
-    return torch.log(torch.abs(c * torch.arange(longest + 1, device=c.device, dtype=c.dtype)) + 1)
 
 
 class _FireBias(torch.autograd.Function):
