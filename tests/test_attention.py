@@ -139,6 +139,7 @@ def test_band_attention_matches_the_dense_bias(
         ("fire", {}),
         ("txl", {}),  # the rel-shift kernel: a bias formed from q and the distance table
         ("txl", {"clamp_len": 32}),
+        ("txl", {"randomize_positions": 512}),  # drawn: the per-key table, the same kernel
         ("t5", {"num_buckets": 8, "max_distance": 8, "randomize_positions": 512}),  # drawn
         ("deberta", {"span": 4, "randomize_positions": 512}),
         ("deberta", {"span": 12, "position_buckets": 4, "randomize_positions": 512}),

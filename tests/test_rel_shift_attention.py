@@ -1,6 +1,7 @@
-"""Attention with a DistanceTableBias (Transformer-XL's position terms) through the rel-shift
-kernel: outputs and gradients equal the math path on the dense bias (float64), over blocks of
-many sizes, and nothing of size L x L is kept for the backward pass."""
+"""Attention with a DistanceTableBias (Transformer-XL's position terms) or a KeyTableBias (the
+same terms at drawn positions) through the rel-shift kernel: outputs and gradients equal the
+math path on the dense bias (float64), over blocks of many sizes, and nothing of size L x L is
+kept for the backward pass."""
 
 from __future__ import annotations
 
@@ -8,41 +9,50 @@ import pytest
 import torch
 
 from posbench.kernels import row_block_attention
-from posbench.kernels.bias_types import DistanceTableBias
+from posbench.kernels.bias_types import DistanceTableBias, KeyTableBias
 from posbench.kernels.biased_attention import biased_attention
 from posbench.kernels.masks import causal_mask
 
 B, H, LQ, d = 2, 3, 200, 8
+R = 5  # a KeyTableBias's rank
+KINDS = {
+    # kind: (the bias type, a's width, the table's shape for k_len keys)
+    "per distance": (DistanceTableBias, d, lambda k_len: (H, k_len, d)),
+    "per key": (KeyTableBias, R, lambda k_len: (1, k_len, R)),  # one table for every head
+}
 
 
-def _leaves(dtype: torch.dtype, k_len: int) -> list[torch.Tensor]:
+def _leaves(dtype: torch.dtype, k_len: int, kind: str) -> list[torch.Tensor]:
+    _, width, table_shape = KINDS[kind]
     generator = torch.Generator().manual_seed(0)
-    shapes = [(B, H, LQ, d), (B, H, k_len, d), (B, H, k_len, d), (B, H, LQ, d), (H, k_len, d)]
+    shapes = [(B, H, LQ, d), (B, H, k_len, d), (B, H, k_len, d), (B, H, LQ, width)]
+    shapes.append(table_shape(k_len))
     return [torch.randn(s, generator=generator, dtype=torch.float64).to(dtype) for s in shapes]
 
 
-def _attention(q, k, v, a, table):
+def _attention(kind, q, k, v, a, table):
     mask = causal_mask(q.shape[2], k.shape[2], q.device)
-    return biased_attention(q, k, v, DistanceTableBias(a, table), 0.3, mask)
+    return biased_attention(q, k, v, KINDS[kind][0](a, table), 0.3, mask)
 
 
-def _math_path(q, k, v, a, table):
-    logits = 0.3 * q @ k.transpose(-1, -2) + DistanceTableBias(a, table).dense()
+def _math_path(kind, q, k, v, a, table):
+    logits = 0.3 * q @ k.transpose(-1, -2) + KINDS[kind][0](a, table).dense()
     logits = logits.masked_fill(~causal_mask(q.shape[2], k.shape[2], q.device), float("-inf"))
     return torch.softmax(logits, -1) @ v
 
 
+@pytest.mark.parametrize("kind", list(KINDS))
 @pytest.mark.parametrize("memory", [0, 70], ids=["square", "after memory"])
 @pytest.mark.parametrize("block_elements", [1 << 20, 6000, 700])
-def test_rel_shift_attention_equals_the_math_path(
-    monkeypatch, block_elements: int, memory: int
+def test_table_bias_attention_equals_the_math_path(
+    monkeypatch, block_elements: int, memory: int, kind: str
 ) -> None:
     """Blocks of one or two rows up to the whole matrix in one block; queries the whole
     sequence or a segment after its memory."""
     monkeypatch.setattr(row_block_attention, "BLOCK_ELEMENTS", block_elements)
-    ours_in = [t.requires_grad_() for t in _leaves(torch.float32, LQ + memory)]
-    reference_in = [t.requires_grad_() for t in _leaves(torch.float64, LQ + memory)]
-    out, reference = _attention(*ours_in), _math_path(*reference_in)
+    ours_in = [t.requires_grad_() for t in _leaves(torch.float32, LQ + memory, kind)]
+    reference_in = [t.requires_grad_() for t in _leaves(torch.float64, LQ + memory, kind)]
+    out, reference = _attention(kind, *ours_in), _math_path(kind, *reference_in)
     grad = torch.randn(out.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
     ours = (out, *torch.autograd.grad(out, ours_in, grad.float()))
     expected = (reference, *torch.autograd.grad(reference, reference_in, grad))
@@ -51,14 +61,15 @@ def test_rel_shift_attention_equals_the_math_path(
         assert err < 2e-5 * max(1.0, b.abs().max().item()), f"{name}: {err:.2e}"
 
 
-def test_rel_shift_attention_keeps_nothing_of_size_l_squared_for_backward() -> None:
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_table_bias_attention_keeps_nothing_of_size_l_squared_for_backward(kind: str) -> None:
     sizes: list[int] = []
 
     def pack(t: torch.Tensor) -> torch.Tensor:
         sizes.append(t.numel())
         return t
 
-    leaves = [t.requires_grad_() for t in _leaves(torch.float32, LQ)]
+    leaves = [t.requires_grad_() for t in _leaves(torch.float32, LQ, kind)]
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        _attention(*leaves)
+        _attention(kind, *leaves)
     assert sizes and max(sizes) < B * H * LQ * LQ // 4

@@ -18,6 +18,7 @@ from posbench.registry import check_options
 from posbench.kernels.bias_types import (
     BandBias,
     DistanceTableBias,
+    KeyTableBias,
     RowBlockBias,
     Scores,
     ToeplitzBias,

@@ -15,7 +15,7 @@ from torch import Tensor, nn
 from posbench.encodings.registry import register_encoding
 from posbench.encodings.base import AttentionShape, LayerContext, PositionalEncoding, Span
 from posbench.encodings.tables import sinusoid
-from posbench.kernels.bias_types import DistanceTableBias, Scores
+from posbench.kernels.bias_types import DistanceTableBias, KeyTableBias, Scores
 from posbench.validation import Range
 
 
@@ -29,11 +29,13 @@ class TransformerXL(PositionalEncoding):
     On the CPU, causal scores whose queries are the last keys (a segment, after its memory or
     not) hand attention terms (b)+(d) as (q + v) against the projected distance table (a
     DistanceTableBias), which the rel-shift kernel runs a block of query rows at a time.
-    Elsewhere, without clamp_len, they become a dot product of augmented q and k (the sin/cos
-    identity in docs/encodings/transformer-xl.md), keeping fused attention in linear memory; a
-    single decoding query takes the same term against the shared position table instead, so
-    cached keys stay d wide. With clamp_len they are one matmul of (q + v) against the
-    projected distance table, then a gather. No (Lq, Lk, d) tensor is ever built.
+    Without clamp_len, terms (b)+(d) are also a dot product of a per-query vector and a per-key
+    one (the sin/cos identity in docs/encodings/transformer-xl.md): at drawn positions on the CPU
+    the same kernel runs them as a KeyTableBias, without its skew; elsewhere (CUDA, not causal)
+    they widen q and k, keeping fused attention in linear memory; a single decoding query takes
+    the same term against the shared position table instead, so cached keys stay d wide.
+    With clamp_len they are one matmul of (q + v) against the projected distance table, then a
+    gather. No (Lq, Lk, d) tensor is ever built.
     """
 
     relative = True
@@ -114,6 +116,9 @@ class TransformerXL(PositionalEncoding):
             # One decoding query: the position term against the shared table, (B, H, 1, Lk),
             # so cached keys stay d wide and nothing per key is copied.
             return Scores(q + u, k, (q_pos @ k_pos.T) * scale, scale)
+        if self.causal and Lq <= Lk and q_span.last == k_span.last and q.device.type == "cpu":
+            # drawn positions: the per-key table, a block of query rows at a time, q, k, v d wide
+            return Scores(q + u, k, KeyTableBias(q_pos * scale, k_pos[None]), scale)
         # Several queries: widen q and k so attention keeps its fused causal path.
         B, _, Lk, _ = k.shape
         k_wide = torch.cat((k, k_pos.expand(B, H, Lk, self.d_model)), dim=-1)

@@ -5,9 +5,11 @@ per distance i - j, whose gradient attention sums per distance without the (H, L
 a :class:`BandBias` (a causal band of W keys plus a row constant), which the band kernel runs in
 O(L * W) memory, a :class:`DistanceTableBias` (each query against a per-distance table,
 Transformer-XL's position terms), which the rel-shift kernel runs a block of query rows at a
-time, or a :class:`RowBlockBias` (formed a block of query rows at a time, for a bias that
-depends on content everywhere), which attention never holds whole. Toeplitz expansion of
-per-distance values, with a backward pass that sums diagonals, lives here too.
+time, a :class:`KeyTableBias` (each query against a per-key table: the same terms at drawn
+positions), which the same kernel runs without the skew, or a :class:`RowBlockBias` (formed a
+block of query rows at a time, for a bias that depends on content everywhere), which attention
+never holds whole. Toeplitz expansion of per-distance values, with a backward pass that sums
+diagonals, lives here too.
 """
 
 from __future__ import annotations
@@ -25,7 +27,9 @@ class Scores:
 
     q: Tensor  # (B, H, Lq, d')
     k: Tensor  # (B, H, Lk, d')
-    bias: Tensor | ToeplitzBias | BandBias | DistanceTableBias | RowBlockBias | None  # scaled
+    bias: (  # scaled
+        Tensor | ToeplitzBias | BandBias | DistanceTableBias | KeyTableBias | RowBlockBias | None
+    )
     scale: float
 
     def logits(self) -> Tensor:
@@ -111,6 +115,22 @@ class DistanceTableBias:
 
 
 @dataclass
+class KeyTableBias:
+    """A causal bias that is each query's dot product with a per-key table, the queries the
+    last Lq of the Lk keys: bias[b, h, i, j] = a[b, h, i] . table[h, j] for j <= i, a rank-r
+    bias (Transformer-XL's position terms at drawn positions, where sin and cos of p_i - p_j
+    split into functions of p_i and of p_j). Attention runs it a block of query rows at a time
+    (posbench.kernels.rel_shift_attention), with q, k and v d wide, in O(L x rows) memory."""
+
+    a: Tensor  # (B, H, Lq, r), the scale folded in
+    table: Tensor  # (H|1, Lk, r)
+
+    def dense(self, length: int | None = None) -> Tensor:
+        """The (B, H, Lq, Lk) matrix; for tests, pictures and short inputs."""
+        return self.a @ self.table.transpose(-1, -2)
+
+
+@dataclass
 class RowBlockBias:
     """A bias formed a block of query rows at a time: ``rows(r0, r1, keys, content)`` is the
     bias of query rows r0..r1-1 against keys 0..keys-1, (B|1, H, r1 - r0, keys), given those
@@ -136,10 +156,11 @@ class RowBlockBias:
 
 
 def dense_bias(
-    bias: Tensor | ToeplitzBias | BandBias | DistanceTableBias | RowBlockBias, length: int
+    bias: Tensor | ToeplitzBias | BandBias | DistanceTableBias | KeyTableBias | RowBlockBias,
+    length: int,
 ) -> Tensor:
     """A bias as a tensor broadcastable to (B, H, Lq, Lk); ``length`` is L for a BandBias."""
-    structured = (ToeplitzBias, BandBias, DistanceTableBias, RowBlockBias)
+    structured = (ToeplitzBias, BandBias, DistanceTableBias, KeyTableBias, RowBlockBias)
     return bias.dense(length) if isinstance(bias, structured) else bias
 
 

@@ -11,8 +11,8 @@ P = exp(S - logsumexp) and dS = P * (dP - rowsum(dO * O)) one block of query row
 over the keys those rows can see, and reads dq, dk, dv and dbias off them in the same pass; for
 a ToeplitzBias (KERPLE) it sums each block's dS along its diagonals there and then, so the
 gradient is per distance and the (H, L, L) one is never written. A BandBias (T5, DeBERTa) goes
-to posbench.kernels.band_attention instead, a DistanceTableBias (Transformer-XL) to
-posbench.kernels.rel_shift_attention, a RowBlockBias (CoPE) to
+to posbench.kernels.band_attention instead, a DistanceTableBias or KeyTableBias (Transformer-XL)
+to posbench.kernels.rel_shift_attention, a RowBlockBias (CoPE) to
 posbench.kernels.row_block_attention."""
 
 from __future__ import annotations
@@ -26,12 +26,13 @@ from posbench.kernels.band_attention import band_attention
 from posbench.kernels.bias_types import (
     BandBias,
     DistanceTableBias,
+    KeyTableBias,
     RowBlockBias,
     ToeplitzBias,
     diagonal_sums,
     toeplitz,
 )
-from posbench.kernels.rel_shift_attention import rel_shift_attention
+from posbench.kernels.rel_shift_attention import key_table_attention, rel_shift_attention
 from posbench.kernels.row_block_attention import row_block_attention
 from posbench.kernels.softmax_backward import BlockedSoftmaxBackward
 
@@ -153,7 +154,7 @@ def biased_attention(
     q: Tensor,
     k: Tensor,
     v: Tensor,
-    bias: Tensor | ToeplitzBias | BandBias | DistanceTableBias | RowBlockBias,
+    bias: Tensor | ToeplitzBias | BandBias | DistanceTableBias | KeyTableBias | RowBlockBias,
     scale: float,
     causal_mask: Tensor | None,
 ) -> Tensor:
@@ -176,9 +177,12 @@ def biased_attention(
         if flash and fused_causal:
             return band_attention(q, k, v, bias.band.to(q.dtype), scale)
         bias = bias.dense(q_len)
-    if isinstance(bias, DistanceTableBias):
+    if isinstance(bias, (DistanceTableBias, KeyTableBias)):
         if flash and causal_mask is not None and q_len <= k_len:  # queries: the last keys
-            return rel_shift_attention(q, k, v, bias.a, bias.table.to(q.dtype), scale)
+            kernel = (
+                rel_shift_attention if isinstance(bias, DistanceTableBias) else key_table_attention
+            )
+            return kernel(q, k, v, bias.a, bias.table.to(q.dtype), scale)
         bias = bias.dense()
     if isinstance(bias, ToeplitzBias):
         kernel_masks = causal_mask is None or fused_causal  # nothing left to mask in the bias

@@ -1,16 +1,20 @@
-"""Causal attention whose bias is a query's dot product with a per-distance table (Transformer-XL's
-position terms): logits = scale * q k^T + bias, bias[b, h, i, j] = a[b, h, i] . r[h, i - j] for
-j <= i, computed one block of query rows at a time and never whole. The queries are the last Lq
-of the Lk keys (Lq = Lk, or a segment after its memory).
+"""Causal attention whose bias is each query's dot product with a table, computed one block of
+query rows at a time and never whole: logits = scale * q k^T + bias with bias[b, h, i, j] =
+a[b, h, i] . r[h, i - j] for j <= i (a per-distance table: Transformer-XL's position terms) or
+a[b, h, i] . f[h, j] (a per-key table: the same terms at drawn positions, where sin and cos of
+p_i - p_j split into functions of p_i and of p_j). The queries are the last Lq of the Lk keys
+(Lq = Lk, or a segment after its memory).
 
-For a block of rows whose last query is key n - 1 the keys are 0..n - 1, at distances up to
-n - 1, so one product y = a_rows r_rev^T over those distances (r_rev: the table in reverse
-order) holds every bias of the block, each row shifted by one: the bias is a skewed strided view
-of y (Transformer-XL's "relative shift", without its padded copy). The forward pass runs the CPU
-flash kernel on each block with that bias as its mask; the backward pass forms each block's
-probabilities again from the saved log-sum-exp, as posbench.kernels.biased_attention does, and
-writes the block's dS where the skewed view reads it, so the gradients of a and r are two more
-products per block. Memory grows with L x block rows, not L^2."""
+For a block of rows whose last query is key n - 1 the keys are 0..n - 1. With a per-key table
+the block's bias is one product, a_rows f^T. With a per-distance table the keys are at
+distances up to n - 1, so one product y = a_rows r_rev^T over those distances (r_rev: the table
+in reverse order) holds every bias of the block, each row shifted by one: the bias is a skewed
+strided view of y (Transformer-XL's "relative shift", without its padded copy). The forward pass
+runs the CPU flash kernel on each block with that bias as its mask, q, k and v keeping their
+width; the backward pass forms each block's probabilities again from the saved log-sum-exp, as
+posbench.kernels.biased_attention does, and takes the gradients of a and of the table from
+each block's dS (written where the skewed view reads it, for a per-distance table) by two more
+products. Memory grows with L x block rows, not L^2."""
 
 from __future__ import annotations
 
@@ -34,68 +38,88 @@ def _skewed(y: Tensor, rows: int, keys: int, row_stride: int) -> Tensor:
     )
 
 
-def _block_bias(a_rows: Tensor, r_rev: Tensor, keys: int) -> Tensor:
-    """y (H, B, rows, keys) = a_rows (H, B, rows, d) against the table's first `keys` distances
-    in reverse order, r_rev[:, -keys:] (H, keys, d)."""
-    H, B, rows, d = a_rows.shape
-    y = torch.bmm(a_rows.reshape(H, B * rows, d), r_rev[:, -keys:].transpose(1, 2))
+def _block_table(table: Tensor, keys: int, skewed: bool) -> Tensor:
+    """The table rows a block with `keys` keys reads, (H, keys, r): the first `keys` distances
+    in reverse order (the last rows of r_rev) or the first `keys` keys."""
+    return table[:, -keys:] if skewed else table[:, :keys]
+
+
+def _block_product(a_rows: Tensor, table: Tensor, keys: int, skewed: bool) -> Tensor:
+    """y (H, B, rows, keys) = a_rows (H, B, rows, r) against the block's table rows."""
+    H, B, rows, r = a_rows.shape
+    y = torch.bmm(a_rows.reshape(H, B * rows, r), _block_table(table, keys, skewed).transpose(1, 2))
     return y.view(H, B, rows, keys)
 
 
-class _RelShiftAttention(torch.autograd.Function):
+class _TableBiasAttention(torch.autograd.Function):
     @staticmethod
     def forward(  # type: ignore[override]
-        ctx, q: Tensor, k: Tensor, v: Tensor, a: Tensor, r_rev: Tensor, scale: float
+        ctx, q: Tensor, k: Tensor, v: Tensor, a: Tensor, table: Tensor, scale: float, skewed: bool
     ) -> Tensor:
-        """q, a (H, B, Lq, d) and k, v (H, B, Lk, d) (heads first); r_rev (H, Lk, d), distance
-        Lk - 1 first."""
+        """q (H, B, Lq, d), a (H, B, Lq, r) and k, v (H, B, Lk, d) (heads first); table
+        (H, Lk, r): r_rev (distance Lk - 1 first) when skewed, else f (key 0 first)."""
         H, B, q_len, _ = q.shape
         k_len = k.shape[2]
         out = torch.empty_like(q)
         lse = q.new_empty(H, B, q_len)
         for r0, r1, keys, allowed in row_blocks(q, k_len, causal_mask(q_len, k_len, q.device)):
             rows = r1 - r0
-            y = _block_bias(a[:, :, r0:r1], r_rev, keys)
-            mask = _skewed(y, rows, keys, keys).contiguous()  # (H, B, rows, keys)
+            y = _block_product(a[:, :, r0:r1], table, keys, skewed)
+            mask = _skewed(y, rows, keys, keys).contiguous() if skewed else y  # (H, B, rows, keys)
             # the future keys of the block's rows all lie in its last `rows` columns
             mask[..., keys - rows :].masked_fill_(~allowed[:, keys - rows :], float("-inf"))
             block_out, block_lse = flash_ops.forward(
                 q[:, :, r0:r1], k[:, :, :keys], v[:, :, :keys], False, mask, scale
             )
             out[:, :, r0:r1], lse[:, :, r0:r1] = block_out, block_lse
-        ctx.save_for_backward(q, k, v, a, r_rev, out, lse)
-        ctx.scale = scale
+        ctx.save_for_backward(q, k, v, a, table, out, lse)
+        ctx.scale, ctx.skewed = scale, skewed
         return out
 
     @staticmethod
     def backward(ctx, grad_out: Tensor):  # type: ignore[override]
-        q, k, v, a, r_rev, out, lse = ctx.saved_tensors
-        scale, (H, B, q_len, d), k_len = ctx.scale, q.shape, k.shape[2]
+        q, k, v, a, table, out, lse = ctx.saved_tensors
+        scale, skewed, (H, B, q_len, _), k_len = ctx.scale, ctx.skewed, q.shape, k.shape[2]
         grad_out = grad_out.contiguous()
         blocks = BlockedSoftmaxBackward(q, k, v, out, lse, grad_out, scale)
         da = torch.empty_like(a)  # every row block written
-        dr_rev = torch.zeros_like(r_rev)  # accumulated over row blocks
+        dtable = torch.zeros_like(table) if ctx.needs_input_grad[4] else None
         for r0, r1, keys, allowed in row_blocks(q, k_len, causal_mask(q_len, k_len, q.device)):
             rows = r1 - r0
             scores = blocks.scores(r0, r1, keys)  # (H, B, rows, keys): scale q . k - lse
-            scores += _skewed(_block_bias(a[:, :, r0:r1], r_rev, keys), rows, keys, keys)
+            y = _block_product(a[:, :, r0:r1], table, keys, skewed)
+            scores += _skewed(y, rows, keys, keys) if skewed else y
             scores[..., keys - rows :].masked_fill_(~allowed[:, keys - rows :], float("-inf"))
-            # dS lands in a buffer whose skewed view is dy, the gradient of the block's y:
-            # row a at column rows - 1 + j, zeros before, and rows + 1 spare elements per (h, b)
-            # so that (b, a) merge into one dimension of dy
-            width = keys + rows - 1
-            buffer = q.new_empty(H, B, rows * (width + 1))
-            padded = buffer[..., : rows * width].view(H, B, rows, width)
-            padded[..., : rows - 1] = 0.0
-            blocks.gradients(scores, r0, r1, ds_out=padded[..., rows - 1 :])  # dS, future 0
-            # dy[a, m] = dS[a, m + a - (rows - 1)] = padded[a, m + a]: a row stride of width + 1
-            dy = padded.as_strided(
-                (H, B, rows, keys), (*padded.stride()[:2], width + 1, 1), padded.storage_offset()
-            ).view(H, B * rows, keys)
-            da[:, :, r0:r1] = torch.bmm(dy, r_rev[:, -keys:]).view(H, B, rows, d)
-            a_rows = a[:, :, r0:r1].reshape(H, B * rows, d)
-            dr_rev[:, k_len - keys :] += torch.bmm(dy.transpose(1, 2), a_rows)
-        return blocks.dq, blocks.dk, blocks.dv, da, dr_rev, None
+            if skewed:
+                dy = _skewed_gradients(blocks, scores, r0, r1)
+            else:
+                dy = blocks.gradients(scores, r0, r1).view(H, B * rows, keys)  # dS, future 0
+            rows_table = _block_table(table, keys, skewed)  # (H, keys, r)
+            da[:, :, r0:r1] = torch.bmm(dy, rows_table).view(H, B, rows, -1)
+            if dtable is not None:
+                a_rows = a[:, :, r0:r1].reshape(H, B * rows, -1)
+                _block_table(dtable, keys, skewed).add_(torch.bmm(dy.transpose(1, 2), a_rows))
+        return blocks.dq, blocks.dk, blocks.dv, da, dtable, None, None
+
+
+def _skewed_gradients(blocks: BlockedSoftmaxBackward, scores: Tensor, r0: int, r1: int) -> Tensor:
+    """The gradient dy (H, B * rows, keys) of a block's product y under the skewed view: dS
+    lands in a buffer whose skewed view is dy, row a at column rows - 1 + j, zeros before, and
+    rows + 1 spare elements per (h, b) so that (b, a) merge into one dimension of dy."""
+    H, B, rows, keys = scores.shape
+    width = keys + rows - 1
+    buffer = scores.new_empty(H, B, rows * (width + 1))
+    padded = buffer[..., : rows * width].view(H, B, rows, width)
+    padded[..., : rows - 1] = 0.0
+    blocks.gradients(scores, r0, r1, ds_out=padded[..., rows - 1 :])  # dS, future 0
+    # dy[a, m] = dS[a, m + a - (rows - 1)] = padded[a, m + a]: a row stride of width + 1
+    return padded.as_strided(
+        (H, B, rows, keys), (*padded.stride()[:2], width + 1, 1), padded.storage_offset()
+    ).view(H, B * rows, keys)
+
+
+def _heads_first(*tensors: Tensor) -> list[Tensor]:
+    return [t.transpose(0, 1).contiguous() for t in tensors]  # (B, H, ...) -> (H, B, ...)
 
 
 def rel_shift_attention(
@@ -104,6 +128,17 @@ def rel_shift_attention(
     """Causal softmax(scale * q k^T + bias) v on the CPU for q, a (B, H, Lq, d), k, v (B, H, Lk,
     d), the queries the last Lq keys, and a per-distance table (H, Lk, d) of distances
     0..Lk - 1: bias[b, h, i, j] = a_i . table[h, i - j] for j <= i (a carries its own scale)."""
-    heads_first = [t.transpose(0, 1).contiguous() for t in (q, k, v, a)]  # (H, B, L, d)
-    out = _RelShiftAttention.apply(*heads_first, table.flip(1).contiguous(), scale)
+    out = _TableBiasAttention.apply(
+        *_heads_first(q, k, v, a), table.flip(1).contiguous(), scale, True
+    )
     return out.transpose(0, 1)
+
+
+def key_table_attention(
+    q: Tensor, k: Tensor, v: Tensor, a: Tensor, table: Tensor, scale: float
+) -> Tensor:
+    """Causal softmax(scale * q k^T + bias) v on the CPU for q (B, H, Lq, d), a (B, H, Lq, r),
+    k, v (B, H, Lk, d), the queries the last Lq keys, and a per-key table (H|1, Lk, r):
+    bias[b, h, i, j] = a_i . table[h, j] for j <= i (a carries its own scale)."""
+    table = table.expand(q.shape[1], *table.shape[1:]).contiguous()  # (H, Lk, r)
+    return _TableBiasAttention.apply(*_heads_first(q, k, v, a), table, scale, False).transpose(0, 1)
