@@ -63,6 +63,28 @@ def test_fwd_bwd_ratio_to_nope(
     benchmark.pedantic(fwd_bwd(layer, x), rounds=3, iterations=1)
 
 
+#: Issue #22's goal for drawn positions (randomize_positions, drawn from 0..DRAWN_RANGE - 1): at
+#: most this many times the same encoding's cost at plain positions.
+DRAWN_LIMIT = 1.5
+DRAWN_RANGE = 4096
+
+
+@pytest.mark.parametrize("L", [1024, 2048])
+@pytest.mark.parametrize("encoding", [e for e in BUILTINS if e != "nope"])
+def test_drawn_positions_ratio_to_plain(
+    benchmark, record_goal, interleaved_ratio, encoding: str, L: int
+) -> None:
+    options = {"max_positions": DRAWN_RANGE} if encoding == "learned" else {}
+    drawn_options = {**options, "randomize_positions": DRAWN_RANGE}
+    plain = _layer(EncodingSpec(encoding, options), CONFIG)
+    drawn = _layer(EncodingSpec(encoding, drawn_options), CONFIG)
+    x = torch.randn(CONFIG.batch_size, L, D_MODEL)
+    ratio = interleaved_ratio(fwd_bwd(drawn, x), fwd_bwd(plain, x), CONFIG)
+    record_goal(f"{encoding} fwd+bwd at drawn / plain positions, L={L}", ratio, DRAWN_LIMIT)
+    benchmark.extra_info["ratio_to_plain"] = ratio
+    benchmark.pedantic(fwd_bwd(drawn, x), rounds=3, iterations=1)
+
+
 @pytest.mark.parametrize("L", [1024])
 def test_txl_with_memory_ratio_to_nope(benchmark, record_goal, interleaved_ratio, L: int) -> None:
     layer, base = _layer(EncodingSpec("txl"), CONFIG), _layer(EncodingSpec("nope"), CONFIG)
