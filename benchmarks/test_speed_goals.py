@@ -1,5 +1,6 @@
-"""Issue #4's speed and memory goals: one attention layer with its projections, float32,
-B=8, H=4, d_head=32, forward+backward, each encoding beside `nope` in the same run."""
+"""Issue #4's and #22's speed and memory goals: one attention layer with its projections,
+float32, B=8, H=4, d_head=32, forward+backward, each encoding beside `nope` in the same run (at
+drawn positions, beside itself at plain positions)."""
 
 from __future__ import annotations
 

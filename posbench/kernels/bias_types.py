@@ -119,8 +119,9 @@ class KeyTableBias:
     """A causal bias that is each query's dot product with a per-key table, the queries the
     last Lq of the Lk keys: bias[b, h, i, j] = a[b, h, i] . table[h, j] for j <= i, a rank-r
     bias (Transformer-XL's position terms at drawn positions, where sin and cos of p_i - p_j
-    split into functions of p_i and of p_j). Attention runs it a block of query rows at a time
-    (posbench.kernels.rel_shift_attention), with q, k and v d wide, in O(L x rows) memory."""
+    split into functions of p_i and of p_j). On the CPU attention runs it a block of query rows
+    at a time (posbench.kernels.rel_shift_attention), with q, k and v d wide, in O(L x rows)
+    memory; elsewhere it is made dense."""
 
     a: Tensor  # (B, H, Lq, r), the scale folded in
     table: Tensor  # (H|1, Lk, r)
