@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from posbench.kernels import row_block_attention
+from posbench.kernels import rel_shift_attention
 from posbench.kernels.bias_types import DistanceTableBias, KeyTableBias
 from posbench.kernels.biased_attention import biased_attention
 from posbench.kernels.masks import causal_mask
@@ -49,7 +49,7 @@ def test_table_bias_attention_equals_the_math_path(
 ) -> None:
     """Blocks of one or two rows up to the whole matrix in one block; queries the whole
     sequence or a segment after its memory."""
-    monkeypatch.setattr(row_block_attention, "BLOCK_ELEMENTS", block_elements)
+    monkeypatch.setattr(rel_shift_attention, "BLOCK_ELEMENTS", block_elements)
     ours_in = [t.requires_grad_() for t in _leaves(torch.float32, LQ + memory, kind)]
     reference_in = [t.requires_grad_() for t in _leaves(torch.float64, LQ + memory, kind)]
     out, reference = _attention(kind, *ours_in), _math_path(kind, *reference_in)

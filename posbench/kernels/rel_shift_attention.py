@@ -18,6 +18,8 @@ products. Memory grows with L x block rows, not L^2."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import torch
 from torch import Tensor
 
@@ -25,6 +27,13 @@ from posbench.kernels import flash_ops
 from posbench.kernels.masks import causal_mask
 from posbench.kernels.row_block_attention import row_blocks
 from posbench.kernels.softmax_backward import BlockedSoftmaxBackward
+
+#: Elements of one block's (H, B, rows, keys) tensors (8 MiB in float32), twice row_blocks'
+#: default, which CoPE's memory goal sets: Transformer-XL at L = 2048 (B = 8, 4 heads of 32,
+#: fwd+bwd over NoPE's, 2 threads, one layer) took 2.67x-2.76x NoPE's time with 2^20,
+#: 2.33x-2.34x with 2^21 and 2.35x-2.36x with 2^22 (two alternating rounds, 2026-12-04), at
+#: the same peak memory; at L = 1024 the blocks reach 32 rows either way and nothing moved.
+BLOCK_ELEMENTS = 1 << 21
 
 
 def _skewed(y: Tensor, rows: int, keys: int, row_stride: int) -> Tensor:
@@ -36,6 +45,11 @@ def _skewed(y: Tensor, rows: int, keys: int, row_stride: int) -> Tensor:
         (y.stride(0), y.stride(1), row_stride - 1, 1),
         y.storage_offset() + rows - 1,
     )
+
+
+def _blocks(q: Tensor, k_len: int) -> Iterator[tuple[int, int, int, Tensor]]:
+    """The causal blocks of query rows (r0, r1, keys, allowed) of q (H, B, Lq, d)."""
+    return row_blocks(q, k_len, causal_mask(q.shape[2], k_len, q.device), BLOCK_ELEMENTS)
 
 
 def _block_table(table: Tensor, keys: int, skewed: bool) -> Tensor:
@@ -62,7 +76,7 @@ class _TableBiasAttention(torch.autograd.Function):
         k_len = k.shape[2]
         out = torch.empty_like(q)
         lse = q.new_empty(H, B, q_len)
-        for r0, r1, keys, allowed in row_blocks(q, k_len, causal_mask(q_len, k_len, q.device)):
+        for r0, r1, keys, allowed in _blocks(q, k_len):
             rows = r1 - r0
             y = _block_product(a[:, :, r0:r1], table, keys, skewed)
             mask = _skewed(y, rows, keys, keys).contiguous() if skewed else y  # (H, B, rows, keys)
@@ -79,12 +93,12 @@ class _TableBiasAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out: Tensor):  # type: ignore[override]
         q, k, v, a, table, out, lse = ctx.saved_tensors
-        scale, skewed, (H, B, q_len, _), k_len = ctx.scale, ctx.skewed, q.shape, k.shape[2]
+        scale, skewed, (H, B, _, _), k_len = ctx.scale, ctx.skewed, q.shape, k.shape[2]
         grad_out = grad_out.contiguous()
         blocks = BlockedSoftmaxBackward(q, k, v, out, lse, grad_out, scale)
         da = torch.empty_like(a)  # every row block written
         dtable = torch.zeros_like(table) if ctx.needs_input_grad[4] else None
-        for r0, r1, keys, allowed in row_blocks(q, k_len, causal_mask(q_len, k_len, q.device)):
+        for r0, r1, keys, allowed in _blocks(q, k_len):
             rows = r1 - r0
             scores = blocks.scores(r0, r1, keys)  # (H, B, rows, keys): scale q . k - lse
             y = _block_product(a[:, :, r0:r1], table, keys, skewed)

@@ -25,17 +25,18 @@ BLOCK_ELEMENTS = 1 << 20
 
 
 def row_blocks(
-    q: Tensor, k_len: int, causal_mask: Tensor | None
+    q: Tensor, k_len: int, causal_mask: Tensor | None, block_elements: int | None = None
 ) -> Iterator[tuple[int, int, int, Tensor | None]]:
     """The blocks of query rows of q (B, H, Lq, d) against k_len keys: (r0, r1, keys, mask),
     mask (rows, keys) the block's part of causal_mask (None: every key). Each block holds at
-    most BLOCK_ELEMENTS (B, H, rows, keys) elements. With causal scores (the queries the last
-    Lq of the keys) a block reads only the keys its rows can see, so early blocks take more
-    rows: with square scores half as many blocks as equal rows would need, at the same peak."""
+    most block_elements (default BLOCK_ELEMENTS) (B, H, rows, keys) elements. With causal
+    scores (the queries the last Lq of the keys) a block reads only the keys its rows can see,
+    so early blocks take more rows: with square scores half as many blocks as equal rows would
+    need, at the same peak."""
     B, H, q_len, _ = q.shape
     causal = causal_mask is not None and q_len <= k_len
     before = k_len - q_len  # keys before the first query's own
-    pairs = BLOCK_ELEMENTS // (B * H)  # (rows, keys) pairs per block
+    pairs = (block_elements or BLOCK_ELEMENTS) // (B * H)  # (rows, keys) pairs per block
     r0 = 0
     while r0 < q_len:
         if causal:  # the most rows with rows * (before + r0 + rows) <= pairs
