@@ -32,7 +32,8 @@ from posbench.kernels.softmax_backward import BlockedSoftmaxBackward
 #: default, which CoPE's memory goal sets: Transformer-XL at L = 2048 (B = 8, 4 heads of 32,
 #: fwd+bwd over NoPE's, 2 threads, one layer) took 2.67x-2.76x NoPE's time with 2^20,
 #: 2.33x-2.34x with 2^21 and 2.35x-2.36x with 2^22 (two alternating rounds, 2026-12-04), at
-#: the same peak memory; at L = 1024 the blocks reach 32 rows either way and nothing moved.
+#: the same peak memory. At 2048 the last blocks hold 16 rows with 2^20, 32 with 2^21; at
+#: L = 1024 32 and 62, and nothing moved.
 BLOCK_ELEMENTS = 1 << 21
 
 
