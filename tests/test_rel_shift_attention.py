@@ -19,6 +19,7 @@ KINDS = {
     # kind: (the bias type, a's width, the table's shape for k_len keys)
     "per distance": (DistanceTableBias, d, lambda k_len: (H, k_len, d)),
     "per key": (KeyTableBias, R, lambda k_len: (1, k_len, R)),  # one table for every head
+    "per key and head": (KeyTableBias, R, lambda k_len: (H, k_len, R)),
 }
 
 
