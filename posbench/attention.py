@@ -59,7 +59,7 @@ class SelfAttention(nn.Module):
         if cache is not None:
             k, v, k_span = cache.extend(self.layer, k, v)  # (B, H, M + L, d)
         q_len, k_len = q.shape[2], k.shape[2]
-        if q_len > 1 and flex_available(q.device):
+        if q_len > 1 and flex_available(q.device, q.shape[-1]):
             lo, hi = span.first - k_span.last, span.last - k_span.first
             values = encoding.distance_bias(lo, hi, context, q.device)  # (H, hi - lo + 1)
             if values is not None:  # a bias of (head, i - j) alone: flex reads it per distance

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import warnings
+from contextlib import AbstractContextManager
 from typing import Callable
 
 import torch
@@ -18,11 +19,23 @@ ScoreMod = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor], Tensor]
 
 _broken: list[str] = []  # why flex_attention failed in this process, once it has
 
+#: flex_attention's compiled kernels take heads at least this wide (torch 2.11 on CUDA refuses
+#: narrower ones at compile time); narrower heads keep the SDPA and dense-bias path.
+MIN_HEAD_DIM = 16
 
-def flex_available(device: torch.device) -> bool:
-    """Whether attention on `device` runs through flex_attention: CUDA with a torch that has
-    it, unless it already failed in this process (see flex_failed)."""
-    if device.type != "cuda" or _broken:
+#: How many compiled variants of flex_attention one process may hold. Its guards split on grad
+#: mode, on whether the table needs a gradient, on a batch of one and on queries shorter than
+#: flex's decoding size (128): up to 16 variants (one CUDA `posbench bench` of five encodings
+#: compiled 10). torch's default of 8 sends the rest to flex's unfused eager path, which forms
+#: the (B, H, Lq, Lk) scores flex exists to avoid.
+RECOMPILE_LIMIT = 32
+
+
+def flex_available(device: torch.device, head_dim: int) -> bool:
+    """Whether attention on `device` with heads `head_dim` wide runs through flex_attention:
+    CUDA with a torch that has it, heads of at least MIN_HEAD_DIM, unless flex already failed
+    in this process (see flex_failed)."""
+    if device.type != "cuda" or head_dim < MIN_HEAD_DIM or _broken:
         return False
     try:
         from torch.nn.attention import flex_attention  # noqa: F401
@@ -85,6 +98,14 @@ def _compiled_flex():  # noqa: ANN202
     return torch.compile(flex_attention, dynamic=True)
 
 
+def _recompile_limit() -> AbstractContextManager[object]:
+    """torch's recompile limit raised to RECOMPILE_LIMIT while the compiled flex runs (older
+    torch calls it cache_size_limit)."""
+    config = torch._dynamo.config
+    name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
+    return config.patch(name, max(getattr(config, name), RECOMPILE_LIMIT))
+
+
 def flex_distance_attention(
     q: Tensor,
     k: Tensor,
@@ -101,9 +122,17 @@ def flex_distance_attention(
     from torch.nn.attention.flex_attention import flex_attention
 
     block_mask = _causal_block_mask(q.shape[-2], k.shape[-2], q.device) if causal else None
-    score_mod = distance_score_mod(values.to(q.dtype), lo, q_pos, k_pos)
     if q.device.type == "cuda":
-        return _compiled_flex()(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale)
+        # One memory layout for every call: the compiled kernel guards on strides, and q, k, v
+        # arrive as views of the projection or as a cache's own tensors.
+        q, k, v = (t.contiguous() for t in (q, k, v))
+        values, q_pos, k_pos = (t.contiguous() for t in (values.to(q.dtype), q_pos, k_pos))
+        score_mod = distance_score_mod(values, lo, q_pos, k_pos)
+        with _recompile_limit():
+            return _compiled_flex()(
+                q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale
+            )
+    score_mod = distance_score_mod(values.to(q.dtype), lo, q_pos, k_pos)
     with warnings.catch_warnings():  # eager on purpose here: its "use torch.compile" advice
         warnings.simplefilter("ignore", UserWarning)
         return flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale)
