@@ -408,7 +408,7 @@ def bench_command(
         ids = run_bench(
             config, specs, out, force, lambda label: status.update(Text(f"profiling {label} ..."))
         )
-    print_bench(console, out)
+    print_bench(console, out, device)
     failed = {
         folder.label(): (folder.result() or {}).get("error", "unknown error")
         for folder in (RunFolder(out / run_id) for run_id in ids)

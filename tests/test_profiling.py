@@ -117,7 +117,7 @@ def test_bench_says_why_an_encoding_costs_more_than_nope(
 
     import posbench.report.terminal as terminal
 
-    config = TINY_BENCH.__class__(**{**TINY_BENCH.__dict__, "memory": False})
+    config = TINY_BENCH.__class__(**{**TINY_BENCH.__dict__, "memory": False, "window_lens": (24,)})
     for name in ("nope", "fire", "cope"):
         run_profile(ProfileRun(EncodingSpec(name), config), tmp_path)
     monkeypatch.setattr(terminal, "COST_NOTE_ABOVE", 0.0)  # every ratio counts as costly here
@@ -126,6 +126,13 @@ def test_bench_says_why_an_encoding_costs_more_than_nope(
     text = console.export_text()
     assert "fire:" in text and "an MLP runs per distance below the threshold" in text
     assert "cope:" in text and "positions depend on content" in text
+    assert "L=32" in text and "L=24" not in text  # no column of n/a for the windows' length
+
+    console = Console(record=True, width=200)
+    terminal.print_bench(console, tmp_path, "cuda")
+    text = console.export_text()
+    assert "fire:" not in text and "an MLP runs per distance" not in text
+    assert "cost notes, which explain the CPU kernels, are left out" in text
 
 
 def test_a_length_that_would_not_fit_in_memory_is_na_not_attempted(
