@@ -26,8 +26,8 @@ MIN_HEAD_DIM = 16
 #: How many compiled variants of flex_attention one process may hold. Its guards split on grad
 #: mode, on whether the table needs a gradient, on a batch of one and on queries shorter than
 #: flex's decoding size (128): up to 16 variants (one CUDA `posbench bench` of five encodings
-#: compiled 10). torch's default of 8 sends the rest to flex's unfused eager path, which forms
-#: the (B, H, Lq, Lk) scores flex exists to avoid.
+#: recompiled 9 times). torch's default of 8 sends the rest to flex's unfused eager path, which
+#: forms the (B, H, Lq, Lk) scores flex exists to avoid.
 RECOMPILE_LIMIT = 32
 
 
