@@ -133,6 +133,7 @@ def test_bench_says_why_an_encoding_costs_more_than_nope(
     text = console.export_text()
     assert "fire:" not in text and "an MLP runs per distance" not in text
     assert "cost notes, which explain the CPU kernels, are left out" in text
+    assert "results: " in text
 
 
 def test_a_length_that_would_not_fit_in_memory_is_na_not_attempted(

@@ -328,12 +328,27 @@ def print_bench(console: Console, out_dir: Path, device: str = "cpu") -> None:
             )
         table.add_row(Text(str(label)), *cells)
     console.print(table)
+    _print_cost_notes(console, rows, device)
+    if rows["note"].fillna("").str.startswith("noisy").any():
+        console.print(
+            Text(
+                "? marks a noisy timing (other processes competed for the CPU, or a wide IQR): "
+                "see the note column of results.csv and measure again on a quiet machine.",
+                style="yellow",
+            )
+        )
+    console.print(Text(f"results: {out_dir / RESULTS_FILE}"), soft_wrap=True)
+
+
+def _print_cost_notes(console: Console, rows: pd.DataFrame, device: str) -> None:
+    """Why each encoding above COST_NOTE_ABOVE costs what it does: its cost note, which explains
+    the CPU kernels, so on CUDA one line on the paths taken there instead."""
     if device.startswith("cuda"):
         console.print(
             Text(
-                "On CUDA the encodings with a per-distance bias run through flex_attention and "
-                "the others through SDPA with their bias; the cost notes, which explain the CPU "
-                "kernels, are left out.",
+                "On CUDA the encodings with a per-distance bias run through flex_attention "
+                "(heads of 16 or more) and the others through SDPA; the cost notes, which "
+                "explain the CPU kernels, are left out.",
                 style="dim",
             ),
             soft_wrap=True,
@@ -357,15 +372,6 @@ def print_bench(console: Console, out_dir: Path, device: str = "cpu") -> None:
                 ),
                 soft_wrap=True,
             )
-    if rows["note"].fillna("").str.startswith("noisy").any():
-        console.print(
-            Text(
-                "? marks a noisy timing (other processes competed for the CPU, or a wide IQR): "
-                "see the note column of results.csv and measure again on a quiet machine.",
-                style="yellow",
-            )
-        )
-    console.print(Text(f"results: {out_dir / RESULTS_FILE}"), soft_wrap=True)
 
 
 def print_inspection(console: Console, folder: Path) -> None:
