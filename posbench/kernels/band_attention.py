@@ -29,7 +29,11 @@ from torch import Tensor
 from posbench.kernels import flash_ops
 from posbench.kernels.probabilities import probabilities_
 
-ROWS = 32
+#: Query rows per near block. With T5's W = 113, 64 rows spend 36% of each block's pairs outside
+#: the band (32 rows: 22%) but halve the blocks and their small operations: on a 2-core Xeon, 64
+#: beat 32 for T5 and DeBERTa at L = 1024 and 2048, matched 48 and beat 96 and 128 at 1024, with
+#: the same peak memory (docs/encodings/t5.md).
+ROWS = 64
 
 
 def _near_blocks(q: Tensor, k_padded: Tensor, band: Tensor, scale: float):
