@@ -122,17 +122,16 @@ def flex_distance_attention(
     from torch.nn.attention.flex_attention import flex_attention
 
     block_mask = _causal_block_mask(q.shape[-2], k.shape[-2], q.device) if causal else None
+    # One memory layout for every call: the compiled kernel guards on strides, and q, k, v
+    # arrive as views of the projection or as a cache's own tensors.
+    q, k, v = (t.contiguous() for t in (q, k, v))
+    values, q_pos, k_pos = (t.contiguous() for t in (values.to(q.dtype), q_pos, k_pos))
+    score_mod = distance_score_mod(values, lo, q_pos, k_pos)
     if q.device.type == "cuda":
-        # One memory layout for every call: the compiled kernel guards on strides, and q, k, v
-        # arrive as views of the projection or as a cache's own tensors.
-        q, k, v = (t.contiguous() for t in (q, k, v))
-        values, q_pos, k_pos = (t.contiguous() for t in (values.to(q.dtype), q_pos, k_pos))
-        score_mod = distance_score_mod(values, lo, q_pos, k_pos)
         with _recompile_limit():
             return _compiled_flex()(
                 q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale
             )
-    score_mod = distance_score_mod(values.to(q.dtype), lo, q_pos, k_pos)
     with warnings.catch_warnings():  # eager on purpose here: its "use torch.compile" advice
         warnings.simplefilter("ignore", UserWarning)
         return flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale)
