@@ -13,7 +13,8 @@ from posbench.cache import Cache
 from posbench.encodings.base import LayerContext, PositionalEncoding, Span
 from posbench.kernels.bias_types import BandBias, RowBlockBias
 from posbench.kernels.row_block_attention import BLOCK_ELEMENTS
-from posbench.kernels.biased_attention import biased_attention
+from posbench.kernels.biased_attention import biased_attention, fused_applies
+from posbench.kernels.fused_band_attention import causal_band, fused_band_attention
 from posbench.kernels.flex_bias import flex_available, flex_distance_attention, flex_failed
 from posbench.kernels.masks import causal_mask
 
@@ -59,6 +60,7 @@ class SelfAttention(nn.Module):
         if cache is not None:
             k, v, k_span = cache.extend(self.layer, k, v)  # (B, H, M + L, d)
         q_len, k_len = q.shape[2], k.shape[2]
+        scale = 1.0 / math.sqrt(self.d_head)
         if q_len > 1 and flex_available(q.device, q.shape[-1]):
             lo, hi = span.first - k_span.last, span.last - k_span.first
             values = encoding.distance_bias(lo, hi, context, q.device)  # (H, hi - lo + 1)
@@ -72,12 +74,20 @@ class SelfAttention(nn.Module):
                         lo,
                         span.arange(q.device),
                         k_span.arange(q.device),
-                        1.0 / math.sqrt(self.d_head),
+                        scale,
                         self.causal,
                     )
                     return self.out(y.transpose(1, 2).reshape(B, L, D))
                 except Exception as error:  # a torch or driver that cannot compile it
                     flex_failed(error)
+        fused = self.causal and k_span == span and span.contiguous and k_span.contiguous
+        fused = fused and fused_applies(q, v)
+        if fused:  # the C++ kernel reads a bias of (head, i - j) alone as a band of width L
+            values = encoding.distance_bias(-(q_len - 1), q_len - 1, context, q.device)
+            if values is not None:  # (H, 2L - 1), i - j ascending
+                band = causal_band(values.to(q.dtype), q_len, k_len)  # (1, H, 1, L)
+                y = fused_band_attention(q, k, v, band, scale)
+                return self.out(y.transpose(1, 2).reshape(B, L, D))
         scores = encoding.score(q, k, span, k_span, context)
         d_v = v.shape[-1]
         if scores.q.shape[-1] != d_v and q_len > 1:
@@ -86,7 +96,10 @@ class SelfAttention(nn.Module):
             v = F.pad(v, (0, scores.q.shape[-1] - d_v))
         mask = causal_mask(q_len, k_len, x.device) if self.causal and q_len > 1 else None
         if scores.bias is None:
-            if self.causal and q_len == k_len:  # the fused causal fast path
+            if fused and fused_applies(scores.q, v):  # the C++ kernel without a bias
+                no_bias = scores.q.new_empty(1, scores.q.shape[1], 1, 0)
+                y = fused_band_attention(scores.q, scores.k, v, no_bias, scores.scale)
+            elif self.causal and q_len == k_len:  # the fused causal fast path
                 y = F.scaled_dot_product_attention(
                     scores.q, scores.k, v, is_causal=True, scale=scores.scale
                 )

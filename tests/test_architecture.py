@@ -20,6 +20,7 @@ LAYERS: list[set[str]] = [
         "kernels",
         "kernels.cpu",
         "kernels.flash_ops",
+        "kernels.native",
         "kernels.masks",
         "kernels.bias_types",
         "kernels.softmax_backward",
@@ -27,6 +28,7 @@ LAYERS: list[set[str]] = [
     },
     {
         "kernels.band_attention",
+        "kernels.fused_band_attention",
         "kernels.biased_attention",
         "kernels.rel_shift_attention",
         "kernels.row_block_attention",
@@ -162,6 +164,7 @@ READS_OTHER_FILES = {
     "suites": "the built-in suites' TOML files",
     "tasks.lm": "a text corpus",
     "kernels.cpu": "/proc/self/maps (which OpenMP runtime torch loaded)",
+    "kernels.native": "its C++ source, compiled and loaded by torch's extension loader",
     "experiment.timing": "/proc/stat (CPU contention)",
     "experiment.memory": "/proc/self/status (resident memory)",
     "report.published": "the papers' per-task numbers shipped in report/published/*.csv",

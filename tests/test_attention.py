@@ -9,6 +9,8 @@ import torch.nn.functional as F
 
 import posbench
 
+from helpers import logits_and_gradients
+from posbench.kernels import native
 from posbench.kernels.biased_attention import biased_attention
 from posbench.kernels.probabilities import probabilities_
 from posbench.encodings import BandBias, ToeplitzBias
@@ -89,6 +91,7 @@ def test_toeplitz_bias_gradient_is_summed_per_distance(
     rectangle, which takes the dense path)."""
     monkeypatch.setattr("posbench.kernels.biased_attention.FLASH_MIN_PAIRS", 1)
     monkeypatch.setattr("posbench.kernels.biased_attention.ROW_BLOCK", 4)  # a ragged last block
+    monkeypatch.setattr(native, "band_flash", lambda: None)  # the torch kernels, not the C++ one
     torch.manual_seed(0)
     q = torch.randn(2, 3, q_len, 8, requires_grad=True)
     k, v = (torch.randn(2, 3, k_len, 8, requires_grad=True) for _ in range(2))
@@ -113,6 +116,7 @@ def test_band_attention_matches_the_dense_bias(
     gradients (q, k, v and the band, broadcast or not) equal SDPA's math path on the dense bias."""
     monkeypatch.setattr("posbench.kernels.biased_attention.FLASH_MIN_PAIRS", 1)
     monkeypatch.setattr("posbench.kernels.band_attention.ROWS", rows)
+    monkeypatch.setattr(native, "band_flash", lambda: None)  # the torch band kernel
     torch.manual_seed(0)
     q, k, v = (torch.randn(2, 3, L, 8, requires_grad=True) for _ in range(3))
     band = (3 * torch.randn(*[L if n == "L" else n for n in band_shape], W)).requires_grad_(True)
@@ -148,8 +152,9 @@ def test_band_attention_matches_the_dense_bias(
 def test_fast_attention_paths_match_the_math_path_in_a_layer(
     name: str, options: dict, monkeypatch
 ) -> None:
-    """A whole layer at L=160 (flash kernel, band attention where the encoding has a band)
-    gives the output and gradients of SDPA's math path on the dense bias."""
+    """A whole layer at L=160 (posbench's C++ kernel for a band or per-distance bias, the flash
+    kernel, the rel-shift kernel) gives the output and gradients of SDPA's math path on the
+    dense bias."""
     from posbench.experiment.config import EncodingSpec
     from posbench.experiment.profiling import AttentionUnderTest
 
@@ -172,6 +177,7 @@ def test_fast_attention_paths_match_the_math_path_in_a_layer(
     monkeypatch.setattr(
         "posbench.kernels.biased_attention.FLASH_MIN_PAIRS", 10**9
     )  # math path, dense bias
+    monkeypatch.setattr(native, "band_flash", lambda: None)
     reference = run()
     assert len(fast) == len(reference)
     for a, b in zip(fast, reference):
@@ -185,24 +191,12 @@ def test_without_the_private_flash_ops_every_encoding_trains_and_matches(
     """torch may drop or change the private CPU flash ops: attention then takes the public
     math path, with the same outputs and gradients."""
     from posbench.kernels import flash_ops
-    from posbench.testing import tiny_model
 
-    options = {"max_positions": 256} if encoding == "learned" else {}
-    tokens = torch.randint(0, 8, (2, 160), generator=torch.Generator().manual_seed(0))
-
-    def outputs_and_grads():
-        model = tiny_model(encoding, **options)
-        logits = model(tokens)
-        logits.logsumexp(-1).mean().backward()
-        return logits.detach(), {
-            n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None
-        }
-
-    with_flash, grads_flash = outputs_and_grads()
+    with_flash, grads_flash = logits_and_gradients(encoding)
     monkeypatch.setattr(flash_ops, "available", lambda: False)
     monkeypatch.setattr(flash_ops, "forward", None)  # any call would now fail loudly
     monkeypatch.setattr(flash_ops, "backward", None)
-    without, grads_without = outputs_and_grads()
+    without, grads_without = logits_and_gradients(encoding)
     torch.testing.assert_close(without, with_flash, atol=2e-5, rtol=1e-4)
     for name, grad in grads_flash.items():
         torch.testing.assert_close(grads_without[name], grad, atol=2e-5, rtol=2e-4, msg=name)
@@ -244,6 +238,7 @@ def test_band_attention_keeps_masked_probabilities_exactly_zero(monkeypatch) -> 
     """The band kernel's kept probabilities, which its backward pass multiplies, are 0 outside
     the band instead of exp(-87) (whose products are subnormal), and none is subnormal."""
     monkeypatch.setattr("posbench.kernels.biased_attention.FLASH_MIN_PAIRS", 1)
+    monkeypatch.setattr(native, "band_flash", lambda: None)  # the torch band kernel
     torch.manual_seed(0)
     L, W = 40, 6
     q, k, v = (torch.randn(2, 3, L, 8, requires_grad=True) for _ in range(3))

@@ -40,11 +40,11 @@ def test_memory_probe_sees_a_large_allocation() -> None:
 @needs_clear_refs
 def test_memory_rows_from_a_child_process_grow_with_length() -> None:
     config = BenchConfig(seq_lens=(128, 1024), batch_size=4, n_heads=2, d_head=8, threads=1)
-    rows = memory_rows(EncodingSpec("alibi"), config)
+    rows = memory_rows(EncodingSpec("fire"), config)
     values = [r["value"] for r in rows]
     assert [r["seq_len"] for r in rows] == [128, 1024]
     assert all(v > 0 for v in values), rows
-    # alibi materialises its (H, L, L) bias: 64x more pairs at 8x the length
+    # FIRE materialises its learned (H, L, L) bias: 64x more pairs at 8x the length
     assert values[1] > 8 * values[0]
 
 

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from posbench.kernels import flash_ops
+from posbench.kernels import flash_ops, native
 from posbench.kernels.band_attention import band_attention
 from posbench.kernels.bias_types import (
     BandBias,
@@ -32,6 +32,7 @@ from posbench.kernels.bias_types import (
     diagonal_sums,
     toeplitz,
 )
+from posbench.kernels.fused_band_attention import causal_band, fused_band_attention
 from posbench.kernels.rel_shift_attention import key_table_attention, rel_shift_attention
 from posbench.kernels.row_block_attention import row_block_attention
 from posbench.kernels.softmax_backward import BlockedSoftmaxBackward
@@ -150,6 +151,19 @@ class _FlashBiasedAttention(torch.autograd.Function):
         return dq, dk, dv, None, None, None, None
 
 
+def fused_applies(q: Tensor, v: Tensor) -> bool:
+    """Whether causal square attention of q (B, H, L, d) and v runs through posbench's C++
+    kernel (posbench.kernels.fused_band_attention): on the CPU in float32 or float64, v as wide
+    as q, and the kernel built here. At any length: it is exact, and the conformance kit's
+    short float64 inputs then check it against the general path."""
+    return (
+        q.device.type == "cpu"
+        and q.dtype in (torch.float32, torch.float64)
+        and q.shape[-1] == v.shape[-1]
+        and native.band_flash() is not None
+    )
+
+
 def biased_attention(
     q: Tensor,
     k: Tensor,
@@ -171,9 +185,12 @@ def biased_attention(
         and q_len * k_len >= FLASH_MIN_PAIRS  # below, the math path's few ops win
         and flash_ops.available()
     )
+    fused = fused_causal and fused_applies(q, v)
     if isinstance(bias, RowBlockBias):
         return row_block_attention(q, k, v, bias, scale, causal_mask)
     if isinstance(bias, BandBias):
+        if fused:
+            return fused_band_attention(q, k, v, bias.band.to(q.dtype), scale)
         if flash and fused_causal:
             return band_attention(q, k, v, bias.band.to(q.dtype), scale)
         bias = bias.dense(q_len)
@@ -185,6 +202,9 @@ def biased_attention(
             return kernel(q, k, v, bias.a, bias.table.to(q.dtype), scale)
         bias = bias.dense()
     if isinstance(bias, ToeplitzBias):
+        if fused:
+            band = causal_band(bias.values.to(q.dtype), bias.q_len, bias.k_len)
+            return fused_band_attention(q, k, v, band, scale)
         kernel_masks = causal_mask is None or fused_causal  # nothing left to mask in the bias
         if flash and kernel_masks and torch.is_grad_enabled() and bias.values.requires_grad:
             return _FlashBiasedAttention.apply(

@@ -1,0 +1,151 @@
+"""posbench's C++ attention kernel (posbench.kernels.native, fused_band_attention): outputs and
+gradients equal SDPA's math path on the dense bias, in float64 and float32, for every band
+layout the encodings hand it; the build's switch, flags and failure are plain to the user."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import posbench
+from helpers import logits_and_gradients
+from posbench.encodings import BandBias
+from posbench.kernels import native
+from posbench.kernels.fused_band_attention import causal_band, fused_band_attention
+
+needs_kernel = pytest.mark.skipif(
+    native.band_flash() is None,
+    reason="posbench's C++ kernel could not be built here (no g++ or ninja, or "
+    "POSBENCH_NATIVE_KERNELS=0); attention takes its torch kernels instead",
+)
+
+
+def _math_path(q, k, v, band, scale, inputs, grad):
+    """SDPA's math path on the dense causal bias of `band`: output, then the inputs' gradients."""
+    L = q.shape[2]
+    dense = BandBias(band, torch.zeros(())).dense(L) if band.shape[-1] else torch.zeros(L, L)
+    dense = dense.masked_fill(~torch.ones(L, L, dtype=torch.bool).tril(), float("-inf"))
+    with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.MATH):
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=dense.to(q.dtype), scale=scale)
+    return (out, *torch.autograd.grad(out, inputs, grad))
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype, atol", [(torch.float64, 1e-12), (torch.float32, 2e-5)])
+@pytest.mark.parametrize(
+    "L, band_shape",
+    [
+        (37, (1, 3, 1, 5)),  # T5: one row shared by the batch, W < L
+        (37, (2, 3, 37, 5)),  # DeBERTa: a row per query and batch entry
+        (70, (1, 3, 70, 20)),  # a row per query, shared by the batch
+        (300, (1, 1, 1, 300)),  # per distance (KERPLE, ALiBi): W = L, one head broadcast
+        (129, (1, 3, 1, 1)),  # the diagonal alone
+        (20, (1, 3, 1, 50)),  # wider than L: the columns no key reaches are dropped
+        (33, (1, 3, 1, 0)),  # no bias (NoPE, RoPE)
+    ],
+)
+def test_the_kernel_matches_the_math_path(
+    L: int, band_shape: tuple[int, ...], dtype: torch.dtype, atol: float
+) -> None:
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 3, L, 8, dtype=dtype, requires_grad=True) for _ in range(3))
+    band = (3 * torch.randn(band_shape, dtype=dtype)).requires_grad_(True)
+    out = fused_band_attention(q, k, v, band, 0.3)
+    grad = torch.randn_like(out)
+    inputs = (q, k, v, band) if band.numel() else (q, k, v)
+    reference = _math_path(q, k, v, band, 0.3, inputs, grad)
+    ours = (out, *torch.autograd.grad(out, inputs, grad))
+    for name, a, b in zip(["out", "q", "k", "v", "band"], ours, reference):
+        torch.testing.assert_close(a, b, atol=atol, rtol=0, msg=name)
+    with torch.no_grad():
+        torch.testing.assert_close(fused_band_attention(q, k, v, band, 0.3), out)
+
+
+@needs_kernel
+def test_huge_penalties_weigh_nothing() -> None:
+    """A penalty of -1e4 (its exp underflows) gives its keys weight 0, not NaN, in the output
+    and the gradients, with a band that needs no gradient (ALiBi's)."""
+    torch.manual_seed(0)
+    L = 50
+    q, k, v = (torch.randn(1, 2, L, 8, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    band = torch.zeros(1, 2, 1, L, dtype=torch.float64)
+    band[..., : L - 3] = -1e4  # every key more than 2 back
+    out = fused_band_attention(q, k, v, band, 0.3)
+    grad = torch.randn_like(out)
+    reference = _math_path(q, k, v, band, 0.3, (q, k, v), grad)
+    ours = (out, *torch.autograd.grad(out, (q, k, v), grad))
+    for a, b in zip(ours, reference):
+        assert torch.isfinite(a).all()
+        torch.testing.assert_close(a, b, atol=1e-12, rtol=0)
+    recent = torch.softmax(
+        (q @ k.transpose(-1, -2) * 0.3)[..., -1, -3:], -1
+    )  # the last query sees its last three keys only
+    torch.testing.assert_close(out[..., -1:, :], recent[..., None, :] @ v[..., -3:, :])
+
+
+def test_causal_band_puts_distance_zero_last() -> None:
+    """A ToeplitzBias's values, i - j ascending from -(L - 1), become the band whose column
+    L - 1 - δ holds distance δ."""
+    L = 4
+    values = torch.arange(2 * L - 1, dtype=torch.float64)[None]  # value = (i - j) + L - 1
+    band = causal_band(values, L, L)
+    assert band.shape == (1, 1, 1, L)
+    assert band.flatten().tolist() == [6.0, 5.0, 4.0, 3.0]  # distances 3, 2, 1, 0
+
+
+def test_the_switch_turns_the_kernel_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(native.SWITCH, "0")
+    native.band_flash.cache_clear()
+    try:
+        assert native.band_flash() is None
+    finally:
+        monkeypatch.delenv(native.SWITCH)
+        native.band_flash.cache_clear()
+
+
+def test_a_failed_build_says_why_and_how_to_fix_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    from torch.utils import cpp_extension
+
+    def no_compiler(**_: object) -> None:
+        raise RuntimeError("Ninja is required to load C++ extensions")
+
+    monkeypatch.setattr(cpp_extension, "load", no_compiler)
+    native.band_flash.cache_clear()
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            assert native.band_flash() is None
+    finally:
+        native.band_flash.cache_clear()
+    (warning,) = caught
+    text = str(warning.message)
+    assert "Ninja is required" in text and "Install g++ and ninja" in text
+    assert f"{native.SWITCH}=0" in text
+
+
+def test_compile_flags_follow_torchs_cpu_capability() -> None:
+    assert "-DCPU_CAPABILITY_AVX512" in native.compile_flags("AVX512")
+    assert "-mavx2" in native.compile_flags("AVX2")
+    portable = native.compile_flags("NEON")
+    assert "-DCPU_CAPABILITY=DEFAULT" in portable
+    assert not any(flag.startswith("-m") for flag in portable)
+    assert torch.__version__.split("+")[0].replace(".", "_") in native.extension_name()
+
+
+@needs_kernel
+@pytest.mark.parametrize("encoding", posbench.list_encodings())
+def test_every_encoding_matches_without_the_kernel(
+    encoding: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A tiny model at L = 160 gives the same logits and gradients with the C++ kernel as with
+    attention's torch kernels (what runs where it cannot be built)."""
+    fused, fused_grads = logits_and_gradients(encoding)
+    monkeypatch.setattr(native, "band_flash", lambda: None)
+    torch_kernels, torch_grads = logits_and_gradients(encoding)
+    torch.testing.assert_close(fused, torch_kernels, atol=2e-5, rtol=1e-4)
+    assert fused_grads.keys() == torch_grads.keys()
+    for name, grad in torch_grads.items():
+        torch.testing.assert_close(fused_grads[name], grad, atol=2e-5, rtol=2e-4, msg=name)
