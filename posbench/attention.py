@@ -14,7 +14,7 @@ from posbench.encodings.base import LayerContext, PositionalEncoding, Span
 from posbench.kernels.bias_types import BandBias, RowBlockBias
 from posbench.kernels.row_block_attention import BLOCK_ELEMENTS
 from posbench.kernels.biased_attention import biased_attention, fused_applies
-from posbench.kernels.fused_band_attention import causal_band, fused_band_attention
+from posbench.kernels.fused_band_attention import distance_band, fused_band_attention
 from posbench.kernels.flex_bias import flex_available, flex_distance_attention, flex_failed
 from posbench.kernels.masks import causal_mask
 
@@ -80,13 +80,14 @@ class SelfAttention(nn.Module):
                     return self.out(y.transpose(1, 2).reshape(B, L, D))
                 except Exception as error:  # a torch or driver that cannot compile it
                     flex_failed(error)
-        fused = self.causal and k_span == span and span.contiguous and k_span.contiguous
-        fused = fused and fused_applies(q, v)
-        if fused:  # the C++ kernel reads a bias of (head, i - j) alone as a band of width L
-            values = encoding.distance_bias(-(q_len - 1), q_len - 1, context, q.device)
-            if values is not None:  # (H, 2L - 1), i - j ascending
-                band = causal_band(values.to(q.dtype), q_len, k_len)  # (1, H, 1, L)
-                y = fused_band_attention(q, k, v, band, scale)
+        fused = self.causal and k_span is span and fused_applies(q, v)  # square, causal
+        if fused:  # the C++ kernel reads a bias of (head, p_i - p_j) alone as a one-row band
+            widest = span.last - span.first
+            values = encoding.distance_bias(0, widest, context, q.device)  # (H, widest + 1)
+            if values is not None:
+                positions = None if span.contiguous else span.arange()
+                band = distance_band(values.to(q.dtype))  # (1, H, 1, widest + 1)
+                y = fused_band_attention(q, k, v, band, scale, positions)
                 return self.out(y.transpose(1, 2).reshape(B, L, D))
         scores = encoding.score(q, k, span, k_span, context)
         d_v = v.shape[-1]

@@ -9,10 +9,9 @@ import warnings
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import logits_and_gradients
 
 import posbench
-from helpers import logits_and_gradients
-from posbench.encodings import BandBias
 from posbench.kernels import native
 from posbench.kernels.fused_band_attention import causal_band, fused_band_attention
 
@@ -23,10 +22,21 @@ needs_kernel = pytest.mark.skipif(
 )
 
 
-def _math_path(q, k, v, band, scale, inputs, grad):
+def _dense(band: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """bias[b, h, i, j] = band[b, h, i|0, W - 1 - (p_i - p_j)] for 0 <= p_i - p_j < W, else 0."""
+    W, L = band.shape[-1], len(positions)
+    distance = positions[:, None] - positions[None, :]  # (L, L)
+    near = (distance >= 0) & (distance < W)
+    column = (W - 1 - distance).clamp(0, max(W - 1, 0))
+    rows = band.expand(*band.shape[:2], L, W) if W else band.new_zeros(*band.shape[:2], L, 1)
+    values = rows.gather(-1, column.expand(*rows.shape[:2], L, L))
+    return values.masked_fill(~near, 0.0)
+
+
+def _math_path(q, k, v, band, scale, inputs, grad, positions=None):
     """SDPA's math path on the dense causal bias of `band`: output, then the inputs' gradients."""
     L = q.shape[2]
-    dense = BandBias(band, torch.zeros(())).dense(L) if band.shape[-1] else torch.zeros(L, L)
+    dense = _dense(band, torch.arange(L) if positions is None else positions)
     dense = dense.masked_fill(~torch.ones(L, L, dtype=torch.bool).tril(), float("-inf"))
     with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.MATH):
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=dense.to(q.dtype), scale=scale)
@@ -62,6 +72,62 @@ def test_the_kernel_matches_the_math_path(
         torch.testing.assert_close(a, b, atol=atol, rtol=0, msg=name)
     with torch.no_grad():
         torch.testing.assert_close(fused_band_attention(q, k, v, band, 0.3), out)
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype, atol", [(torch.float64, 1e-12), (torch.float32, 2e-5)])
+@pytest.mark.parametrize("W", [200, 30, 1])
+@pytest.mark.parametrize("rows", [1, "L"])
+def test_drawn_positions_read_the_band_at_their_distances(
+    W: int, rows: int | str, dtype: torch.dtype, atol: float
+) -> None:
+    """At drawn positions p (strictly increasing, gaps of 1 to 5) key j of query i reads column
+    W - 1 - (p_i - p_j), 0 from W positions back: outputs and gradients, the band's included."""
+    torch.manual_seed(0)
+    L = 45
+    positions = torch.randint(1, 6, (L,)).cumsum(0)
+    q, k, v = (torch.randn(2, 3, L, 8, dtype=dtype, requires_grad=True) for _ in range(3))
+    band = torch.randn(1, 3, L if rows == "L" else 1, W, dtype=dtype, requires_grad=True)
+    out = fused_band_attention(q, k, v, band, 0.3, positions)
+    grad = torch.randn_like(out)
+    reference = _math_path(q, k, v, band, 0.3, (q, k, v, band), grad, positions)
+    ours = (out, *torch.autograd.grad(out, (q, k, v, band), grad))
+    for name, a, b in zip(["out", "q", "k", "v", "band"], ours, reference):
+        torch.testing.assert_close(a, b, atol=atol, rtol=0, msg=name)
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype, atol", [(torch.float64, 1e-12), (torch.float32, 2e-5)])
+@pytest.mark.parametrize("by_distance", [True, False])
+@pytest.mark.parametrize("table_heads", [3, 1])
+def test_a_table_bias_matches_the_math_path(
+    by_distance: bool, table_heads: int, dtype: torch.dtype, atol: float
+) -> None:
+    """Transformer-XL's terms: a[i] . table[i - j] (by distance) or a[i] . table[j] (by key),
+    with a band beside them: outputs and gradients of q, k, v, a, the table and the band."""
+    torch.manual_seed(0)
+    L, r = 70, 6
+    q, k, v = (torch.randn(2, 3, L, 8, dtype=dtype, requires_grad=True) for _ in range(3))
+    a = torch.randn(2, 3, L, r, dtype=dtype, requires_grad=True)
+    table = torch.randn(
+        table_heads, L + 5, r, dtype=dtype, requires_grad=True
+    )  # rows past L unread
+    band = torch.randn(1, 3, 1, 9, dtype=dtype, requires_grad=True)
+    out = fused_band_attention(q, k, v, band, 0.3, table_bias=(a, table, by_distance))
+    grad = torch.randn_like(out)
+    i = torch.arange(L)
+    index = (i[:, None] - i[None, :]).clamp(min=0) if by_distance else i.expand(L, L)
+    rows = table[:, :L].expand(3, L, r)[:, index]  # (H, L, L, r)
+    table_dense = torch.einsum("bhir,hijr->bhij", a, rows)
+    dense = table_dense + _dense(band, i)
+    dense = dense.masked_fill(~torch.ones(L, L, dtype=torch.bool).tril(), float("-inf"))
+    with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.MATH):
+        reference = F.scaled_dot_product_attention(q, k, v, attn_mask=dense, scale=0.3)
+    inputs = (q, k, v, a, table, band)
+    expected = (reference, *torch.autograd.grad(reference, inputs, grad))
+    ours = (out, *torch.autograd.grad(out, inputs, grad))
+    for name, x, y in zip(["out", "q", "k", "v", "a", "table", "band"], ours, expected):
+        torch.testing.assert_close(x, y, atol=atol, rtol=0, msg=name)
 
 
 @needs_kernel

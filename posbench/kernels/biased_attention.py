@@ -195,6 +195,11 @@ def biased_attention(
             return band_attention(q, k, v, bias.band.to(q.dtype), scale)
         bias = bias.dense(q_len)
     if isinstance(bias, (DistanceTableBias, KeyTableBias)):
+        if fused:
+            by_distance = isinstance(bias, DistanceTableBias)
+            table_bias = (bias.a, bias.table.to(q.dtype), by_distance)
+            no_band = q.new_empty(1, q.shape[1], 1, 0)
+            return fused_band_attention(q, k, v, no_band, scale, table_bias=table_bias)
         if flash and causal_mask is not None and q_len <= k_len:  # queries: the last keys
             kernel = (
                 rel_shift_attention if isinstance(bias, DistanceTableBias) else key_table_attention

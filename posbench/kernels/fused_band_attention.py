@@ -1,7 +1,8 @@
 """Causal attention with a band bias through posbench's C++ kernel (posbench.kernels.native):
 softmax(scale * q k^T + bias) v with bias[b, h, i, j] = band[b, h, i, j - i + W - 1] for
-i - W < j <= i and 0 further back, the layout of a BandBias (T5, DeBERTa). A per-distance
-bias (a ToeplitzBias: KERPLE) is the band with W = L and one row.
+i - W < j <= i and 0 further back, the layout of a BandBias (DeBERTa). A bias of the
+distance alone (ALiBi, T5, KERPLE, Sandwich) is the band with one row and W = L; at drawn
+positions p, the band is read at p_i - p_j instead, W past the widest distance.
 
 The kernel forms each block of query rows' scores with the band added, its exact softmax and
 its product with v; the backward pass forms P and dS again for the same blocks and reads dq,
@@ -19,39 +20,92 @@ from posbench.kernels import native
 class _FusedBandAttention(torch.autograd.Function):
     @staticmethod
     def forward(  # type: ignore[override]
-        ctx, q: Tensor, k: Tensor, v: Tensor, band: Tensor, scale: float
+        ctx,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        band: Tensor,
+        a: Tensor | None,
+        table: Tensor | None,
+        positions: Tensor | None,
+        by_distance: bool,
+        scale: float,
     ) -> Tensor:
-        kernel = native.band_flash()
-        out, lse = kernel.forward(q, k, v, band, scale)
-        ctx.save_for_backward(q, k, v, band, out, lse)
-        ctx.scale = scale
+        out, lse = native.band_flash().forward(
+            q, k, v, band, positions, a, table, by_distance, scale
+        )
+        ctx.save_for_backward(q, k, v, band, a, table, out, lse)
+        ctx.positions, ctx.by_distance, ctx.scale = positions, by_distance, scale
         return out
 
     @staticmethod
     def backward(ctx, grad_out: Tensor):  # type: ignore[override]
-        q, k, v, band, out, lse = ctx.saved_tensors
-        dq, dk, dv, dband = native.band_flash().backward(
-            grad_out.contiguous(), q, k, v, out, lse, band, ctx.scale, ctx.needs_input_grad[3]
+        q, k, v, band, a, table, out, lse = ctx.saved_tensors
+        band_grad = ctx.needs_input_grad[3]
+        dq, dk, dv, dband, da, dtable = native.band_flash().backward(
+            grad_out.contiguous(),
+            q,
+            k,
+            v,
+            out,
+            lse,
+            band,
+            ctx.positions,
+            a,
+            table,
+            ctx.by_distance,
+            ctx.scale,
+            band_grad,
         )
-        return dq, dk, dv, dband if ctx.needs_input_grad[3] else None, None
+        return dq, dk, dv, dband if band_grad else None, da, dtable, None, None, None
 
 
-def fused_band_attention(q: Tensor, k: Tensor, v: Tensor, band: Tensor, scale: float) -> Tensor:
+def fused_band_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    band: Tensor,
+    scale: float,
+    positions: Tensor | None = None,
+    table_bias: tuple[Tensor, Tensor, bool] | None = None,
+) -> Tensor:
     """Causal attention for q, k, v (B, H, L, d) on the CPU with the bias
-    band[b, h, i, j - i + W - 1] for i - W < j <= i and 0 beyond; band (B|1, H|1, L|1, W).
-    Columns of a band wider than L that no key reaches are dropped. Needs
+    band[b, h, i, W - 1 - (p_i - p_j)] for p_i - p_j < W and 0 beyond, p the tokens' positions:
+    0 .. L - 1, or ``positions`` (L,) (drawn: strictly increasing). band (B|1, H|1, L|1, W); at
+    plain positions its columns that no key reaches (W > L) are dropped. ``table_bias`` (a,
+    table, by_distance) adds a[b, h, i] . table[h, i - j] (by distance) or . table[h, j] (by
+    key), a (B, H, L, r), table (H|1, L, r): Transformer-XL's position terms. Needs
     ``native.band_flash()``."""
     B, H, L, _ = q.shape
-    band = band[..., -L:]  # columns W - L .. W - 1: distances L - 1 .. 0
-    rows = band.shape[2]
-    band = band.expand(band.shape[0] if band.shape[0] == B else 1, H, rows, band.shape[-1])
+    if positions is None:
+        band = band[..., -L:]  # columns W - L .. W - 1: distances L - 1 .. 0
+    else:
+        positions = positions.to(device="cpu", dtype=torch.int64).contiguous()
+    band = band.expand(band.shape[0] if band.shape[0] == B else 1, H, *band.shape[2:])
+    a, table, by_distance = table_bias if table_bias is not None else (None, None, True)
+    if a is not None:
+        a, table = a.contiguous(), table[:, :L].contiguous()
     return _FusedBandAttention.apply(
-        q.contiguous(), k.contiguous(), v.contiguous(), band.contiguous(), scale
+        q.contiguous(),
+        k.contiguous(),
+        v.contiguous(),
+        band.contiguous(),
+        a,
+        table,
+        positions,
+        by_distance,
+        scale,
     )
+
+
+def distance_band(values: Tensor) -> Tensor:
+    """Per-distance values (H|1, n) for distances 0 .. n - 1 as a band (1, H|1, 1, n), whose
+    column n - 1 - δ holds distance δ."""
+    return values.flip(-1)[None, :, None, :]
 
 
 def causal_band(values: Tensor, q_len: int, k_len: int) -> Tensor:
     """A ToeplitzBias's values (H|1, Lq + Lk - 1), ordered by i - j ascending, for square
     causal scores (Lq = Lk = L) as a band (1, H|1, 1, L): column L - 1 - δ holds distance δ."""
     assert q_len == k_len, "a causal band needs square scores"
-    return values[:, k_len - 1 :].flip(-1)[None, :, None, :]
+    return distance_band(values[:, k_len - 1 :])

@@ -18,11 +18,12 @@ import functools
 import os
 import re
 import sys
+import threading
 import warnings
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from types import ModuleType
-from collections.abc import Iterator
 
 import torch
 
@@ -43,6 +44,19 @@ _CAPABILITY_FLAGS = {
     ],
     "AVX2": ["-DCPU_CAPABILITY=AVX2", "-DCPU_CAPABILITY_AVX2", "-mavx2", "-mfma"],
 }
+
+
+#: A load still running after this long is a build: one line on stderr says so.
+SLOW_LOAD_SECONDS = 3.0
+
+
+def _say_building() -> None:
+    print(
+        "posbench: building its C++ attention kernel for this machine (once per machine and "
+        "torch version, about 30 s)",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 @contextmanager
@@ -86,18 +100,12 @@ def band_flash() -> ModuleType | None:
         return None
     from torch.utils import cpp_extension
 
-    name = extension_name()
-    if not (Path(cpp_extension.get_default_build_root()) / name / f"{name}.so").exists():
-        print(
-            "posbench: building its C++ attention kernel for this machine (once per torch "
-            "version, about 30 s)",
-            file=sys.stderr,
-            flush=True,
-        )
+    announce = threading.Timer(SLOW_LOAD_SECONDS, _say_building)  # a cached build loads at once
+    announce.start()
     try:
         with _ninja_on_path():
             return cpp_extension.load(
-                name=name,
+                name=extension_name(),
                 sources=[str(SOURCE)],
                 extra_cflags=compile_flags(torch.backends.cpu.get_cpu_capability()),
                 extra_ldflags=["-fopenmp"],
@@ -112,3 +120,5 @@ def band_flash() -> ModuleType | None:
             RuntimeWarning,
         )
         return None
+    finally:
+        announce.cancel()

@@ -1,6 +1,7 @@
 // Causal attention with a band bias, fused on the CPU: softmax(scale * q k^T + bias) v where
-// bias[b, h, i, j] = band[b|0, h, i|0, j - i + W - 1] for i - W < j <= i and 0 further back.
-// A Toeplitz bias (a function of i - j alone) is the band with W = L and one row.
+// bias[b, h, i, j] = band[b|0, h, i|0, W - 1 - (p_i - p_j)] for p_i - p_j < W and 0 further
+// back, p the tokens' positions: 0 .. L - 1, or drawn ones (strictly increasing). A bias of
+// the distance alone (ALiBi, KERPLE) is the band with one row, W past the widest distance.
 //
 // Each (batch, head) is one task. A task takes its queries ROWS at a time against every key
 // they can see (keys 0 .. i1 - 1), so a block's scores are one GEMM and its softmax is exact
@@ -67,36 +68,114 @@ int64_t rows_per_block(int64_t L) {
   return std::clamp<int64_t>(budget / std::max<int64_t>(L, 1), 16, 128);
 }
 
+// The bias of one (batch, head): bias(i, j) = base(i)[index(j)] for keys near_start(i) <= j <= i
+// and 0 further back, where base(i) = band row i (or the one row) + W - 1 - p_i and index(j) =
+// p_j: the token's own index at plain positions, its drawn position otherwise (strictly
+// increasing, so a query's keys within W positions are a contiguous run ending at itself).
 struct Band {
-  const void* data;
   int64_t W, stride_b, stride_h, stride_i;  // stride 0 along a broadcast dimension
+  const int64_t* positions;                  // null: plain positions 0 .. L - 1
+
+  int64_t position(int64_t i) const { return positions == nullptr ? i : positions[i]; }
+
+  int64_t near_start(int64_t i) const {
+    if (positions == nullptr) return std::max<int64_t>(0, i - W + 1);
+    return std::upper_bound(positions, positions + i + 1, positions[i] - W) - positions;
+  }
+
+  template <typename T>
+  T* base(T* band_bh, int64_t i) const {
+    return band_bh + i * stride_i + (W - 1 - position(i));
+  }
 };
 
-// Scores of rows i0 .. i1 - 1 against keys 0 .. i1 - 1 with the band added; then P = exp(s -
-// shift[i]) for keys j <= i and 0 beyond. With shift null, each row's own max is the shift and
-// the row is normalised, its log-sum-exp written to lse_out.
+// A bias that is each query's dot product with a table (Transformer-XL's position terms):
+// bias(i, j) = a_i . t[i - j] (by distance) or a_i . t[j] (by key), a (L, r) and t (L, r) of one
+// (batch, head). For a block it is one product g = a_rows t^T, read per row at i - j or at j.
 template <typename T>
-void probabilities(const T* q, const T* k, const T* band, const Band& geometry, int64_t i0,
-                   int64_t i1, int64_t d, T scale, const T* shift, T* lse_out, T* p) {
-  using Vec = Vectorized<T>;
-  const int64_t rows = i1 - i0, keys = i1, W = geometry.W;
-  gemm<T>(false, true, rows, keys, d, scale, q + i0 * d, d, k, d, T(0), p, keys);
-  for (int64_t r = 0; r < rows; ++r) {
-    const int64_t i = i0 + r, seen = i + 1, lo = std::max<int64_t>(0, i - W + 1);
-    T* row = p + r * keys;
-    int64_t j = lo;
-    if (W > 0) {
-      const T* band_row = band + i * geometry.stride_i + (W - 1 - i);  // [j], j in lo .. i
-      for (; j + Vec::size() <= seen; j += Vec::size()) {
-        (Vec::loadu(row + j) + Vec::loadu(band_row + j)).store(row + j);
+struct Table {
+  const T* a = nullptr;  // null: no table
+  const T* t = nullptr;
+  int64_t r = 0;
+  bool by_distance = true;
+  T* g = nullptr;  // scratch, rows x keys
+
+  // g = a_rows t[0 .. keys - 1]^T, then row[j] += g[r', i - j] or g[r', j] for j <= i
+  void add(T* p, int64_t i0, int64_t rows, int64_t keys) const {
+    using Vec = Vectorized<T>;
+    gemm<T>(false, true, rows, keys, r, T(1), a + i0 * r, r, t, r, T(0), g, keys);
+    for (int64_t rr = 0; rr < rows; ++rr) {
+      const int64_t i = i0 + rr;
+      T* row = p + rr * keys;
+      const T* g_row = g + rr * keys;
+      if (by_distance) {
+        for (int64_t j = 0; j <= i; ++j) row[j] += g_row[i - j];
+      } else {
+        int64_t j = 0;
+        for (; j + Vec::size() <= i + 1; j += Vec::size()) {
+          (Vec::loadu(row + j) + Vec::loadu(g_row + j)).store(row + j);
+        }
+        for (; j <= i; ++j) row[j] += g_row[j];
       }
-      for (; j < seen; ++j) row[j] += band_row[j];
     }
+  }
+
+  // From dS (rows x keys, 0 past each row's own key): da_rows = dg t, dt += dg^T a_rows, where
+  // dg = dS by key, or dS read at i - δ by distance (formed in the scratch).
+  void backward(const T* ds, int64_t i0, int64_t rows, int64_t keys, T* da, T* dt) const {
+    const T* dg = ds;
+    if (by_distance) {
+      for (int64_t rr = 0; rr < rows; ++rr) {
+        const int64_t i = i0 + rr;
+        T* g_row = g + rr * keys;
+        const T* ds_row = ds + rr * keys;
+        for (int64_t delta = 0; delta <= i; ++delta) g_row[delta] = ds_row[i - delta];
+        std::fill(g_row + i + 1, g_row + keys, T(0));
+      }
+      dg = g;
+    }
+    gemm<T>(false, false, rows, r, keys, T(1), dg, keys, t, r, T(0), da + i0 * r, r);
+    gemm<T>(true, false, keys, r, rows, T(1), dg, keys, a + i0 * r, r, T(1), dt, r);
+  }
+};
+
+// Adds base[index(j)] to row[j] for j in lo .. seen - 1 (vectorised at plain positions).
+template <typename T>
+void add_band(T* row, const T* base, const Band& g, int64_t lo, int64_t seen) {
+  using Vec = Vectorized<T>;
+  int64_t j = lo;
+  if (g.positions == nullptr) {
+    for (; j + Vec::size() <= seen; j += Vec::size()) {
+      (Vec::loadu(row + j) + Vec::loadu(base + j)).store(row + j);
+    }
+    for (; j < seen; ++j) row[j] += base[j];
+  } else {
+    for (; j < seen; ++j) row[j] += base[g.positions[j]];
+  }
+}
+
+// Scores of rows i0 .. i1 - 1 against keys 0 .. i1 - 1, scale * q k^T with the band added,
+// then P = exp(s - shift[i]) for keys j <= i and 0 beyond; with shift null, each row's max is
+// its shift and its sum goes to sums[r] (the row is left unnormalised).
+template <typename T>
+void probabilities(const T* q, const T* k, const T* band_bh, const Band& g,
+                   const Table<T>& table, int64_t i0, int64_t i1, int64_t d, T scale,
+                   const T* shift, T* sums, T* p) {
+  using Vec = Vectorized<T>;
+  const int64_t rows = i1 - i0, keys = i1;
+  gemm<T>(false, true, rows, keys, d, scale, q + i0 * d, d, k, d, T(0), p, keys);
+  if (table.a != nullptr) table.add(p, i0, rows, keys);
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t i = i0 + r, seen = i + 1;
+    T* row = p + r * keys;
+    if (g.W > 0) add_band(row, g.base(band_bh, i), g, g.near_start(i), seen);
     T m;
+    int64_t j = 0;
     if (shift == nullptr) {
       Vec peak(-std::numeric_limits<T>::infinity());
-      j = 0;
-      for (; j + Vec::size() <= seen; j += Vec::size()) peak = at::vec::maximum(peak, Vec::loadu(row + j));
+      for (; j + Vec::size() <= seen; j += Vec::size()) {
+        peak = at::vec::maximum(peak, Vec::loadu(row + j));
+      }
       m = lanes_max(peak);
       for (; j < seen; ++j) m = std::max(m, row[j]);
     } else {
@@ -117,62 +196,99 @@ void probabilities(const T* q, const T* k, const T* band, const Band& geometry, 
     }
     std::fill(row + seen, row + keys, T(0));
     if (shift == nullptr) {
-      const Vec inv(T(1) / sum);
-      j = 0;
-      for (; j + Vec::size() <= seen; j += Vec::size()) (Vec::loadu(row + j) * inv).store(row + j);
-      for (; j < seen; ++j) row[j] /= sum;
-      lse_out[i] = m + std::log(sum);
+      sums[r] = sum;
+      sums[rows + r] = m;
     }
   }
 }
 
 template <typename T>
-const T* band_of(const at::Tensor& band, const Band& g, int64_t b, int64_t h) {
+T* band_of(const at::Tensor& band, const Band& g, int64_t b, int64_t h) {
   return band.data_ptr<T>() + b * g.stride_b + h * g.stride_h;
 }
 
-Band geometry_of(const at::Tensor& band, int64_t B) {
-  return {band.data_ptr(), band.size(3), band.size(0) == B && B > 1 ? band.stride(0) : 0,
-          band.stride(1), band.size(2) > 1 ? band.stride(2) : 0};
+Band geometry_of(const at::Tensor& band, int64_t B, const at::Tensor& positions) {
+  return {band.size(3), band.size(0) == B && B > 1 ? band.stride(0) : 0, band.stride(1),
+          band.size(2) > 1 ? band.stride(2) : 0,
+          positions.defined() ? positions.data_ptr<int64_t>() : nullptr};
 }
+
+// The table inputs of a whole call: a (B, H, L, r) and t (1|H, L, r), or none.
+struct TableInputs {
+  at::Tensor a, t;
+  bool by_distance = true;
+  int64_t H = 1, L = 0, r = 0;
+
+  bool defined() const { return a.defined(); }
+  int64_t table_offset(int64_t h) const { return (t.size(0) > 1 ? h : 0) * L * r; }
+
+  template <typename T>
+  Table<T> of(int64_t task, int64_t h, T* scratch) const {
+    Table<T> table;
+    if (!defined()) return table;
+    table.a = a.data_ptr<T>() + task * L * r;
+    table.t = t.data_ptr<T>() + table_offset(h);
+    table.r = r;
+    table.by_distance = by_distance;
+    table.g = scratch;
+    return table;
+  }
+};
 
 template <typename T>
 void forward_kernel(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                    const at::Tensor& band, double scale, at::Tensor& out, at::Tensor& lse) {
+                    const at::Tensor& band, const at::Tensor& positions, const TableInputs& tab,
+                    double scale, at::Tensor& out, at::Tensor& lse) {
   const int64_t B = q.size(0), H = q.size(1), L = q.size(2), d = q.size(3);
-  const Band g = geometry_of(band, B);
+  const Band g = geometry_of(band, B, positions);
   const int64_t R = rows_per_block(L);
   at::parallel_for(0, B * H, 1, [&](int64_t begin, int64_t end) {
-    const int previous = MKL_Set_Num_Threads_Local(1);
-    std::vector<T> p(R * L);
+    const int previous = MKL_Set_Num_Threads_Local(1);  // the tasks are the parallelism
+    std::vector<T> p(R * L), sums(2 * R), scratch(tab.defined() ? R * L : 0);
     for (int64_t task = begin; task < end; ++task) {
       const int64_t b = task / H, h = task % H, offset = task * L * d;
       const T* band_bh = band_of<T>(band, g, b, h);
+      const Table<T> table = tab.of<T>(task, h, scratch.data());
+      T* out_bh = out.data_ptr<T>() + offset;
+      T* lse_bh = lse.data_ptr<T>() + task * L;
       for (int64_t i0 = 0; i0 < L; i0 += R) {
-        const int64_t i1 = std::min(i0 + R, L);
-        probabilities<T>(q.data_ptr<T>() + offset, k.data_ptr<T>() + offset, band_bh, g, i0, i1,
-                         d, T(scale), nullptr, lse.data_ptr<T>() + task * L, p.data());
-        gemm<T>(false, false, i1 - i0, d, i1, T(1), p.data(), i1, v.data_ptr<T>() + offset, d,
-                T(0), out.data_ptr<T>() + offset + i0 * d, d);
+        const int64_t i1 = std::min(i0 + R, L), rows = i1 - i0;
+        probabilities<T>(q.data_ptr<T>() + offset, k.data_ptr<T>() + offset, band_bh, g, table,
+                         i0, i1, d, T(scale), nullptr, sums.data(), p.data());
+        gemm<T>(false, false, rows, d, i1, T(1), p.data(), i1, v.data_ptr<T>() + offset, d,
+                T(0), out_bh + i0 * d, d);
+        for (int64_t r = 0; r < rows; ++r) {  // normalise the (rows, d) output, not P
+          const T inverse = T(1) / sums[r];
+          for (int64_t c = 0; c < d; ++c) out_bh[(i0 + r) * d + c] *= inverse;
+          lse_bh[i0 + r] = sums[rows + r] + std::log(sums[r]);
+        }
       }
     }
+    MKL_Set_Num_Threads_Local(previous);
   });
 }
 
 template <typename T>
 void backward_kernel(const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k,
                      const at::Tensor& v, const at::Tensor& out, const at::Tensor& lse,
-                     const at::Tensor& band, double scale, at::Tensor& dq, at::Tensor& dk,
-                     at::Tensor& dv, at::Tensor& dband_per_thread) {
+                     const at::Tensor& band, const at::Tensor& positions,
+                     const TableInputs& tab, double scale, at::Tensor& dq, at::Tensor& dk,
+                     at::Tensor& dv, at::Tensor& dband_buffers, at::Tensor& da,
+                     at::Tensor& dtable_buffers) {
   using Vec = Vectorized<T>;
   const int64_t B = q.size(0), H = q.size(1), L = q.size(2), d = q.size(3);
-  const Band g = geometry_of(band, B);
-  const int64_t W = g.W, R = rows_per_block(L);
-  const bool want_dband = dband_per_thread.defined();
+  const Band g = geometry_of(band, B, positions);
+  const int64_t R = rows_per_block(L);
+  const bool want_dband = dband_buffers.defined() && g.W > 0;
   at::parallel_for(0, B * H, 1, [&](int64_t begin, int64_t end) {
-    std::vector<T> p(R * L), ds(R * L), minus_delta(R);
-    const int64_t buffer = dband_per_thread.size(0) > 1 ? at::get_thread_num() : 0;
-    T* dband_thread = want_dband ? dband_per_thread[buffer].data_ptr<T>() : nullptr;
+    const int previous = MKL_Set_Num_Threads_Local(1);  // the tasks are the parallelism
+    std::vector<T> p(R * L), ds(R * L), scratch(tab.defined() ? R * L : 0);
+    // a buffer per thread where the band is shared across the batch, else one (the tasks'
+    // slices of it are disjoint); it has the band's contiguous layout
+    const int64_t buffer = dband_buffers.defined() && dband_buffers.size(0) > 1
+                               ? at::get_thread_num() : 0;
+    T* dband_thread = want_dband ? dband_buffers[buffer].data_ptr<T>() : nullptr;
+    T* dtable_thread = tab.defined() ? dtable_buffers[at::get_thread_num()].data_ptr<T>() : nullptr;
     for (int64_t task = begin; task < end; ++task) {
       const int64_t b = task / H, h = task % H, offset = task * L * d;
       const T *q_bh = q.data_ptr<T>() + offset, *k_bh = k.data_ptr<T>() + offset;
@@ -181,15 +297,15 @@ void backward_kernel(const at::Tensor& grad_out, const at::Tensor& q, const at::
       T *dq_bh = dq.data_ptr<T>() + offset, *dk_bh = dk.data_ptr<T>() + offset;
       T* dv_bh = dv.data_ptr<T>() + offset;
       const T* band_bh = band_of<T>(band, g, b, h);
-      // the thread's gradient buffer has the band's layout: (Bb, H, Lb, W), contiguous
       T* dband_bh = want_dband ? dband_thread + b * g.stride_b + h * g.stride_h : nullptr;
+      const Table<T> table = tab.of<T>(task, h, scratch.data());
       for (int64_t i0 = 0; i0 < L; i0 += R) {
         const int64_t i1 = std::min(i0 + R, L), rows = i1 - i0, keys = i1;
-        probabilities<T>(q_bh, k_bh, band_bh, g, i0, i1, d, T(scale),
+        probabilities<T>(q_bh, k_bh, band_bh, g, table, i0, i1, d, T(scale),
                          lse.data_ptr<T>() + task * L, nullptr, p.data());
         gemm<T>(false, true, rows, keys, d, T(1), do_bh + i0 * d, d, v_bh, d, T(0), ds.data(),
                 keys);  // dP
-        for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t r = 0; r < rows; ++r) {  // dS = P * (dP - rowsum(dO * O)), in place
           const int64_t i = i0 + r, seen = i + 1;
           T delta = 0;
           for (int64_t c = 0; c < d; ++c) delta += do_bh[i * d + c] * o_bh[i * d + c];
@@ -202,15 +318,23 @@ void backward_kernel(const at::Tensor& grad_out, const at::Tensor& q, const at::
           }
           for (; j < seen; ++j) ds_row[j] = p_row[j] * (ds_row[j] - delta);
           std::fill(ds_row + seen, ds_row + keys, T(0));
-          if (dband_bh != nullptr && W > 0) {
-            const int64_t lo = std::max<int64_t>(0, i - W + 1);
-            T* dband_row = dband_bh + i * g.stride_i + (W - 1 - i);
-            j = lo;
-            for (; j + Vec::size() <= seen; j += Vec::size()) {
-              (Vec::loadu(dband_row + j) + Vec::loadu(ds_row + j)).store(dband_row + j);
+          if (dband_bh != nullptr) {  // the bias's gradient is dS: summed into the band
+            T* base = g.base(dband_bh, i);
+            const int64_t lo = g.near_start(i);
+            if (g.positions == nullptr) {
+              j = lo;
+              for (; j + Vec::size() <= seen; j += Vec::size()) {
+                (Vec::loadu(base + j) + Vec::loadu(ds_row + j)).store(base + j);
+              }
+              for (; j < seen; ++j) base[j] += ds_row[j];
+            } else {  // distinct positions: no two keys of a row share an entry
+              for (j = lo; j < seen; ++j) base[g.positions[j]] += ds_row[j];
             }
-            for (; j < seen; ++j) dband_row[j] += ds_row[j];
           }
+        }
+        if (table.a != nullptr) {
+          table.backward(ds.data(), i0, rows, keys, da.data_ptr<T>() + task * L * tab.r,
+                         dtable_thread + tab.table_offset(h));
         }
         gemm<T>(true, false, keys, d, rows, T(1), p.data(), keys, do_bh + i0 * d, d, T(1), dv_bh,
                 d);  // dV += P^T dO
@@ -220,63 +344,114 @@ void backward_kernel(const at::Tensor& grad_out, const at::Tensor& q, const at::
                 dk_bh, d);  // dK += scale dS^T Q
       }
     }
+    MKL_Set_Num_Threads_Local(previous);
   });
 }
 
 void check(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-           const at::Tensor& band) {
-  TORCH_CHECK(q.device().is_cpu() && q.dim() == 4 && q.is_contiguous(), "q: contiguous (B, H, L, d) on the CPU");
+           const at::Tensor& band, const at::Tensor& positions) {
+  TORCH_CHECK(q.device().is_cpu() && q.dim() == 4, "q: (B, H, L, d) on the CPU");
   TORCH_CHECK(k.sizes() == q.sizes() && v.sizes() == q.sizes(), "k, v: q's shape");
-  TORCH_CHECK(k.is_contiguous() && v.is_contiguous() && band.is_contiguous(), "contiguous inputs");
+  TORCH_CHECK(q.is_contiguous() && k.is_contiguous() && v.is_contiguous() &&
+                  band.is_contiguous(), "contiguous q, k, v and band");
   TORCH_CHECK(band.dim() == 4 && band.size(1) == q.size(1), "band: (B|1, H, L|1, W)");
   TORCH_CHECK(band.size(0) == 1 || band.size(0) == q.size(0), "band: batch 1 or B");
   TORCH_CHECK(band.size(2) == 1 || band.size(2) == q.size(2), "band: rows 1 or L");
-  TORCH_CHECK(band.size(3) <= q.size(2), "band: W <= L (W = 0: no bias)");
   TORCH_CHECK(q.scalar_type() == k.scalar_type() && q.scalar_type() == v.scalar_type() &&
                   q.scalar_type() == band.scalar_type(), "one dtype");
+  if (positions.defined()) {
+    TORCH_CHECK(positions.scalar_type() == at::kLong && positions.is_contiguous() &&
+                    positions.dim() == 1 && positions.size(0) == q.size(2),
+                "positions: (L,) int64, strictly increasing");
+  } else {
+    TORCH_CHECK(band.size(3) <= q.size(2), "band: W <= L (W = 0: no bias)");
+  }
+}
+
+at::Tensor defined_or_empty(const std::optional<at::Tensor>& tensor) {
+  return tensor.has_value() ? *tensor : at::Tensor();
+}
+
+TableInputs table_inputs(const at::Tensor& q, const std::optional<at::Tensor>& a,
+                         const std::optional<at::Tensor>& table, bool by_distance) {
+  TableInputs tab;
+  if (!a.has_value()) return tab;
+  tab.a = *a;
+  tab.t = *table;
+  tab.by_distance = by_distance;
+  tab.H = q.size(1);
+  tab.L = q.size(2);
+  tab.r = tab.a.size(3);
+  TORCH_CHECK(tab.a.dim() == 4 && tab.a.size(0) == q.size(0) && tab.a.size(1) == q.size(1) &&
+                  tab.a.size(2) == q.size(2) && tab.a.is_contiguous(),
+              "a: contiguous (B, H, L, r)");
+  TORCH_CHECK(tab.t.dim() == 3 && (tab.t.size(0) == 1 || tab.t.size(0) == q.size(1)) &&
+                  tab.t.size(1) == q.size(2) && tab.t.size(2) == tab.r && tab.t.is_contiguous(),
+              "table: contiguous (1|H, L, r)");
+  TORCH_CHECK(tab.a.scalar_type() == q.scalar_type() && tab.t.scalar_type() == q.scalar_type(),
+              "one dtype");
+  return tab;
 }
 
 }  // namespace
 
 std::vector<at::Tensor> band_flash_forward(const at::Tensor& q, const at::Tensor& k,
                                            const at::Tensor& v, const at::Tensor& band,
-                                           double scale) {
-  check(q, k, v, band);
+                                           const std::optional<at::Tensor>& positions,
+                                           const std::optional<at::Tensor>& a,
+                                           const std::optional<at::Tensor>& table,
+                                           bool by_distance, double scale) {
+  const at::Tensor pos = defined_or_empty(positions);
+  check(q, k, v, band, pos);
+  const TableInputs tab = table_inputs(q, a, table, by_distance);
   auto out = at::empty_like(q);
   auto lse = at::empty({q.size(0), q.size(1), q.size(2)}, q.options());
-  AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "band_flash_forward",
-                             [&] { forward_kernel<scalar_t>(q, k, v, band, scale, out, lse); });
+  AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "band_flash_forward", [&] {
+    forward_kernel<scalar_t>(q, k, v, band, pos, tab, scale, out, lse);
+  });
   return {out, lse};
 }
 
 std::vector<at::Tensor> band_flash_backward(const at::Tensor& grad_out, const at::Tensor& q,
                                             const at::Tensor& k, const at::Tensor& v,
                                             const at::Tensor& out, const at::Tensor& lse,
-                                            const at::Tensor& band, double scale,
-                                            bool band_grad) {
-  check(q, k, v, band);
+                                            const at::Tensor& band,
+                                            const std::optional<at::Tensor>& positions,
+                                            const std::optional<at::Tensor>& a,
+                                            const std::optional<at::Tensor>& table,
+                                            bool by_distance, double scale, bool band_grad) {
+  const at::Tensor pos = defined_or_empty(positions);
+  check(q, k, v, band, pos);
+  const TableInputs tab = table_inputs(q, a, table, by_distance);
   TORCH_CHECK(grad_out.is_contiguous() && out.is_contiguous() && lse.is_contiguous(),
               "contiguous grad_out, out and lse");
   auto dq = at::empty_like(q);
   auto dk = at::zeros_like(q);
   auto dv = at::zeros_like(q);
-  // Tasks are (batch, head) pairs: a band of its own per batch row gets each task's gradient
+  // Tasks are (batch, head) pairs: a band of its own per batch entry gets each task's gradient
   // in a slice of its own; a band shared across the batch gets one buffer per thread, summed.
   const bool shared = band.size(0) == 1 && q.size(0) > 1;
-  at::Tensor per_thread;
+  at::Tensor band_buffers, da, table_buffers;
   if (band_grad) {
     std::vector<int64_t> shape{shared ? at::get_num_threads() : 1};
     for (auto size : band.sizes()) shape.push_back(size);
-    per_thread = at::zeros(shape, band.options());
+    band_buffers = at::zeros(shape, band.options());
+  }
+  if (tab.defined()) {  // every row of da is written; the table is shared across the batch
+    da = at::empty_like(tab.a);
+    table_buffers = at::zeros({at::get_num_threads(), tab.t.size(0), tab.L, tab.r},
+                              tab.t.options());
   }
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "band_flash_backward", [&] {
-    backward_kernel<scalar_t>(grad_out, q, k, v, out, lse, band, scale, dq, dk, dv, per_thread);
+    backward_kernel<scalar_t>(grad_out, q, k, v, out, lse, band, pos, tab, scale, dq, dk, dv,
+                              band_buffers, da, table_buffers);
   });
-  at::Tensor dband = !band_grad ? at::Tensor() : shared ? per_thread.sum(0) : per_thread[0];
-  return {dq, dk, dv, dband};
+  at::Tensor dband = !band_grad ? at::Tensor() : shared ? band_buffers.sum(0) : band_buffers[0];
+  at::Tensor dtable = tab.defined() ? table_buffers.sum(0) : at::Tensor();
+  return {dq, dk, dv, dband, da, dtable};
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("forward", &band_flash_forward, "(out, lse) of causal attention with a band bias");
-  m.def("backward", &band_flash_backward, "(dq, dk, dv, dband) of band_flash forward");
+  m.def("forward", &band_flash_forward, "(out, lse) of causal attention with a bias");
+  m.def("backward", &band_flash_backward, "(dq, dk, dv, dband, da, dtable) of forward");
 }
