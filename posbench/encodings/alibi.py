@@ -29,7 +29,8 @@ class ALiBi(PositionalEncoding):
     """ALiBi: bias[h, i, j] = -m_h (i - j), or -m_h |i - j| with ``symmetric`` (non-causal).
 
     The bias is read from a per-distance table (Lq + Lk - 1 values per head) that grows by
-    doubling, then expanded to the (Lq, Lk) Toeplitz matrix; it needs no gradient, so causal
+    doubling. posbench's C++ kernel reads that table itself (``distance_bias``); elsewhere it
+    is expanded to the (Lq, Lk) Toeplitz matrix, and since it needs no gradient, causal
     attention keeps the flash kernel's causal block skipping (see biased_attention)."""
 
     relative = True

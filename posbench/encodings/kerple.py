@@ -27,9 +27,10 @@ class _Kerple(PositionalEncoding):
 
     relative = True
     cost_note = (
-        "the learned bias never saturates, so the flash kernel reads it dense (H, L, L) and the "
-        "backward pass forms dS at every pair, summing it per distance block by block (the "
-        "kernel itself runs per distance)"
+        "the learned bias is one value per head and distance, which posbench's C++ kernel adds "
+        "block by block and whose gradient it sums per distance; without that kernel it never "
+        "saturates, so the flash kernel reads it dense (H, L, L) and the backward pass forms dS "
+        "at every pair"
     )
     #: The bias of each distance (...,) for every head, (H, ...): each kernel's own formula.
     kernel: Callable[[Tensor], Tensor]

@@ -61,7 +61,11 @@ class T5Bias(PositionalEncoding):
     bucket, so only the band of max_distance keys carries a bias relative to it."""
 
     relative = True
-    cost_note = "a learned (H, L, L) bias is gathered from buckets and its gradient scattered back"
+    cost_note = (
+        "its learned bias is one value per head and distance, which posbench's C++ kernel adds "
+        "block by block and whose gradient it sums per distance; without that kernel, a band "
+        "of W keys runs beside the flash kernel"
+    )
 
     def __init__(
         self,

@@ -28,7 +28,8 @@ class TransformerXL(PositionalEncoding):
     ``scale=False`` drops the 1/sqrt(d) the original code applies to the whole sum.
     On the CPU, causal scores whose queries are the last keys (a segment, after its memory or
     not) hand attention terms (b)+(d) as (q + v) against the projected distance table (a
-    DistanceTableBias), which the rel-shift kernel runs a block of query rows at a time.
+    DistanceTableBias), which posbench's C++ kernel (a segment without memory) or the rel-shift
+    kernel runs a block of query rows at a time.
     Without clamp_len, terms (b)+(d) are also a dot product of a per-query vector and a per-key
     one (the sin/cos identity in docs/encodings/transformer-xl.md): at drawn positions on the CPU
     the same kernel runs them as a KeyTableBias, without its skew; elsewhere (CUDA, not causal)
@@ -41,7 +42,8 @@ class TransformerXL(PositionalEncoding):
     relative = True
     cost_note = (
         "terms (b) and (d) are a product of (q + v) with the distance table per block of rows "
-        "on the CPU (elsewhere they widen q and k by d_model), and u, v add two more"
+        "on the CPU, inside posbench's C++ kernel where it is built (elsewhere they widen q "
+        "and k by d_model), and u, v add two more"
     )
 
     def __init__(
