@@ -90,12 +90,14 @@ def small_model(encoding: str = "rope", vocab: int = 11) -> "posbench.Decoder":
     return posbench.build_model(encoding, vocab_size=vocab, d_model=32, n_layers=2, n_heads=4)
 
 
-def logits_and_gradients(encoding: str) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+def logits_and_gradients(
+    encoding: str, **options: Any
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """A tiny model's logits at L = 160 (long enough for the flash and C++ kernels) and its
     parameters' gradients, to compare attention paths."""
     from posbench.testing import tiny_model
 
-    options = {"max_positions": 256} if encoding == "learned" else {}
+    options = {"max_positions": 256, **options} if encoding == "learned" else options
     tokens = torch.randint(0, 8, (2, 160), generator=torch.Generator().manual_seed(0))
     model = tiny_model(encoding, **options)
     logits = model(tokens)

@@ -13,7 +13,11 @@ from helpers import logits_and_gradients
 
 import posbench
 from posbench.kernels import native
-from posbench.kernels.fused_band_attention import causal_band, fused_band_attention
+from posbench.kernels.fused_band_attention import (
+    causal_band,
+    fused_band_attention,
+    fused_dense_attention,
+)
 
 needs_kernel = pytest.mark.skipif(
     native.band_flash() is None,
@@ -72,6 +76,39 @@ def test_the_kernel_matches_the_math_path(
         torch.testing.assert_close(a, b, atol=atol, rtol=0, msg=name)
     with torch.no_grad():
         torch.testing.assert_close(fused_band_attention(q, k, v, band, 0.3), out)
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype, atol", [(torch.float64, 1e-12), (torch.float32, 2e-5)])
+@pytest.mark.parametrize(
+    "L, bias_shape",
+    [
+        (37, (2, 3, 37, 37)),  # a bias per batch entry
+        (150, (1, 3, 150, 150)),  # FIRE's: per head, shared by the batch (blocks of rows)
+        (20, (1, 1, 20, 20)),  # one matrix broadcast over the heads
+        (9, (9, 9)),  # no batch or head dimensions
+    ],
+)
+def test_a_dense_bias_is_read_by_key(
+    L: int, bias_shape: tuple[int, ...], dtype: torch.dtype, atol: float
+) -> None:
+    """A dense bias is added at [b, h, i, j] for the keys j <= i, the rest ignored (it may hold
+    anything there), and its gradient is dS at those pairs and 0 above the diagonal."""
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 3, L, 8, dtype=dtype, requires_grad=True) for _ in range(3))
+    bias = (3 * torch.randn(bias_shape, dtype=dtype)).requires_grad_(True)
+    out = fused_dense_attention(q, k, v, bias if bias.dim() == 4 else bias[None, None], 0.3)
+    grad = torch.randn_like(out)
+    causal = torch.ones(L, L, dtype=torch.bool).tril()
+    with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.MATH):
+        masked = bias.masked_fill(~causal, float("-inf"))
+        reference = F.scaled_dot_product_attention(q, k, v, attn_mask=masked, scale=0.3)
+    inputs = (q, k, v, bias)
+    expected = (reference, *torch.autograd.grad(reference, inputs, grad))
+    ours = (out, *torch.autograd.grad(out, inputs, grad))
+    for name, x, y in zip(["out", "q", "k", "v", "bias"], ours, expected):
+        torch.testing.assert_close(x, y, atol=atol, rtol=0, msg=name)
+    assert not ours[-1][..., ~causal].any()
 
 
 @needs_kernel
@@ -202,15 +239,19 @@ def test_compile_flags_follow_torchs_cpu_capability() -> None:
 
 
 @needs_kernel
-@pytest.mark.parametrize("encoding", posbench.list_encodings())
+@pytest.mark.parametrize(
+    "encoding, options",
+    [(name, {}) for name in posbench.list_encodings()]
+    + [("fire", {"init_threshold": 50.0})],  # most rows past FIRE's threshold: not Toeplitz
+)
 def test_every_encoding_matches_without_the_kernel(
-    encoding: str, monkeypatch: pytest.MonkeyPatch
+    encoding: str, options: dict[str, float], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A tiny model at L = 160 gives the same logits and gradients with the C++ kernel as with
     attention's torch kernels (what runs where it cannot be built)."""
-    fused, fused_grads = logits_and_gradients(encoding)
+    fused, fused_grads = logits_and_gradients(encoding, **options)
     monkeypatch.setattr(native, "band_flash", lambda: None)
-    torch_kernels, torch_grads = logits_and_gradients(encoding)
+    torch_kernels, torch_grads = logits_and_gradients(encoding, **options)
     torch.testing.assert_close(fused, torch_kernels, atol=2e-5, rtol=1e-4)
     assert fused_grads.keys() == torch_grads.keys()
     for name, grad in torch_grads.items():

@@ -39,8 +39,8 @@ class FIRE(PositionalEncoding):
     cost_note = (
         "an MLP runs per distance below the threshold; past it each row is a running sum "
         "along the keys of the hidden units' steps, its gradient read off prefix sums; the "
-        "learned (H, L, L) bias is dense, so attention forms its gradient at every pair in "
-        "the backward pass"
+        "learned (H, L, L) bias is dense, so attention (posbench's C++ kernel, reading it by "
+        "key) writes its gradient at every pair in the backward pass"
     )
     #: The MLP's output bias adds one constant per head to every logit, which softmax ignores.
     gradient_free = ("mlp.2.bias",)

@@ -13,7 +13,11 @@ a ToeplitzBias (KERPLE) it sums each block's dS along its diagonals there and th
 gradient is per distance and the (H, L, L) one is never written. A BandBias (T5, DeBERTa) goes
 to posbench.kernels.band_attention instead, a DistanceTableBias or KeyTableBias (Transformer-XL)
 to posbench.kernels.rel_shift_attention, a RowBlockBias (CoPE) to
-posbench.kernels.row_block_attention."""
+posbench.kernels.row_block_attention.
+
+Where posbench's C++ kernel is built (posbench.kernels.native), causal square attention on the
+CPU in float32 or float64 goes there instead, whatever the bias but a RowBlockBias: a band, a
+per-distance table, a query-by-table product or a dense bias, each read in its own layout."""
 
 from __future__ import annotations
 
@@ -32,7 +36,11 @@ from posbench.kernels.bias_types import (
     diagonal_sums,
     toeplitz,
 )
-from posbench.kernels.fused_band_attention import causal_band, fused_band_attention
+from posbench.kernels.fused_band_attention import (
+    causal_band,
+    fused_band_attention,
+    fused_dense_attention,
+)
 from posbench.kernels.rel_shift_attention import key_table_attention, rel_shift_attention
 from posbench.kernels.row_block_attention import row_block_attention
 from posbench.kernels.softmax_backward import BlockedSoftmaxBackward
@@ -224,6 +232,8 @@ def biased_attention(
         bias = bias.dense()
     bias = bias.to(q.dtype)
     bias = bias.reshape((1,) * (4 - bias.dim()) + tuple(bias.shape)) if bias.dim() < 4 else bias
+    if fused:
+        return fused_dense_attention(q, k, v, bias, scale)
     if causal_mask is not None and not (flash and fused_causal):
         bias = bias.masked_fill(~causal_mask, float("-inf"))
     if not flash:

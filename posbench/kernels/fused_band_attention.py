@@ -2,7 +2,8 @@
 softmax(scale * q k^T + bias) v with bias[b, h, i, j] = band[b, h, i, j - i + W - 1] for
 i - W < j <= i and 0 further back, the layout of a BandBias (DeBERTa). A bias of the
 distance alone (ALiBi, T5, KERPLE, Sandwich) is the band with one row and W = L; at drawn
-positions p, the band is read at p_i - p_j instead, W past the widest distance.
+positions p, the band is read at p_i - p_j instead, W past the widest distance. A dense
+bias (FIRE's) is read by key instead (`fused_dense_attention`).
 
 The kernel forms each block of query rows' scores with the band added, its exact softmax and
 its product with v; the backward pass forms P and dS again for the same blocks and reads dq,
@@ -28,14 +29,16 @@ class _FusedBandAttention(torch.autograd.Function):
         a: Tensor | None,
         table: Tensor | None,
         positions: Tensor | None,
+        by_key: bool,
         by_distance: bool,
         scale: float,
     ) -> Tensor:
         out, lse = native.band_flash().forward(
-            q, k, v, band, positions, a, table, by_distance, scale
+            q, k, v, band, positions, by_key, a, table, by_distance, scale
         )
         ctx.save_for_backward(q, k, v, band, a, table, out, lse)
-        ctx.positions, ctx.by_distance, ctx.scale = positions, by_distance, scale
+        ctx.positions, ctx.by_key, ctx.by_distance = positions, by_key, by_distance
+        ctx.scale = scale
         return out
 
     @staticmethod
@@ -51,13 +54,14 @@ class _FusedBandAttention(torch.autograd.Function):
             lse,
             band,
             ctx.positions,
+            ctx.by_key,
             a,
             table,
             ctx.by_distance,
             ctx.scale,
             band_grad,
         )
-        return dq, dk, dv, dband if band_grad else None, da, dtable, None, None, None
+        return dq, dk, dv, dband if band_grad else None, da, dtable, None, None, None, None
 
 
 def fused_band_attention(
@@ -93,7 +97,28 @@ def fused_band_attention(
         a,
         table,
         positions,
+        False,
         by_distance,
+        scale,
+    )
+
+
+def fused_dense_attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, scale: float) -> Tensor:
+    """Causal attention for q, k, v (B, H, L, d) on the CPU with a dense bias (B|1, H|1, L, L)
+    read at [b, h, i, j] (FIRE's): the kernel adds each row's keys j <= i and sums the bias's
+    gradient into the same layout. Needs ``native.band_flash()``."""
+    B, H, _, _ = q.shape
+    bias = bias.expand(bias.shape[0] if bias.shape[0] == B else 1, H, *bias.shape[2:])
+    return _FusedBandAttention.apply(
+        q.contiguous(),
+        k.contiguous(),
+        v.contiguous(),
+        bias.contiguous(),
+        None,
+        None,
+        None,
+        True,
+        True,
         scale,
     )
 

@@ -2,6 +2,7 @@
 // bias[b, h, i, j] = band[b|0, h, i|0, W - 1 - (p_i - p_j)] for p_i - p_j < W and 0 further
 // back, p the tokens' positions: 0 .. L - 1, or drawn ones (strictly increasing). A bias of
 // the distance alone (ALiBi, KERPLE) is the band with one row, W past the widest distance.
+// A dense bias (B|1, H, L, L) (FIRE's) is read by key instead: bias[b, h, i, j] itself.
 //
 // Each (batch, head) is one task. A task takes its queries ROWS at a time against every key
 // they can see (keys 0 .. i1 - 1), so a block's scores are one GEMM and its softmax is exact
@@ -72,9 +73,11 @@ int64_t rows_per_block(int64_t L) {
 // and 0 further back, where base(i) = band row i (or the one row) + W - 1 - p_i and index(j) =
 // p_j: the token's own index at plain positions, its drawn position otherwise (strictly
 // increasing, so a query's keys within W positions are a contiguous run ending at itself).
+// By key (a dense bias: W = L, plain positions), base(i) is band row i itself.
 struct Band {
   int64_t W, stride_b, stride_h, stride_i;  // stride 0 along a broadcast dimension
   const int64_t* positions;                  // null: plain positions 0 .. L - 1
+  bool by_key;                               // band[.., i, j] is bias(i, j) itself
 
   int64_t position(int64_t i) const { return positions == nullptr ? i : positions[i]; }
 
@@ -85,7 +88,7 @@ struct Band {
 
   template <typename T>
   T* base(T* band_bh, int64_t i) const {
-    return band_bh + i * stride_i + (W - 1 - position(i));
+    return band_bh + i * stride_i + (by_key ? 0 : W - 1 - position(i));
   }
 };
 
@@ -207,10 +210,11 @@ T* band_of(const at::Tensor& band, const Band& g, int64_t b, int64_t h) {
   return band.data_ptr<T>() + b * g.stride_b + h * g.stride_h;
 }
 
-Band geometry_of(const at::Tensor& band, int64_t B, const at::Tensor& positions) {
+Band geometry_of(const at::Tensor& band, int64_t B, const at::Tensor& positions,
+                 bool by_key) {
   return {band.size(3), band.size(0) == B && B > 1 ? band.stride(0) : 0, band.stride(1),
           band.size(2) > 1 ? band.stride(2) : 0,
-          positions.defined() ? positions.data_ptr<int64_t>() : nullptr};
+          positions.defined() ? positions.data_ptr<int64_t>() : nullptr, by_key};
 }
 
 // The table inputs of a whole call: a (B, H, L, r) and t (1|H, L, r), or none.
@@ -237,10 +241,10 @@ struct TableInputs {
 
 template <typename T>
 void forward_kernel(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                    const at::Tensor& band, const at::Tensor& positions, const TableInputs& tab,
-                    double scale, at::Tensor& out, at::Tensor& lse) {
+                    const at::Tensor& band, const at::Tensor& positions, bool by_key,
+                    const TableInputs& tab, double scale, at::Tensor& out, at::Tensor& lse) {
   const int64_t B = q.size(0), H = q.size(1), L = q.size(2), d = q.size(3);
-  const Band g = geometry_of(band, B, positions);
+  const Band g = geometry_of(band, B, positions, by_key);
   const int64_t R = rows_per_block(L);
   at::parallel_for(0, B * H, 1, [&](int64_t begin, int64_t end) {
     const int previous = MKL_Set_Num_Threads_Local(1);  // the tasks are the parallelism
@@ -271,16 +275,20 @@ void forward_kernel(const at::Tensor& q, const at::Tensor& k, const at::Tensor& 
 template <typename T>
 void backward_kernel(const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k,
                      const at::Tensor& v, const at::Tensor& out, const at::Tensor& lse,
-                     const at::Tensor& band, const at::Tensor& positions,
+                     const at::Tensor& band, const at::Tensor& positions, bool by_key,
                      const TableInputs& tab, double scale, at::Tensor& dq, at::Tensor& dk,
-                     at::Tensor& dv, at::Tensor& dband_buffers, at::Tensor& da,
+                     at::Tensor& dv, at::Tensor& dband_buffers, bool by_head, at::Tensor& da,
                      at::Tensor& dtable_buffers) {
   using Vec = Vectorized<T>;
   const int64_t B = q.size(0), H = q.size(1), L = q.size(2), d = q.size(3);
-  const Band g = geometry_of(band, B, positions);
+  const Band g = geometry_of(band, B, positions, by_key);
   const int64_t R = rows_per_block(L);
   const bool want_dband = dband_buffers.defined() && g.W > 0;
-  at::parallel_for(0, B * H, 1, [&](int64_t begin, int64_t end) {
+  // By head (a dense bias shared across the batch): each head is one thread's, its batch
+  // entries in turn (t = h * B + b); the first writes the head's gradient, zeros above the
+  // diagonal included, and the rest add to it, so no buffer is zeroed or summed.
+  const int64_t per_unit = by_head ? B : 1;
+  at::parallel_for(0, B * H / per_unit, 1, [&](int64_t begin, int64_t end) {
     const int previous = MKL_Set_Num_Threads_Local(1);  // the tasks are the parallelism
     std::vector<T> p(R * L), ds(R * L), scratch(tab.defined() ? R * L : 0);
     // a buffer per thread where the band is shared across the batch, else one (the tasks'
@@ -289,7 +297,9 @@ void backward_kernel(const at::Tensor& grad_out, const at::Tensor& q, const at::
                                ? at::get_thread_num() : 0;
     T* dband_thread = want_dband ? dband_buffers[buffer].data_ptr<T>() : nullptr;
     T* dtable_thread = tab.defined() ? dtable_buffers[at::get_thread_num()].data_ptr<T>() : nullptr;
-    for (int64_t task = begin; task < end; ++task) {
+    for (int64_t t = begin * per_unit; t < end * per_unit; ++t) {
+      const int64_t task = by_head ? (t % B) * H + t / B : t;
+      const bool first = by_head && t % B == 0;
       const int64_t b = task / H, h = task % H, offset = task * L * d;
       const T *q_bh = q.data_ptr<T>() + offset, *k_bh = k.data_ptr<T>() + offset;
       const T *v_bh = v.data_ptr<T>() + offset, *do_bh = grad_out.data_ptr<T>() + offset;
@@ -321,7 +331,10 @@ void backward_kernel(const at::Tensor& grad_out, const at::Tensor& q, const at::
           if (dband_bh != nullptr) {  // the bias's gradient is dS: summed into the band
             T* base = g.base(dband_bh, i);
             const int64_t lo = g.near_start(i);
-            if (g.positions == nullptr) {
+            if (first) {  // by key: the row's keys j <= i, then 0
+              std::copy(ds_row, ds_row + seen, base);
+              std::fill(base + seen, base + L, T(0));
+            } else if (g.positions == nullptr) {
               j = lo;
               for (; j + Vec::size() <= seen; j += Vec::size()) {
                 (Vec::loadu(base + j) + Vec::loadu(ds_row + j)).store(base + j);
@@ -349,7 +362,7 @@ void backward_kernel(const at::Tensor& grad_out, const at::Tensor& q, const at::
 }
 
 void check(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-           const at::Tensor& band, const at::Tensor& positions) {
+           const at::Tensor& band, const at::Tensor& positions, bool by_key) {
   TORCH_CHECK(q.device().is_cpu() && q.dim() == 4, "q: (B, H, L, d) on the CPU");
   TORCH_CHECK(k.sizes() == q.sizes() && v.sizes() == q.sizes(), "k, v: q's shape");
   TORCH_CHECK(q.is_contiguous() && k.is_contiguous() && v.is_contiguous() &&
@@ -359,7 +372,10 @@ void check(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
   TORCH_CHECK(band.size(2) == 1 || band.size(2) == q.size(2), "band: rows 1 or L");
   TORCH_CHECK(q.scalar_type() == k.scalar_type() && q.scalar_type() == v.scalar_type() &&
                   q.scalar_type() == band.scalar_type(), "one dtype");
-  if (positions.defined()) {
+  if (by_key) {
+    TORCH_CHECK(!positions.defined() && band.size(2) == q.size(2) && band.size(3) == q.size(2),
+                "a dense bias: (B|1, H, L, L), no positions");
+  } else if (positions.defined()) {
     TORCH_CHECK(positions.scalar_type() == at::kLong && positions.is_contiguous() &&
                     positions.dim() == 1 && positions.size(0) == q.size(2),
                 "positions: (L,) int64, strictly increasing");
@@ -398,16 +414,16 @@ TableInputs table_inputs(const at::Tensor& q, const std::optional<at::Tensor>& a
 std::vector<at::Tensor> band_flash_forward(const at::Tensor& q, const at::Tensor& k,
                                            const at::Tensor& v, const at::Tensor& band,
                                            const std::optional<at::Tensor>& positions,
-                                           const std::optional<at::Tensor>& a,
+                                           bool by_key, const std::optional<at::Tensor>& a,
                                            const std::optional<at::Tensor>& table,
                                            bool by_distance, double scale) {
   const at::Tensor pos = defined_or_empty(positions);
-  check(q, k, v, band, pos);
+  check(q, k, v, band, pos, by_key);
   const TableInputs tab = table_inputs(q, a, table, by_distance);
   auto out = at::empty_like(q);
   auto lse = at::empty({q.size(0), q.size(1), q.size(2)}, q.options());
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "band_flash_forward", [&] {
-    forward_kernel<scalar_t>(q, k, v, band, pos, tab, scale, out, lse);
+    forward_kernel<scalar_t>(q, k, v, band, pos, by_key, tab, scale, out, lse);
   });
   return {out, lse};
 }
@@ -417,11 +433,11 @@ std::vector<at::Tensor> band_flash_backward(const at::Tensor& grad_out, const at
                                             const at::Tensor& out, const at::Tensor& lse,
                                             const at::Tensor& band,
                                             const std::optional<at::Tensor>& positions,
-                                            const std::optional<at::Tensor>& a,
+                                            bool by_key, const std::optional<at::Tensor>& a,
                                             const std::optional<at::Tensor>& table,
                                             bool by_distance, double scale, bool band_grad) {
   const at::Tensor pos = defined_or_empty(positions);
-  check(q, k, v, band, pos);
+  check(q, k, v, band, pos, by_key);
   const TableInputs tab = table_inputs(q, a, table, by_distance);
   TORCH_CHECK(grad_out.is_contiguous() && out.is_contiguous() && lse.is_contiguous(),
               "contiguous grad_out, out and lse");
@@ -430,12 +446,14 @@ std::vector<at::Tensor> band_flash_backward(const at::Tensor& grad_out, const at
   auto dv = at::zeros_like(q);
   // Tasks are (batch, head) pairs: a band of its own per batch entry gets each task's gradient
   // in a slice of its own; a band shared across the batch gets one buffer per thread, summed.
+  // A dense bias shared across the batch goes by head where the heads share out evenly.
   const bool shared = band.size(0) == 1 && q.size(0) > 1;
+  const bool by_head = band_grad && shared && by_key && q.size(1) % at::get_num_threads() == 0;
   at::Tensor band_buffers, da, table_buffers;
   if (band_grad) {
-    std::vector<int64_t> shape{shared ? at::get_num_threads() : 1};
+    std::vector<int64_t> shape{shared && !by_head ? at::get_num_threads() : 1};
     for (auto size : band.sizes()) shape.push_back(size);
-    band_buffers = at::zeros(shape, band.options());
+    band_buffers = by_head ? at::empty(shape, band.options()) : at::zeros(shape, band.options());
   }
   if (tab.defined()) {  // every row of da is written; the table is shared across the batch
     da = at::empty_like(tab.a);
@@ -443,10 +461,11 @@ std::vector<at::Tensor> band_flash_backward(const at::Tensor& grad_out, const at
                               tab.t.options());
   }
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "band_flash_backward", [&] {
-    backward_kernel<scalar_t>(grad_out, q, k, v, out, lse, band, pos, tab, scale, dq, dk, dv,
-                              band_buffers, da, table_buffers);
+    backward_kernel<scalar_t>(grad_out, q, k, v, out, lse, band, pos, by_key, tab, scale, dq,
+                              dk, dv, band_buffers, by_head, da, table_buffers);
   });
-  at::Tensor dband = !band_grad ? at::Tensor() : shared ? band_buffers.sum(0) : band_buffers[0];
+  at::Tensor dband;
+  if (band_grad) dband = shared && !by_head ? band_buffers.sum(0) : band_buffers[0];
   at::Tensor dtable = tab.defined() ? table_buffers.sum(0) : at::Tensor();
   return {dq, dk, dv, dband, da, dtable};
 }
