@@ -13,6 +13,7 @@ from helpers import logits_and_gradients
 
 import posbench
 from posbench.kernels import native
+from posbench.kernels.bias_types import BandBias
 from posbench.kernels.fused_band_attention import (
     causal_band,
     fused_band_attention,
@@ -76,6 +77,30 @@ def test_the_kernel_matches_the_math_path(
         torch.testing.assert_close(a, b, atol=atol, rtol=0, msg=name)
     with torch.no_grad():
         torch.testing.assert_close(fused_band_attention(q, k, v, band, 0.3), out)
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype, atol", [(torch.float64, 1e-12), (torch.float32, 2e-5)])
+@pytest.mark.parametrize("L, W", [(37, 5), (70, 20), (130, 1), (16, 16)])
+def test_a_key_band_is_read_at_each_keys_row(
+    L: int, W: int, dtype: torch.dtype, atol: float
+) -> None:
+    """A key band (DeBERTa's term of the key and the distance) adds key_band[j, W - 1 -
+    (i - j)]: the same outputs and gradients as its entries moved into the band (BandBias's
+    torch form), beside a band of a row per query and batch entry."""
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 3, L, 8, dtype=dtype, requires_grad=True) for _ in range(3))
+    band, key_band = (
+        (3 * torch.randn(2, 3, L, W, dtype=dtype)).requires_grad_(True) for _ in range(2)
+    )
+    out = fused_band_attention(q, k, v, band, 0.3, key_band=key_band)
+    grad = torch.randn_like(out)
+    full = BandBias(band, torch.zeros(()), key_band=key_band).full_band()
+    inputs = (q, k, v, band, key_band)
+    reference = _math_path(q, k, v, full, 0.3, inputs, grad)
+    ours = (out, *torch.autograd.grad(out, inputs, grad))
+    for name, a, b in zip(["out", "q", "k", "v", "band", "key band"], ours, reference):
+        torch.testing.assert_close(a, b, atol=atol, rtol=0, msg=name)
 
 
 @needs_kernel

@@ -45,36 +45,6 @@ def log_bucket_position(relative_pos: Tensor, bucket_size: int, max_position: in
     return torch.where(abs_pos <= mid, relative_pos.double(), log_pos * sign).long()
 
 
-def _key_diagonal_view(padded: Tensor) -> Tensor:
-    """(B, H, L, W) view of (B, H, W - 1 + L, W) whose entry (i, c) is row i + c, column c:
-    no two entries share storage."""
-    B, H, rows, W = padded.shape
-    return padded.as_strided(
-        (B, H, rows - W + 1, W), (padded.stride(0), padded.stride(1), W, W + 1)
-    )
-
-
-class _PlusKeyDiagonals(torch.autograd.Function):
-    """per_row + the key diagonals of per_key, all (B, H, L, W): [i, c] = per_row[i, c] +
-    per_key[i - W + 1 + c, c] (0 before key 0), per_key [j, c] = Qr_c . Kc_j. The key term is
-    read through a strided view of per_key padded with W - 1 zero rows in front, inside the
-    sum (no copy of its own); the backward pass writes the gradient into zeros through the same
-    view."""
-
-    @staticmethod
-    def forward(ctx, per_row: Tensor, per_key: Tensor) -> Tensor:  # type: ignore[override]
-        W = per_key.shape[-1]
-        padded = torch.nn.functional.pad(per_key, (0, 0, W - 1, 0))  # (B, H, W - 1 + L, W)
-        return per_row + _key_diagonal_view(padded)
-
-    @staticmethod
-    def backward(ctx, grad: Tensor) -> tuple[Tensor, Tensor]:  # type: ignore[override]
-        B, H, L, W = grad.shape
-        padded = grad.new_zeros(B, H, W - 1 + L, W)
-        _key_diagonal_view(padded).copy_(grad)
-        return grad, padded[:, :, W - 1 :]
-
-
 @register_encoding("deberta")
 class DeBERTa(PositionalEncoding):
     """DeBERTa: content-to-position and position-to-content terms, scale 1/sqrt(3d).
@@ -275,6 +245,6 @@ class DeBERTa(PositionalEncoding):
         qr_band = (qr[:, band_deltas] - qr[:, far, None]) * scale  # (H, W, d)
         c2p = q @ kr_band.transpose(-1, -2)  # (B, H, L, W)
         per_key = k @ qr_band.transpose(-1, -2)  # (B, H, L, W): row j, (Qr_c - Qr_far) . Kc_j
-        band = _PlusKeyDiagonals.apply(c2p, per_key.contiguous())  # (B, H, L, W)
         row_constant = q @ (kr[:, far, :, None] * scale)  # (B, H, L, 1): Qc_i . Kr_far
-        return Scores(q + qr[:, None, far], k, BandBias(band, row_constant), scale)
+        bias = BandBias(c2p, row_constant, key_band=per_key)
+        return Scores(q + qr[:, None, far], k, bias, scale)

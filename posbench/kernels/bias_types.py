@@ -56,12 +56,43 @@ class ToeplitzBias:
         return toeplitz(self.values, self.q_len, self.k_len)
 
 
+def _key_diagonal_view(padded: Tensor) -> Tensor:
+    """(B, H, L, W) view of (B, H, W - 1 + L, W) whose entry (i, c) is row i + c, column c:
+    no two entries share storage."""
+    B, H, rows, W = padded.shape
+    return padded.as_strided(
+        (B, H, rows - W + 1, W), (padded.stride(0), padded.stride(1), W, W + 1)
+    )
+
+
+class _PlusKeyDiagonals(torch.autograd.Function):
+    """per_row + the key diagonals of per_key, all (B, H, L, W): [i, c] = per_row[i, c] +
+    per_key[i - W + 1 + c, c] (0 before key 0). The key term is read through a strided view of
+    per_key padded with W - 1 zero rows in front, inside the sum (no copy of its own); the
+    backward pass writes the gradient into zeros through the same view."""
+
+    @staticmethod
+    def forward(ctx, per_row: Tensor, per_key: Tensor) -> Tensor:  # type: ignore[override]
+        W = per_key.shape[-1]
+        padded = torch.nn.functional.pad(per_key, (0, 0, W - 1, 0))  # (B, H, W - 1 + L, W)
+        return per_row + _key_diagonal_view(padded)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, Tensor]:  # type: ignore[override]
+        B, H, L, W = grad.shape
+        padded = grad.new_zeros(B, H, W - 1 + L, W)
+        _key_diagonal_view(padded).copy_(grad)
+        return grad, padded[:, :, W - 1 :]
+
+
 @dataclass
 class BandBias:
     """A causal bias confined to a band of W keys, for square scores (query i at key position
-    i): bias[b, h, i, j] = band[b, h, i, j - i + W - 1] for i - W < j <= i, 0 for keys further
-    back, plus a per-row constant. T5 past max_distance and DeBERTa past its span reduce to
-    this after moving their constant far value into a row constant or into q and k.
+    i): bias[b, h, i, j] = band[b, h, i, j - i + W - 1] (+ key_band[b, h, j, j - i + W - 1]) for
+    i - W < j <= i, 0 for keys further back, plus a per-row constant. T5 past max_distance and
+    DeBERTa past its span reduce to this after moving their constant far value into a row
+    constant or into q and k; DeBERTa's position-to-content term, a function of the key and the
+    distance, is its key band.
 
     Attention runs the far keys through flash attention with no mask and only the band
     densely (posbench.kernels.band_attention): O(L * W) memory instead of O(L^2). The row constant
@@ -70,6 +101,13 @@ class BandBias:
 
     band: Tensor  # (B|1, H, L|1, W): column c is key i - (W - 1) + c, c = W - 1 the query's own
     row_constant: Tensor  # broadcastable to (B, H, L, 1)
+    key_band: Tensor | None = None  # (B, H, L, W): row j, column c, read by query j + W - 1 - c
+
+    def full_band(self) -> Tensor:
+        """The band with the key band's entries added at each query's row (B|1, H, L|1, W)."""
+        if self.key_band is None:
+            return self.band
+        return _PlusKeyDiagonals.apply(self.band, self.key_band.contiguous())
 
     @property
     def width(self) -> int:
@@ -88,7 +126,8 @@ class BandBias:
         distance = torch.arange(length, device=self.band.device)
         distance = distance[:, None] - distance[None, :]  # (L, L): i - j
         column = (W - 1 - distance).clamp(0, W - 1)
-        band = self.band.expand(*self.band.shape[:2], length, W)
+        full = self.full_band()
+        band = full.expand(*full.shape[:2], length, W)
         values = band.gather(-1, column.expand(*band.shape[:2], length, length))
         return values.masked_fill((distance < 0) | (distance >= W), 0.0) + self.row_constant
 

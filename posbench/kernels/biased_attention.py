@@ -198,9 +198,10 @@ def biased_attention(
         return row_block_attention(q, k, v, bias, scale, causal_mask)
     if isinstance(bias, BandBias):
         if fused:
-            return fused_band_attention(q, k, v, bias.band.to(q.dtype), scale)
+            key_band = None if bias.key_band is None else bias.key_band.to(q.dtype)
+            return fused_band_attention(q, k, v, bias.band.to(q.dtype), scale, key_band=key_band)
         if flash and fused_causal:
-            return band_attention(q, k, v, bias.band.to(q.dtype), scale)
+            return band_attention(q, k, v, bias.full_band().to(q.dtype), scale)
         bias = bias.dense(q_len)
     if isinstance(bias, (DistanceTableBias, KeyTableBias)):
         if fused:

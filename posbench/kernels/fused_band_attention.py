@@ -3,7 +3,8 @@ softmax(scale * q k^T + bias) v with bias[b, h, i, j] = band[b, h, i, j - i + W 
 i - W < j <= i and 0 further back, the layout of a BandBias (DeBERTa). A bias of the
 distance alone (ALiBi, T5, KERPLE, Sandwich) is the band with one row and W = L; at drawn
 positions p, the band is read at p_i - p_j instead, W past the widest distance. A dense
-bias (FIRE's) is read by key instead (`fused_dense_attention`).
+bias (FIRE's) is read by key instead (`fused_dense_attention`), and DeBERTa's term of the key
+and the distance as a key band beside its band.
 
 The kernel forms each block of query rows' scores with the band added, its exact softmax and
 its product with v; the backward pass forms P and dS again for the same blocks and reads dq,
@@ -26,6 +27,7 @@ class _FusedBandAttention(torch.autograd.Function):
         k: Tensor,
         v: Tensor,
         band: Tensor,
+        key_band: Tensor | None,
         a: Tensor | None,
         table: Tensor | None,
         positions: Tensor | None,
@@ -34,18 +36,18 @@ class _FusedBandAttention(torch.autograd.Function):
         scale: float,
     ) -> Tensor:
         out, lse = native.band_flash().forward(
-            q, k, v, band, positions, by_key, a, table, by_distance, scale
+            q, k, v, band, key_band, positions, by_key, a, table, by_distance, scale
         )
-        ctx.save_for_backward(q, k, v, band, a, table, out, lse)
+        ctx.save_for_backward(q, k, v, band, key_band, a, table, out, lse)
         ctx.positions, ctx.by_key, ctx.by_distance = positions, by_key, by_distance
         ctx.scale = scale
         return out
 
     @staticmethod
     def backward(ctx, grad_out: Tensor):  # type: ignore[override]
-        q, k, v, band, a, table, out, lse = ctx.saved_tensors
+        q, k, v, band, key_band, a, table, out, lse = ctx.saved_tensors
         band_grad = ctx.needs_input_grad[3]
-        dq, dk, dv, dband, da, dtable = native.band_flash().backward(
+        dq, dk, dv, dband, dkey, da, dtable = native.band_flash().backward(
             grad_out.contiguous(),
             q,
             k,
@@ -53,6 +55,7 @@ class _FusedBandAttention(torch.autograd.Function):
             out,
             lse,
             band,
+            key_band,
             ctx.positions,
             ctx.by_key,
             a,
@@ -61,7 +64,8 @@ class _FusedBandAttention(torch.autograd.Function):
             ctx.scale,
             band_grad,
         )
-        return dq, dk, dv, dband if band_grad else None, da, dtable, None, None, None, None
+        dband = dband if band_grad else None
+        return dq, dk, dv, dband, dkey, da, dtable, None, None, None, None
 
 
 def fused_band_attention(
@@ -72,17 +76,21 @@ def fused_band_attention(
     scale: float,
     positions: Tensor | None = None,
     table_bias: tuple[Tensor, Tensor, bool] | None = None,
+    key_band: Tensor | None = None,
 ) -> Tensor:
     """Causal attention for q, k, v (B, H, L, d) on the CPU with the bias
     band[b, h, i, W - 1 - (p_i - p_j)] for p_i - p_j < W and 0 beyond, p the tokens' positions:
     0 .. L - 1, or ``positions`` (L,) (drawn: strictly increasing). band (B|1, H|1, L|1, W); at
     plain positions its columns that no key reaches (W > L) are dropped. ``table_bias`` (a,
     table, by_distance) adds a[b, h, i] . table[h, i - j] (by distance) or . table[h, j] (by
-    key), a (B, H, L, r), table (H|1, L, r): Transformer-XL's position terms. Needs
-    ``native.band_flash()``."""
+    key), a (B, H, L, r), table (H|1, L, r): Transformer-XL's position terms. ``key_band``, of
+    the band's shape with a row per query (B|1, H, L, W) at plain positions, adds
+    key_band[b, h, j, W - 1 - (i - j)]: a term of the key and the distance (DeBERTa's
+    position-to-content). Needs ``native.band_flash()``."""
     B, H, L, _ = q.shape
     if positions is None:
         band = band[..., -L:]  # columns W - L .. W - 1: distances L - 1 .. 0
+        key_band = None if key_band is None else key_band[..., -L:].contiguous()
     else:
         positions = positions.to(device="cpu", dtype=torch.int64).contiguous()
     band = band.expand(band.shape[0] if band.shape[0] == B else 1, H, *band.shape[2:])
@@ -94,6 +102,7 @@ def fused_band_attention(
         k.contiguous(),
         v.contiguous(),
         band.contiguous(),
+        key_band,
         a,
         table,
         positions,
@@ -114,6 +123,7 @@ def fused_dense_attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, scale: 
         k.contiguous(),
         v.contiguous(),
         bias.contiguous(),
+        None,
         None,
         None,
         None,

@@ -2,7 +2,8 @@
 // bias[b, h, i, j] = band[b|0, h, i|0, W - 1 - (p_i - p_j)] for p_i - p_j < W and 0 further
 // back, p the tokens' positions: 0 .. L - 1, or drawn ones (strictly increasing). A bias of
 // the distance alone (ALiBi, KERPLE) is the band with one row, W past the widest distance.
-// A dense bias (B|1, H, L, L) (FIRE's) is read by key instead: bias[b, h, i, j] itself.
+// A dense bias (B|1, H, L, L) (FIRE's) is read by key instead: bias[b, h, i, j] itself. A key
+// band of the band's shape adds key_band[b, h, j, W - 1 - (i - j)] (DeBERTa's p2c term).
 //
 // Each (batch, head) is one task. A task takes its queries ROWS at a time against every key
 // they can see (keys 0 .. i1 - 1), so a block's scores are one GEMM and its softmax is exact
@@ -157,11 +158,20 @@ void add_band(T* row, const T* base, const Band& g, int64_t lo, int64_t seen) {
   }
 }
 
+// Adds a key band's entries to row i: key[j, W - 1 - (i - j)] for the band's keys j (plain
+// positions; the key band has the band's layout, a row per key: DeBERTa's position-to-content
+// term, which is a function of the key and the distance).
+template <typename T>
+void add_key_band(T* row, const T* key_bh, const Band& g, int64_t i) {
+  const T* entry = key_bh + (g.W - 1 - i);  // key j's entry at entry[j * (stride_i + 1)]
+  for (int64_t j = g.near_start(i); j <= i; ++j) row[j] += entry[j * (g.stride_i + 1)];
+}
+
 // Scores of rows i0 .. i1 - 1 against keys 0 .. i1 - 1, scale * q k^T with the band added,
 // then P = exp(s - shift[i]) for keys j <= i and 0 beyond; with shift null, each row's max is
 // its shift and its sum goes to sums[r] (the row is left unnormalised).
 template <typename T>
-void probabilities(const T* q, const T* k, const T* band_bh, const Band& g,
+void probabilities(const T* q, const T* k, const T* band_bh, const T* key_bh, const Band& g,
                    const Table<T>& table, int64_t i0, int64_t i1, int64_t d, T scale,
                    const T* shift, T* sums, T* p) {
   using Vec = Vectorized<T>;
@@ -172,6 +182,7 @@ void probabilities(const T* q, const T* k, const T* band_bh, const Band& g,
     const int64_t i = i0 + r, seen = i + 1;
     T* row = p + r * keys;
     if (g.W > 0) add_band(row, g.base(band_bh, i), g, g.near_start(i), seen);
+    if (key_bh != nullptr) add_key_band(row, key_bh, g, i);
     T m;
     int64_t j = 0;
     if (shift == nullptr) {
@@ -241,7 +252,8 @@ struct TableInputs {
 
 template <typename T>
 void forward_kernel(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                    const at::Tensor& band, const at::Tensor& positions, bool by_key,
+                    const at::Tensor& band, const at::Tensor& key_band,
+                    const at::Tensor& positions, bool by_key,
                     const TableInputs& tab, double scale, at::Tensor& out, at::Tensor& lse) {
   const int64_t B = q.size(0), H = q.size(1), L = q.size(2), d = q.size(3);
   const Band g = geometry_of(band, B, positions, by_key);
@@ -252,13 +264,14 @@ void forward_kernel(const at::Tensor& q, const at::Tensor& k, const at::Tensor& 
     for (int64_t task = begin; task < end; ++task) {
       const int64_t b = task / H, h = task % H, offset = task * L * d;
       const T* band_bh = band_of<T>(band, g, b, h);
+      const T* key_bh = key_band.defined() ? band_of<T>(key_band, g, b, h) : nullptr;
       const Table<T> table = tab.of<T>(task, h, scratch.data());
       T* out_bh = out.data_ptr<T>() + offset;
       T* lse_bh = lse.data_ptr<T>() + task * L;
       for (int64_t i0 = 0; i0 < L; i0 += R) {
         const int64_t i1 = std::min(i0 + R, L), rows = i1 - i0;
-        probabilities<T>(q.data_ptr<T>() + offset, k.data_ptr<T>() + offset, band_bh, g, table,
-                         i0, i1, d, T(scale), nullptr, sums.data(), p.data());
+        probabilities<T>(q.data_ptr<T>() + offset, k.data_ptr<T>() + offset, band_bh, key_bh, g,
+                         table, i0, i1, d, T(scale), nullptr, sums.data(), p.data());
         gemm<T>(false, false, rows, d, i1, T(1), p.data(), i1, v.data_ptr<T>() + offset, d,
                 T(0), out_bh + i0 * d, d);
         for (int64_t r = 0; r < rows; ++r) {  // normalise the (rows, d) output, not P
@@ -275,10 +288,11 @@ void forward_kernel(const at::Tensor& q, const at::Tensor& k, const at::Tensor& 
 template <typename T>
 void backward_kernel(const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k,
                      const at::Tensor& v, const at::Tensor& out, const at::Tensor& lse,
-                     const at::Tensor& band, const at::Tensor& positions, bool by_key,
-                     const TableInputs& tab, double scale, at::Tensor& dq, at::Tensor& dk,
-                     at::Tensor& dv, at::Tensor& dband_buffers, bool by_head, at::Tensor& da,
-                     at::Tensor& dtable_buffers) {
+                     const at::Tensor& band, const at::Tensor& key_band,
+                     const at::Tensor& positions, bool by_key, const TableInputs& tab,
+                     double scale, at::Tensor& dq, at::Tensor& dk, at::Tensor& dv,
+                     at::Tensor& dband_buffers, bool by_head, bool rows_own, at::Tensor& dkey,
+                     at::Tensor& da, at::Tensor& dtable_buffers) {
   using Vec = Vectorized<T>;
   const int64_t B = q.size(0), H = q.size(1), L = q.size(2), d = q.size(3);
   const Band g = geometry_of(band, B, positions, by_key);
@@ -286,7 +300,8 @@ void backward_kernel(const at::Tensor& grad_out, const at::Tensor& q, const at::
   const bool want_dband = dband_buffers.defined() && g.W > 0;
   // By head (a dense bias shared across the batch): each head is one thread's, its batch
   // entries in turn (t = h * B + b); the first writes the head's gradient, zeros above the
-  // diagonal included, and the rest add to it, so no buffer is zeroed or summed.
+  // diagonal included, and the rest add to it, so no buffer is zeroed or summed. With rows
+  // own (a row per query and batch entry), every task writes its rows once, the same way.
   const int64_t per_unit = by_head ? B : 1;
   at::parallel_for(0, B * H / per_unit, 1, [&](int64_t begin, int64_t end) {
     const int previous = MKL_Set_Num_Threads_Local(1);  // the tasks are the parallelism
@@ -299,7 +314,7 @@ void backward_kernel(const at::Tensor& grad_out, const at::Tensor& q, const at::
     T* dtable_thread = tab.defined() ? dtable_buffers[at::get_thread_num()].data_ptr<T>() : nullptr;
     for (int64_t t = begin * per_unit; t < end * per_unit; ++t) {
       const int64_t task = by_head ? (t % B) * H + t / B : t;
-      const bool first = by_head && t % B == 0;
+      const bool assign = rows_own || (by_head && t % B == 0);
       const int64_t b = task / H, h = task % H, offset = task * L * d;
       const T *q_bh = q.data_ptr<T>() + offset, *k_bh = k.data_ptr<T>() + offset;
       const T *v_bh = v.data_ptr<T>() + offset, *do_bh = grad_out.data_ptr<T>() + offset;
@@ -308,10 +323,12 @@ void backward_kernel(const at::Tensor& grad_out, const at::Tensor& q, const at::
       T* dv_bh = dv.data_ptr<T>() + offset;
       const T* band_bh = band_of<T>(band, g, b, h);
       T* dband_bh = want_dband ? dband_thread + b * g.stride_b + h * g.stride_h : nullptr;
+      const T* key_bh = key_band.defined() ? band_of<T>(key_band, g, b, h) : nullptr;
+      T* dkey_bh = dkey.defined() ? dkey.data_ptr<T>() + b * g.stride_b + h * g.stride_h : nullptr;
       const Table<T> table = tab.of<T>(task, h, scratch.data());
       for (int64_t i0 = 0; i0 < L; i0 += R) {
         const int64_t i1 = std::min(i0 + R, L), rows = i1 - i0, keys = i1;
-        probabilities<T>(q_bh, k_bh, band_bh, g, table, i0, i1, d, T(scale),
+        probabilities<T>(q_bh, k_bh, band_bh, key_bh, g, table, i0, i1, d, T(scale),
                          lse.data_ptr<T>() + task * L, nullptr, p.data());
         gemm<T>(false, true, rows, keys, d, T(1), do_bh + i0 * d, d, v_bh, d, T(0), ds.data(),
                 keys);  // dP
@@ -331,9 +348,11 @@ void backward_kernel(const at::Tensor& grad_out, const at::Tensor& q, const at::
           if (dband_bh != nullptr) {  // the bias's gradient is dS: summed into the band
             T* base = g.base(dband_bh, i);
             const int64_t lo = g.near_start(i);
-            if (first) {  // by key: the row's keys j <= i, then 0
-              std::copy(ds_row, ds_row + seen, base);
-              std::fill(base + seen, base + L, T(0));
+            if (assign) {  // the row's entries: keys i - W + 1 .. i (by key: 0 .. L - 1)
+              const int64_t from = g.by_key ? 0 : i - g.W + 1, to = g.by_key ? L : seen;
+              std::fill(base + from, base + lo, T(0));
+              std::copy(ds_row + lo, ds_row + seen, base + lo);
+              std::fill(base + seen, base + to, T(0));
             } else if (g.positions == nullptr) {
               j = lo;
               for (; j + Vec::size() <= seen; j += Vec::size()) {
@@ -343,6 +362,14 @@ void backward_kernel(const at::Tensor& grad_out, const at::Tensor& q, const at::
             } else {  // distinct positions: no two keys of a row share an entry
               for (j = lo; j < seen; ++j) base[g.positions[j]] += ds_row[j];
             }
+          }
+        }
+        if (dkey_bh != nullptr) {  // each key-band entry is one pair's: written once
+          for (int64_t r = 0; r < rows; ++r) {
+            const int64_t i = i0 + r;
+            T* entry = dkey_bh + (g.W - 1 - i);
+            const T* ds_row = ds.data() + r * keys;
+            for (int64_t j = g.near_start(i); j <= i; ++j) entry[j * (g.stride_i + 1)] = ds_row[j];
           }
         }
         if (table.a != nullptr) {
@@ -356,13 +383,25 @@ void backward_kernel(const at::Tensor& grad_out, const at::Tensor& q, const at::
         gemm<T>(true, false, keys, d, rows, T(scale), ds.data(), keys, q_bh + i0 * d, d, T(1),
                 dk_bh, d);  // dK += scale dS^T Q
       }
+      if (dkey_bh != nullptr) {  // the entries of keys past L - W whose query would be past L
+        for (int64_t j = std::max<int64_t>(0, L - g.W + 1); j < L; ++j) {
+          std::fill(dkey_bh + j * g.stride_i, dkey_bh + j * g.stride_i + (j + g.W - L), T(0));
+        }
+      }
     }
     MKL_Set_Num_Threads_Local(previous);
   });
 }
 
 void check(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-           const at::Tensor& band, const at::Tensor& positions, bool by_key) {
+           const at::Tensor& band, const at::Tensor& key_band, const at::Tensor& positions,
+           bool by_key) {
+  if (key_band.defined()) {
+    TORCH_CHECK(key_band.sizes() == band.sizes() && key_band.is_contiguous() &&
+                    band.size(2) == q.size(2) && !by_key && !positions.defined() &&
+                    key_band.scalar_type() == band.scalar_type(),
+                "key band: contiguous, the band's shape (B|1, H, L, W), plain positions");
+  }
   TORCH_CHECK(q.device().is_cpu() && q.dim() == 4, "q: (B, H, L, d) on the CPU");
   TORCH_CHECK(k.sizes() == q.sizes() && v.sizes() == q.sizes(), "k, v: q's shape");
   TORCH_CHECK(q.is_contiguous() && k.is_contiguous() && v.is_contiguous() &&
@@ -413,17 +452,18 @@ TableInputs table_inputs(const at::Tensor& q, const std::optional<at::Tensor>& a
 
 std::vector<at::Tensor> band_flash_forward(const at::Tensor& q, const at::Tensor& k,
                                            const at::Tensor& v, const at::Tensor& band,
+                                           const std::optional<at::Tensor>& key_band,
                                            const std::optional<at::Tensor>& positions,
                                            bool by_key, const std::optional<at::Tensor>& a,
                                            const std::optional<at::Tensor>& table,
                                            bool by_distance, double scale) {
-  const at::Tensor pos = defined_or_empty(positions);
-  check(q, k, v, band, pos, by_key);
+  const at::Tensor pos = defined_or_empty(positions), keys = defined_or_empty(key_band);
+  check(q, k, v, band, keys, pos, by_key);
   const TableInputs tab = table_inputs(q, a, table, by_distance);
   auto out = at::empty_like(q);
   auto lse = at::empty({q.size(0), q.size(1), q.size(2)}, q.options());
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "band_flash_forward", [&] {
-    forward_kernel<scalar_t>(q, k, v, band, pos, by_key, tab, scale, out, lse);
+    forward_kernel<scalar_t>(q, k, v, band, keys, pos, by_key, tab, scale, out, lse);
   });
   return {out, lse};
 }
@@ -432,12 +472,13 @@ std::vector<at::Tensor> band_flash_backward(const at::Tensor& grad_out, const at
                                             const at::Tensor& k, const at::Tensor& v,
                                             const at::Tensor& out, const at::Tensor& lse,
                                             const at::Tensor& band,
+                                            const std::optional<at::Tensor>& key_band,
                                             const std::optional<at::Tensor>& positions,
                                             bool by_key, const std::optional<at::Tensor>& a,
                                             const std::optional<at::Tensor>& table,
                                             bool by_distance, double scale, bool band_grad) {
-  const at::Tensor pos = defined_or_empty(positions);
-  check(q, k, v, band, pos, by_key);
+  const at::Tensor pos = defined_or_empty(positions), keys = defined_or_empty(key_band);
+  check(q, k, v, band, keys, pos, by_key);
   const TableInputs tab = table_inputs(q, a, table, by_distance);
   TORCH_CHECK(grad_out.is_contiguous() && out.is_contiguous() && lse.is_contiguous(),
               "contiguous grad_out, out and lse");
@@ -449,28 +490,33 @@ std::vector<at::Tensor> band_flash_backward(const at::Tensor& grad_out, const at
   // A dense bias shared across the batch goes by head where the heads share out evenly.
   const bool shared = band.size(0) == 1 && q.size(0) > 1;
   const bool by_head = band_grad && shared && by_key && q.size(1) % at::get_num_threads() == 0;
-  at::Tensor band_buffers, da, table_buffers;
+  // A row per query and batch entry: each task writes its own rows once, nothing to zero.
+  const bool rows_own = band.size(2) == q.size(2) && !shared && !pos.defined();
+  at::Tensor band_buffers, dkey, da, table_buffers;
   if (band_grad) {
     std::vector<int64_t> shape{shared && !by_head ? at::get_num_threads() : 1};
     for (auto size : band.sizes()) shape.push_back(size);
-    band_buffers = by_head ? at::empty(shape, band.options()) : at::zeros(shape, band.options());
+    band_buffers = by_head || rows_own ? at::empty(shape, band.options())
+                                       : at::zeros(shape, band.options());
   }
+  if (keys.defined()) dkey = at::empty_like(keys);  // every entry written
   if (tab.defined()) {  // every row of da is written; the table is shared across the batch
     da = at::empty_like(tab.a);
     table_buffers = at::zeros({at::get_num_threads(), tab.t.size(0), tab.L, tab.r},
                               tab.t.options());
   }
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "band_flash_backward", [&] {
-    backward_kernel<scalar_t>(grad_out, q, k, v, out, lse, band, pos, by_key, tab, scale, dq,
-                              dk, dv, band_buffers, by_head, da, table_buffers);
+    backward_kernel<scalar_t>(grad_out, q, k, v, out, lse, band, keys, pos, by_key, tab, scale,
+                              dq, dk, dv, band_buffers, by_head, rows_own, dkey, da,
+                              table_buffers);
   });
   at::Tensor dband;
   if (band_grad) dband = shared && !by_head ? band_buffers.sum(0) : band_buffers[0];
   at::Tensor dtable = tab.defined() ? table_buffers.sum(0) : at::Tensor();
-  return {dq, dk, dv, dband, da, dtable};
+  return {dq, dk, dv, dband, dkey, da, dtable};
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("forward", &band_flash_forward, "(out, lse) of causal attention with a bias");
-  m.def("backward", &band_flash_backward, "(dq, dk, dv, dband, da, dtable) of forward");
+  m.def("backward", &band_flash_backward, "(dq, dk, dv, dband, dkey, da, dtable) of forward");
 }
