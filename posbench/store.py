@@ -27,6 +27,7 @@ import torch
 
 from posbench.experiment.config import ModelSize, config_id, run_label
 from posbench.experiment.evaluation import POSITION_METRICS
+from posbench.kernels import native
 from posbench.kernels.cpu import (
     cpu_model,
     denormals_flushed,
@@ -215,6 +216,9 @@ def environment(device: str) -> dict[str, Any]:
         "flush_denormals": denormals_flushed(),
         "freed_memory_kept": freed_memory_kept(),
         "default_dtype": str(torch.get_default_dtype()),
+        # whether posbench's C++ kernel ran CPU attention: its results match the torch
+        # kernels' to float round-off, not bit for bit
+        "native_kernels": device.startswith("cpu") and native.band_flash() is not None,
         "device": device,
         "git_commit": git_commit(),
     }

@@ -13,6 +13,7 @@ from posbench.experiment.config import RunConfig, SweepConfig
 from posbench.plugins import load_plugin_dir
 from posbench.store import COLUMNS, RunFolder, read_json
 from posbench.experiment.runner import load_run, run_sweep
+from posbench.kernels import native
 from posbench.kernels.cpu import cpu_model
 
 from helpers import tiny_sweep
@@ -50,6 +51,7 @@ def test_sweep_writes_tidy_results_and_run_folders(tmp_path: Path) -> None:
         assert env["torch"] == torch.__version__
         assert env["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
         assert env["cpu_model"] == cpu_model() and "last_level_cache_mib" in env
+        assert env["native_kernels"] is (native.band_flash() is not None)
 
 
 def test_rerun_skips_and_reproduces_results(tmp_path: Path) -> None:

@@ -158,13 +158,17 @@ void add_band(T* row, const T* base, const Band& g, int64_t lo, int64_t seen) {
   }
 }
 
+// Where a key band holds pair (i, j): row j, column W - 1 - (i - j).
+inline int64_t key_entry(const Band& g, int64_t i, int64_t j) {
+  return j * g.stride_i + g.W - 1 - (i - j);
+}
+
 // Adds a key band's entries to row i: key[j, W - 1 - (i - j)] for the band's keys j (plain
 // positions; the key band has the band's layout, a row per key: DeBERTa's position-to-content
 // term, which is a function of the key and the distance).
 template <typename T>
 void add_key_band(T* row, const T* key_bh, const Band& g, int64_t i) {
-  const T* entry = key_bh + (g.W - 1 - i);  // key j's entry at entry[j * (stride_i + 1)]
-  for (int64_t j = g.near_start(i); j <= i; ++j) row[j] += entry[j * (g.stride_i + 1)];
+  for (int64_t j = g.near_start(i); j <= i; ++j) row[j] += key_bh[key_entry(g, i, j)];
 }
 
 // Scores of rows i0 .. i1 - 1 against keys 0 .. i1 - 1, scale * q k^T with the band added,
@@ -367,9 +371,8 @@ void backward_kernel(const at::Tensor& grad_out, const at::Tensor& q, const at::
         if (dkey_bh != nullptr) {  // each key-band entry is one pair's: written once
           for (int64_t r = 0; r < rows; ++r) {
             const int64_t i = i0 + r;
-            T* entry = dkey_bh + (g.W - 1 - i);
             const T* ds_row = ds.data() + r * keys;
-            for (int64_t j = g.near_start(i); j <= i; ++j) entry[j * (g.stride_i + 1)] = ds_row[j];
+            for (int64_t j = g.near_start(i); j <= i; ++j) dkey_bh[key_entry(g, i, j)] = ds_row[j];
           }
         }
         if (table.a != nullptr) {
