@@ -29,6 +29,7 @@ LAYERS: list[set[str]] = [
     {
         "kernels.band_attention",
         "kernels.fused_band_attention",
+        "kernels.fused_cope_attention",
         "kernels.biased_attention",
         "kernels.rel_shift_attention",
         "kernels.row_block_attention",

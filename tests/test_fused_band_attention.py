@@ -276,6 +276,7 @@ def test_every_encoding_matches_without_the_kernel(
     attention's torch kernels (what runs where it cannot be built)."""
     fused, fused_grads = logits_and_gradients(encoding, **options)
     monkeypatch.setattr(native, "band_flash", lambda: None)
+    monkeypatch.setattr(native, "cope_flash", lambda: None)
     torch_kernels, torch_grads = logits_and_gradients(encoding, **options)
     torch.testing.assert_close(fused, torch_kernels, atol=2e-5, rtol=1e-4)
     assert fused_grads.keys() == torch_grads.keys()

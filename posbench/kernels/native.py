@@ -1,4 +1,6 @@
-"""posbench's C++ attention kernel for the CPU (csrc/band_flash.cpp), compiled on first use.
+"""posbench's C++ attention kernels for the CPU (csrc/), each compiled on first use: band_flash.cpp
+(causal attention with no bias, a band, a per-distance table, a query-by-table product or a
+dense bias) and cope_flash.cpp (CoPE's attention).
 
 Eager torch cannot fuse a position bias into the softmax of causal attention on the CPU: each
 block of scores goes through several separate passes, and a bias that needs a gradient keeps
@@ -8,13 +10,14 @@ DeBERTa, KERPLE) costs about what attention without one does.
 
 It is built with torch's JIT extension loader (g++ and ninja, about 30 s once per machine and
 torch version, with one line on stderr saying so; the result is cached under
-~/.cache/torch_extensions). Where it
-cannot be built or loaded, or ``POSBENCH_NATIVE_KERNELS=0`` is set, `band_flash()` is None
-and attention takes its torch kernels: the same numbers, slower."""
+~/.cache/torch_extensions). Where one cannot be built or loaded, or ``POSBENCH_NATIVE_KERNELS=0``
+is set, `band_flash()` or `cope_flash()` is None and attention takes its torch kernels: the
+same numbers, slower."""
 
 from __future__ import annotations
 
 import functools
+import hashlib
 import os
 import re
 import sys
@@ -27,9 +30,9 @@ from types import ModuleType
 
 import torch
 
-#: Set to 0 to skip the C++ kernel (no compiler, or to measure the torch kernels).
+#: Set to 0 to skip the C++ kernels (no compiler, or to measure the torch kernels).
 SWITCH = "POSBENCH_NATIVE_KERNELS"
-SOURCE = Path(__file__).resolve().parent / "csrc" / "band_flash.cpp"
+SOURCES = Path(__file__).resolve().parent / "csrc"
 
 #: Compiler flags for torch's vector types at the CPU capability torch itself runs with.
 _CAPABILITY_FLAGS = {
@@ -50,10 +53,10 @@ _CAPABILITY_FLAGS = {
 SLOW_LOAD_SECONDS = 3.0
 
 
-def _say_building() -> None:
+def _say_building(kernel: str) -> None:
     print(
-        "posbench: building its C++ attention kernel for this machine (once per machine and "
-        "torch version, about 30 s)",
+        f"posbench: building its C++ attention kernel {kernel} for this machine (once per "
+        f"machine, torch version and version of the kernel, about 30 s)",
         file=sys.stderr,
         flush=True,
     )
@@ -87,26 +90,43 @@ def compile_flags(capability: str) -> list[str]:
     return ["-O3", "-fopenmp", *vector]
 
 
-def extension_name() -> str:
-    """The build's name, with the torch version in it: a build never outlives its torch."""
-    return "posbench_band_flash_" + re.sub(r"\W", "_", torch.__version__)
+def extension_name(kernel: str = "band_flash") -> str:
+    """A build's name, with the torch version and a digest of the C++ sources (the shared
+    header included) in it: a build never outlives its torch or its code."""
+    digest = hashlib.sha256()
+    for path in sorted(SOURCES.iterdir()):
+        digest.update(path.name.encode() + path.read_bytes())
+    torch_version = re.sub(r"\W", "_", torch.__version__)
+    return f"posbench_{kernel}_{torch_version}_{digest.hexdigest()[:10]}"
 
 
 @functools.cache
 def band_flash() -> ModuleType | None:
-    """The compiled kernel (``forward``, ``backward``), or None where it is switched off or
-    cannot be built here; a failed build warns once and attention takes its torch kernels."""
+    """The compiled band kernel (``forward``, ``backward``), or None where it is switched off or
+    cannot be built here; a failed build warns and attention takes its torch kernels."""
+    return _build("band_flash")
+
+
+@functools.cache
+def cope_flash() -> ModuleType | None:
+    """The compiled CoPE kernel (``forward``, ``backward``), or None as for `band_flash`."""
+    return _build("cope_flash")
+
+
+def _build(kernel: str) -> ModuleType | None:
+    """Compile (or load the cached build of) csrc/<kernel>.cpp; None, with one warning, where
+    it cannot be built."""
     if not enabled():
         return None
     from torch.utils import cpp_extension
 
-    announce = threading.Timer(SLOW_LOAD_SECONDS, _say_building)  # a cached build loads at once
+    announce = threading.Timer(SLOW_LOAD_SECONDS, _say_building, (kernel,))  # cached: at once
     announce.start()
     try:
         with _ninja_on_path():
             return cpp_extension.load(
-                name=extension_name(),
-                sources=[str(SOURCE)],
+                name=extension_name(kernel),
+                sources=[str(SOURCES / f"{kernel}.cpp")],
                 extra_cflags=compile_flags(torch.backends.cpu.get_cpu_capability()),
                 extra_ldflags=["-fopenmp"],
                 verbose=False,

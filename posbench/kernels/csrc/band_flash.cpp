@@ -21,54 +21,12 @@
 #include <limits>
 #include <vector>
 
-extern "C" {
-void sgemm_(const char*, const char*, const int*, const int*, const int*, const float*,
-            const float*, const int*, const float*, const int*, const float*, float*,
-            const int*);
-void dgemm_(const char*, const char*, const int*, const int*, const int*, const double*,
-            const double*, const int*, const double*, const int*, const double*, double*,
-            const int*);
-int MKL_Set_Num_Threads_Local(int);
-}
+#include "cpu_blas.h"
 
 namespace {
 
 using at::vec::Vectorized;
-
-// Row-major C (M x N) = alpha * op(A) op(B) + beta * C, op(A) M x K, op(B) K x N; a transposed
-// operand is stored as its transpose (K x M, N x K). BLAS is column-major: C^T = op(B)^T op(A)^T.
-template <typename T>
-void gemm(bool trans_a, bool trans_b, int M, int N, int K, T alpha, const T* A, int lda,
-          const T* B, int ldb, T beta, T* C, int ldc) {
-  const char ta = trans_b ? 'T' : 'N', tb = trans_a ? 'T' : 'N';
-  if constexpr (std::is_same_v<T, float>) {
-    sgemm_(&ta, &tb, &N, &M, &K, &alpha, B, &ldb, A, &lda, &beta, C, &ldc);
-  } else {
-    dgemm_(&ta, &tb, &N, &M, &K, &alpha, B, &ldb, A, &lda, &beta, C, &ldc);
-  }
-}
-
-template <typename T>
-T lanes_max(const Vectorized<T>& v) {
-  T lanes[Vectorized<T>::size()];
-  v.store(lanes);
-  return *std::max_element(lanes, lanes + Vectorized<T>::size());
-}
-
-template <typename T>
-T lanes_sum(const Vectorized<T>& v) {
-  T lanes[Vectorized<T>::size()];
-  v.store(lanes);
-  T sum = 0;
-  for (int n = 0; n < Vectorized<T>::size(); ++n) sum += lanes[n];
-  return sum;
-}
-
-// Query rows per block: a block's scores (ROWS x L) stay within the core's cache.
-int64_t rows_per_block(int64_t L) {
-  const int64_t budget = 64 * 1024;  // score elements per block
-  return std::clamp<int64_t>(budget / std::max<int64_t>(L, 1), 16, 128);
-}
+using namespace posbench;  // gemm, row_max, row_exp, rows_per_block
 
 // The bias of one (batch, head): bias(i, j) = base(i)[index(j)] for keys near_start(i) <= j <= i
 // and 0 further back, where base(i) = band row i (or the one row) + W - 1 - p_i and index(j) =
@@ -178,7 +136,6 @@ template <typename T>
 void probabilities(const T* q, const T* k, const T* band_bh, const T* key_bh, const Band& g,
                    const Table<T>& table, int64_t i0, int64_t i1, int64_t d, T scale,
                    const T* shift, T* sums, T* p) {
-  using Vec = Vectorized<T>;
   const int64_t rows = i1 - i0, keys = i1;
   gemm<T>(false, true, rows, keys, d, scale, q + i0 * d, d, k, d, T(0), p, keys);
   if (table.a != nullptr) table.add(p, i0, rows, keys);
@@ -187,32 +144,8 @@ void probabilities(const T* q, const T* k, const T* band_bh, const T* key_bh, co
     T* row = p + r * keys;
     if (g.W > 0) add_band(row, g.base(band_bh, i), g, g.near_start(i), seen);
     if (key_bh != nullptr) add_key_band(row, key_bh, g, i);
-    T m;
-    int64_t j = 0;
-    if (shift == nullptr) {
-      Vec peak(-std::numeric_limits<T>::infinity());
-      for (; j + Vec::size() <= seen; j += Vec::size()) {
-        peak = at::vec::maximum(peak, Vec::loadu(row + j));
-      }
-      m = lanes_max(peak);
-      for (; j < seen; ++j) m = std::max(m, row[j]);
-    } else {
-      m = shift[i];
-    }
-    const Vec vm(m);
-    Vec total(T(0));
-    j = 0;
-    for (; j + Vec::size() <= seen; j += Vec::size()) {
-      Vec e = (Vec::loadu(row + j) - vm).exp_u20();
-      e.store(row + j);
-      total = total + e;
-    }
-    T sum = lanes_sum(total);
-    for (; j < seen; ++j) {
-      row[j] = std::exp(row[j] - m);
-      sum += row[j];
-    }
-    std::fill(row + seen, row + keys, T(0));
+    const T m = shift == nullptr ? row_max(row, seen) : shift[i];
+    const T sum = row_exp(row, i, keys, m);
     if (shift == nullptr) {
       sums[r] = sum;
       sums[rows + r] = m;

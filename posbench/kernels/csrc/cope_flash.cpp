@@ -1,0 +1,214 @@
+// CoPE attention (Golovneva et al. 2024), causal and fused on the CPU: logits s_ij + b_ij with
+// s = scale * q k^T, gates g_ij = sigmoid(s_ij), the key's position p_ij = sum_{t=j..i} g_it
+// clamped to npos - 1, and b_ij = a_i[m] + w (a_i[m + 1] - a_i[m]) for m = floor(p_ij), w its
+// fraction, a_i = q_i E the query's logits at the integer positions (E (d, npos), shared by the
+// heads; a_i[npos] reads as a_i[npos - 1]).
+//
+// Each (batch, head) is one task, its queries ROWS at a time against the keys they see, as in
+// band_flash.cpp: a block's scores and a_rows are two GEMMs, then each row's gates, positions
+// (a running sum from the query's own key back), bias and exact softmax in one pass. The
+// backward pass forms the same rows again and reads dq, dk, dv and dE off them: the softmax's
+// dS, the bias's gradient per integer position (scattered into the row's npos bins), the gates'
+// gradient (a running sum of the positions' gradient from key 0 on) and sigmoid's slope.
+// Nothing of size L x L is kept.
+#include <torch/extension.h>
+
+#include <ATen/Parallel.h>
+#include <ATen/cpu/vec/vec.h>
+
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "cpu_blas.h"
+
+namespace {
+
+using at::vec::Vectorized;
+using namespace posbench;  // gemm, row_max, row_exp, rows_per_block
+
+// Row i's keys 0 .. i: gates into g, raw positions (before the clamp) into raw, and the logits
+// s + b into s, in place; a holds the row's a_i (npos values).
+template <typename T>
+void row_logits(T* s, T* g, T* raw, const T* a, int64_t i, int64_t npos) {
+  using Vec = Vectorized<T>;
+  const int64_t seen = i + 1;
+  const Vec one(T(1));
+  int64_t j = 0;
+  for (; j + Vec::size() <= seen; j += Vec::size()) {
+    (one / (one + (Vec(T(0)) - Vec::loadu(s + j)).exp_u20())).store(g + j);
+  }
+  for (; j < seen; ++j) g[j] = T(1) / (T(1) + std::exp(-s[j]));
+  const T top = T(npos - 1);
+  T running = 0;
+  for (j = i; j >= 0; --j) {
+    running += g[j];
+    raw[j] = running;
+    const T p = std::min(running, top);
+    const int64_t m = static_cast<int64_t>(p);
+    const T w = p - T(m);
+    const T slope = m + 1 < npos ? a[m + 1] - a[m] : T(0);
+    s[j] += a[m] + w * slope;
+  }
+}
+
+template <typename T>
+void forward_kernel(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                    const at::Tensor& table, double scale, at::Tensor& out, at::Tensor& lse) {
+  const int64_t B = q.size(0), H = q.size(1), L = q.size(2), d = q.size(3);
+  const int64_t npos = table.size(1), R = rows_per_block(L);
+  at::parallel_for(0, B * H, 1, [&](int64_t begin, int64_t end) {
+    const int previous = MKL_Set_Num_Threads_Local(1);  // the tasks are the parallelism
+    std::vector<T> s(R * L), g(L), raw(L), a(R * npos);
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t offset = task * L * d;
+      const T *q_bh = q.data_ptr<T>() + offset, *k_bh = k.data_ptr<T>() + offset;
+      T* out_bh = out.data_ptr<T>() + offset;
+      for (int64_t i0 = 0; i0 < L; i0 += R) {
+        const int64_t i1 = std::min(i0 + R, L), rows = i1 - i0, keys = i1;
+        gemm<T>(false, true, rows, keys, d, T(scale), q_bh + i0 * d, d, k_bh, d, T(0), s.data(),
+                keys);
+        gemm<T>(false, false, rows, npos, d, T(1), q_bh + i0 * d, d, table.data_ptr<T>(), npos,
+                T(0), a.data(), npos);
+        std::vector<T> sums(rows);
+        for (int64_t r = 0; r < rows; ++r) {
+          const int64_t i = i0 + r;
+          T* row = s.data() + r * keys;
+          row_logits(row, g.data(), raw.data(), a.data() + r * npos, i, npos);
+          const T m = row_max(row, i + 1);
+          sums[r] = row_exp(row, i, keys, m);
+          lse.data_ptr<T>()[task * L + i] = m + std::log(sums[r]);
+        }
+        gemm<T>(false, false, rows, d, keys, T(1), s.data(), keys, v.data_ptr<T>() + offset, d,
+                T(0), out_bh + i0 * d, d);
+        for (int64_t r = 0; r < rows; ++r) {  // normalise the (rows, d) output
+          const T inverse = T(1) / sums[r];
+          for (int64_t c = 0; c < d; ++c) out_bh[(i0 + r) * d + c] *= inverse;
+        }
+      }
+    }
+    MKL_Set_Num_Threads_Local(previous);
+  });
+}
+
+template <typename T>
+void backward_kernel(const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k,
+                     const at::Tensor& v, const at::Tensor& table, const at::Tensor& out,
+                     const at::Tensor& lse, double scale, at::Tensor& dq, at::Tensor& dk,
+                     at::Tensor& dv, at::Tensor& dtable_buffers) {
+  const int64_t B = q.size(0), H = q.size(1), L = q.size(2), d = q.size(3);
+  const int64_t npos = table.size(1), R = rows_per_block(L);
+  const T* E = table.data_ptr<T>();
+  at::parallel_for(0, B * H, 1, [&](int64_t begin, int64_t end) {
+    const int previous = MKL_Set_Num_Threads_Local(1);
+    std::vector<T> p(R * L), ds(R * L), g(L), raw(L), a(R * npos), da(R * npos);
+    T* dtable = dtable_buffers[at::get_thread_num()].data_ptr<T>();  // (d, npos), summed later
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t offset = task * L * d;
+      const T *q_bh = q.data_ptr<T>() + offset, *k_bh = k.data_ptr<T>() + offset;
+      const T *v_bh = v.data_ptr<T>() + offset, *do_bh = grad_out.data_ptr<T>() + offset;
+      const T* o_bh = out.data_ptr<T>() + offset;
+      T *dq_bh = dq.data_ptr<T>() + offset, *dk_bh = dk.data_ptr<T>() + offset;
+      T* dv_bh = dv.data_ptr<T>() + offset;
+      for (int64_t i0 = 0; i0 < L; i0 += R) {
+        const int64_t i1 = std::min(i0 + R, L), rows = i1 - i0, keys = i1;
+        gemm<T>(false, true, rows, keys, d, T(scale), q_bh + i0 * d, d, k_bh, d, T(0), p.data(),
+                keys);
+        gemm<T>(false, false, rows, npos, d, T(1), q_bh + i0 * d, d, E, npos, T(0), a.data(),
+                npos);
+        gemm<T>(false, true, rows, keys, d, T(1), do_bh + i0 * d, d, v_bh, d, T(0), ds.data(),
+                keys);  // dP
+        std::fill(da.begin(), da.end(), T(0));
+        for (int64_t r = 0; r < rows; ++r) {
+          const int64_t i = i0 + r, seen = i + 1;
+          T* p_row = p.data() + r * keys;
+          T* ds_row = ds.data() + r * keys;
+          const T* a_row = a.data() + r * npos;
+          T* da_row = da.data() + r * npos;
+          row_logits(p_row, g.data(), raw.data(), a_row, i, npos);
+          row_exp(p_row, i, keys, lse.data_ptr<T>()[task * L + i]);  // P, exact
+          T delta = 0;
+          for (int64_t c = 0; c < d; ++c) delta += do_bh[i * d + c] * o_bh[i * d + c];
+          // dlogit = P (dP - delta); the bias's gradient per integer position and per raw
+          // position; the gates' gradient is the running sum of the latter from key 0 on
+          const T top = T(npos - 1);
+          T gates_grad = 0;
+          for (int64_t j = 0; j < seen; ++j) {
+            const T dlogit = p_row[j] * (ds_row[j] - delta);
+            const T pos = std::min(raw[j], top);
+            const int64_t m = static_cast<int64_t>(pos);
+            const T w = pos - T(m);
+            da_row[m] += dlogit * (T(1) - w);
+            T raw_grad = 0;
+            if (m + 1 < npos) {
+              da_row[m + 1] += dlogit * w;
+              if (raw[j] <= top) raw_grad = dlogit * (a_row[m + 1] - a_row[m]);
+            }
+            gates_grad += raw_grad;
+            ds_row[j] = dlogit + gates_grad * g[j] * (T(1) - g[j]);  // dS of the content
+          }
+          std::fill(ds_row + seen, ds_row + keys, T(0));
+        }
+        gemm<T>(true, false, keys, d, rows, T(1), p.data(), keys, do_bh + i0 * d, d, T(1), dv_bh,
+                d);  // dV += P^T dO
+        gemm<T>(false, false, rows, d, keys, T(scale), ds.data(), keys, k_bh, d, T(0),
+                dq_bh + i0 * d, d);  // dQ = scale dS K
+        gemm<T>(false, true, rows, d, npos, T(1), da.data(), npos, E, npos, T(1), dq_bh + i0 * d,
+                d);  // dQ += dA E^T
+        gemm<T>(true, false, keys, d, rows, T(scale), ds.data(), keys, q_bh + i0 * d, d, T(1),
+                dk_bh, d);  // dK += scale dS^T Q
+        gemm<T>(true, false, d, npos, rows, T(1), q_bh + i0 * d, d, da.data(), npos, T(1), dtable,
+                npos);  // dE += Q^T dA
+      }
+    }
+    MKL_Set_Num_Threads_Local(previous);
+  });
+}
+
+void check(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+           const at::Tensor& table) {
+  TORCH_CHECK(q.device().is_cpu() && q.dim() == 4, "q: (B, H, L, d) on the CPU");
+  TORCH_CHECK(k.sizes() == q.sizes() && v.sizes() == q.sizes(), "k, v: q's shape");
+  TORCH_CHECK(table.dim() == 2 && table.size(0) == q.size(3) && table.size(1) >= 2,
+              "table: (d, npos), npos >= 2");
+  TORCH_CHECK(q.is_contiguous() && k.is_contiguous() && v.is_contiguous() &&
+                  table.is_contiguous(), "contiguous q, k, v and table");
+  TORCH_CHECK(q.scalar_type() == k.scalar_type() && q.scalar_type() == v.scalar_type() &&
+                  q.scalar_type() == table.scalar_type(), "one dtype");
+}
+
+}  // namespace
+
+std::vector<at::Tensor> cope_flash_forward(const at::Tensor& q, const at::Tensor& k,
+                                           const at::Tensor& v, const at::Tensor& table,
+                                           double scale) {
+  check(q, k, v, table);
+  auto out = at::empty_like(q);
+  auto lse = at::empty({q.size(0), q.size(1), q.size(2)}, q.options());
+  AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "cope_flash_forward", [&] {
+    forward_kernel<scalar_t>(q, k, v, table, scale, out, lse);
+  });
+  return {out, lse};
+}
+
+std::vector<at::Tensor> cope_flash_backward(const at::Tensor& grad_out, const at::Tensor& q,
+                                            const at::Tensor& k, const at::Tensor& v,
+                                            const at::Tensor& table, const at::Tensor& out,
+                                            const at::Tensor& lse, double scale) {
+  check(q, k, v, table);
+  TORCH_CHECK(grad_out.is_contiguous() && out.is_contiguous() && lse.is_contiguous(),
+              "contiguous grad_out, out and lse");
+  auto dq = at::empty_like(q);
+  auto dk = at::zeros_like(q);
+  auto dv = at::zeros_like(q);
+  auto buffers = at::zeros({at::get_num_threads(), table.size(0), table.size(1)}, table.options());
+  AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "cope_flash_backward", [&] {
+    backward_kernel<scalar_t>(grad_out, q, k, v, table, out, lse, scale, dq, dk, dv, buffers);
+  });
+  return {dq, dk, dv, buffers.sum(0)};
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("forward", &cope_flash_forward, "(out, lse) of causal CoPE attention");
+  m.def("backward", &cope_flash_backward, "(dq, dk, dv, dtable) of forward");
+}
