@@ -216,7 +216,7 @@ def environment(device: str) -> dict[str, Any]:
         "flush_denormals": denormals_flushed(),
         "freed_memory_kept": freed_memory_kept(),
         "default_dtype": str(torch.get_default_dtype()),
-        # whether posbench's C++ kernel ran CPU attention: its results match the torch
+        # whether posbench's C++ kernels ran CPU attention: their results match the torch
         # kernels' to float round-off, not bit for bit
         "native_kernels": device.startswith("cpu") and native.band_flash() is not None,
         "device": device,

@@ -33,9 +33,9 @@ class CoPE(PositionalEncoding):
     relative = False  # positions are counted in gated content, not in i - j
     pairwise = False  # p_ij counts the gates of every key between j and i
     cost_note = (
-        "positions depend on content: gates, a cumulative sum and two gathers per pair, "
-        "formed a block of query rows at a time and again in the backward pass, so no "
-        "(B, H, L, L) tensor is kept"
+        "positions depend on content: gates, a running sum and an interpolation per pair, "
+        "formed a block of query rows at a time (by posbench's C++ kernel on the CPU) and "
+        "again in the backward pass, so no (B, H, L, L) tensor is kept"
     )
 
     def __init__(
