@@ -13,7 +13,7 @@ from posbench.cache import Cache
 from posbench.encodings.base import LayerContext, PositionalEncoding, Span
 from posbench.kernels.bias_types import BandBias, RowBlockBias
 from posbench.kernels.row_block_attention import BLOCK_ELEMENTS
-from posbench.kernels.biased_attention import biased_attention, fused_applies
+from posbench.kernels.biased_attention import biased_attention, fused_applies, needs_gradient
 from posbench.kernels.fused_band_attention import distance_band, fused_band_attention
 from posbench.kernels.flex_bias import flex_available, flex_distance_attention, flex_failed
 from posbench.kernels.masks import causal_mask
@@ -80,11 +80,12 @@ class SelfAttention(nn.Module):
                     return self.out(y.transpose(1, 2).reshape(B, L, D))
                 except Exception as error:  # a torch or driver that cannot compile it
                     flex_failed(error)
-        fused = self.causal and k_span is span and fused_applies(q, v)  # square, causal
-        if fused:  # the C++ kernel reads a bias of (head, p_i - p_j) alone as a one-row band
+        square = self.causal and k_span is span  # causal, each query the last of its keys
+        if square and fused_applies(q, v, learned=True):
+            # the C++ kernel reads a bias of (head, p_i - p_j) alone as a one-row band
             widest = span.last - span.first
             values = encoding.distance_bias(0, widest, context, q.device)  # (H, widest + 1)
-            if values is not None:
+            if values is not None and fused_applies(q, v, needs_gradient(values)):
                 positions = None if span.contiguous else span.arange()
                 band = distance_band(values.to(q.dtype))  # (1, H, 1, widest + 1)
                 y = fused_band_attention(q, k, v, band, scale, positions)
@@ -97,7 +98,7 @@ class SelfAttention(nn.Module):
             v = F.pad(v, (0, scores.q.shape[-1] - d_v))
         mask = causal_mask(q_len, k_len, x.device) if self.causal and q_len > 1 else None
         if scores.bias is None:
-            if fused and fused_applies(scores.q, v):  # the C++ kernel without a bias
+            if square and fused_applies(scores.q, v, learned=False):  # the C++ kernel, no bias
                 no_bias = scores.q.new_empty(1, scores.q.shape[1], 1, 0)
                 y = fused_band_attention(scores.q, scores.k, v, no_bias, scores.scale)
             elif self.causal and q_len == k_len:  # the fused causal fast path

@@ -282,3 +282,35 @@ def test_every_encoding_matches_without_the_kernel(
     assert fused_grads.keys() == torch_grads.keys()
     for name, grad in torch_grads.items():
         torch.testing.assert_close(fused_grads[name], grad, atol=2e-5, rtol=2e-4, msg=name)
+
+
+@needs_kernel
+@pytest.mark.parametrize(
+    "encoding, L, uses_kernel",
+    [
+        ("nope", 32, False),  # no bias, short: torch's kernels are faster there
+        ("alibi", 32, False),  # a fixed bias, short
+        ("t5", 32, True),  # a learned bias: the kernel at any length
+        ("nope", 160, True),  # 160^2 pairs, past NATIVE_MIN_PAIRS
+        ("alibi", 160, True),
+    ],
+)
+def test_short_attention_without_a_learned_bias_takes_the_torch_kernels(
+    encoding: str, L: int, uses_kernel: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from posbench.testing import tiny_model
+
+    built, calls = native.band_flash(), []
+
+    class Counting:
+        def forward(self, *args):
+            calls.append(args[0].shape)
+            return built.forward(*args)
+
+        def backward(self, *args):
+            return built.backward(*args)
+
+    monkeypatch.setattr(native, "band_flash", lambda: Counting())
+    tokens = torch.randint(0, 8, (2, L), generator=torch.Generator().manual_seed(0))
+    tiny_model(encoding)(tokens).sum().backward()
+    assert bool(calls) is uses_kernel, calls

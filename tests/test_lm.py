@@ -55,9 +55,9 @@ def test_a_sliding_window_sees_the_same_loss_at_every_offset() -> None:
     assert len(values) == (256 - 32) // 8
     assert max(values) - min(values) < 0.06, window  # stationary data: no trend, only noise
     penalty = {r.position: r.value for r in rows if r.metric == "lm_penalty"}
-    assert all(
-        penalty[p] == 0.0 for p in penalty if p <= 32
-    )  # within L the two contexts are the same
+    # within L the two contexts are the same; the whole context (256 tokens) runs through the
+    # C++ kernel and the window (32) through torch's, equal to float round-off
+    assert all(abs(penalty[p]) < 1e-6 for p in penalty if p <= 32), penalty
 
 
 def test_a_text_file_trains_by_character(tmp_path: Path) -> None:

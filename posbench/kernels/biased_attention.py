@@ -46,6 +46,12 @@ from posbench.kernels.row_block_attention import row_block_attention
 from posbench.kernels.softmax_backward import BlockedSoftmaxBackward
 
 FLASH_MIN_PAIRS = 128 * 128
+#: Below this many score pairs, attention with no bias or a fixed one runs faster on torch's
+#: kernels than on posbench's C++ kernel: the default suite's model (d_model 64, 4 layers),
+#: fwd+bwd over the torch kernels' time, NoPE 1.13x / 1.05x / 0.98x / 0.90x at L = 32 / 64 /
+#: 128 / 256 and ALiBi 1.16x / 1.07x / 0.96x / 0.84x. A learned bias is faster on the kernel
+#: at any length (T5 0.92x-0.97x at L = 17 and 32).
+NATIVE_MIN_PAIRS = 128 * 128
 ROW_BLOCK = 64
 
 
@@ -159,17 +165,35 @@ class _FlashBiasedAttention(torch.autograd.Function):
         return dq, dk, dv, None, None, None, None
 
 
-def fused_applies(q: Tensor, v: Tensor) -> bool:
+def fused_applies(q: Tensor, v: Tensor, learned: bool) -> bool:
     """Whether causal square attention of q (B, H, L, d) and v runs through posbench's C++
     kernel (posbench.kernels.fused_band_attention): on the CPU in float32 or float64, v as wide
-    as q, and the kernel built here. At any length: it is exact, and the conformance kit's
-    short float64 inputs then check it against the general path."""
+    as q, and the kernel built here; with a `learned` bias (one that needs a gradient) at any
+    length, so the conformance kit's short float64 inputs check it against the general path,
+    else from NATIVE_MIN_PAIRS pairs."""
     return (
         q.device.type == "cpu"
         and q.dtype in (torch.float32, torch.float64)
         and q.shape[-1] == v.shape[-1]
+        and (learned or q.shape[-2] ** 2 >= NATIVE_MIN_PAIRS)
         and native.band_flash() is not None
     )
+
+
+def needs_gradient(*tensors: Tensor | None) -> bool:
+    """Whether any of a bias's tensors needs a gradient here (grad mode on)."""
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+
+
+def _learned(bias: Tensor | ToeplitzBias | BandBias | DistanceTableBias | KeyTableBias) -> bool:
+    """Whether a bias needs a gradient (a learned one, or one formed from q or k)."""
+    if isinstance(bias, ToeplitzBias):
+        return needs_gradient(bias.values)
+    if isinstance(bias, BandBias):
+        return needs_gradient(bias.band, bias.key_band)
+    if isinstance(bias, (DistanceTableBias, KeyTableBias)):
+        return needs_gradient(bias.a, bias.table)
+    return needs_gradient(bias)
 
 
 def biased_attention(
@@ -193,9 +217,9 @@ def biased_attention(
         and q_len * k_len >= FLASH_MIN_PAIRS  # below, the math path's few ops win
         and flash_ops.available()
     )
-    fused = fused_causal and fused_applies(q, v)
     if isinstance(bias, RowBlockBias):
         return row_block_attention(q, k, v, bias, scale, causal_mask)
+    fused = fused_causal and fused_applies(q, v, _learned(bias))
     if isinstance(bias, BandBias):
         if fused:
             key_band = None if bias.key_band is None else bias.key_band.to(q.dtype)
