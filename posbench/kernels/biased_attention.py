@@ -17,7 +17,8 @@ posbench.kernels.row_block_attention.
 
 Where posbench's C++ kernel is built (posbench.kernels.native), causal square attention on the
 CPU in float32 or float64 goes there instead, whatever the bias but a RowBlockBias: a band, a
-per-distance table, a query-by-table product or a dense bias, each read in its own layout."""
+per-distance table, a query-by-table product or a dense bias, each read in its own layout; a
+bias that needs no gradient only from NATIVE_MIN_PAIRS pairs (see fused_applies)."""
 
 from __future__ import annotations
 
