@@ -17,7 +17,6 @@ from posbench.kernels.bias_types import BandBias
 from posbench.kernels.fused_band_attention import (
     causal_band,
     fused_band_attention,
-    fused_dense_attention,
 )
 
 needs_kernel = pytest.mark.skipif(
@@ -122,7 +121,8 @@ def test_a_dense_bias_is_read_by_key(
     torch.manual_seed(0)
     q, k, v = (torch.randn(2, 3, L, 8, dtype=dtype, requires_grad=True) for _ in range(3))
     bias = (3 * torch.randn(bias_shape, dtype=dtype)).requires_grad_(True)
-    out = fused_dense_attention(q, k, v, bias if bias.dim() == 4 else bias[None, None], 0.3)
+    dense = bias if bias.dim() == 4 else bias[None, None]
+    out = fused_band_attention(q, k, v, dense, 0.3, by_key=True)
     grad = torch.randn_like(out)
     causal = torch.ones(L, L, dtype=torch.bool).tril()
     with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.MATH):

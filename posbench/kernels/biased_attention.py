@@ -40,7 +40,6 @@ from posbench.kernels.bias_types import (
 from posbench.kernels.fused_band_attention import (
     causal_band,
     fused_band_attention,
-    fused_dense_attention,
 )
 from posbench.kernels.rel_shift_attention import key_table_attention, rel_shift_attention
 from posbench.kernels.row_block_attention import row_block_attention
@@ -173,8 +172,7 @@ def fused_applies(q: Tensor, v: Tensor, learned: bool) -> bool:
     length, so the conformance kit's short float64 inputs check it against the general path,
     else from NATIVE_MIN_PAIRS pairs."""
     return (
-        q.device.type == "cpu"
-        and q.dtype in (torch.float32, torch.float64)
+        native.serves(q)
         and q.shape[-1] == v.shape[-1]
         and (learned or q.shape[-2] ** 2 >= NATIVE_MIN_PAIRS)
         and native.band_flash() is not None
@@ -259,7 +257,7 @@ def biased_attention(
     bias = bias.to(q.dtype)
     bias = bias.reshape((1,) * (4 - bias.dim()) + tuple(bias.shape)) if bias.dim() < 4 else bias
     if fused:
-        return fused_dense_attention(q, k, v, bias, scale)
+        return fused_band_attention(q, k, v, bias, scale, by_key=True)
     if causal_mask is not None and not (flash and fused_causal):
         bias = bias.masked_fill(~causal_mask, float("-inf"))
     if not flash:

@@ -3,7 +3,7 @@ softmax(scale * q k^T + bias) v with bias[b, h, i, j] = band[b, h, i, j - i + W 
 i - W < j <= i and 0 further back, the layout of a BandBias (DeBERTa). A bias of the
 distance alone (ALiBi, T5, KERPLE, Sandwich) is the band with one row and W = L; at drawn
 positions p, the band is read at p_i - p_j instead, W past the widest distance. A dense
-bias (FIRE's) is read by key instead (`fused_dense_attention`), and DeBERTa's term of the key
+bias (FIRE's) is read by key instead (``by_key``), and DeBERTa's term of the key
 and the distance as a key band beside its band.
 
 The kernel forms each block of query rows' scores with the band added, its exact softmax and
@@ -77,6 +77,7 @@ def fused_band_attention(
     positions: Tensor | None = None,
     table_bias: tuple[Tensor, Tensor, bool] | None = None,
     key_band: Tensor | None = None,
+    by_key: bool = False,
 ) -> Tensor:
     """Causal attention for q, k, v (B, H, L, d) on the CPU with the bias
     band[b, h, i, W - 1 - (p_i - p_j)] for p_i - p_j < W and 0 beyond, p the tokens' positions:
@@ -86,10 +87,11 @@ def fused_band_attention(
     key), a (B, H, L, r), table (H|1, L, r): Transformer-XL's position terms. ``key_band``, of
     the band's shape with a row per query (B|1, H, L, W) at plain positions, adds
     key_band[b, h, j, W - 1 - (i - j)]: a term of the key and the distance (DeBERTa's
-    position-to-content). Needs ``native.band_flash()``."""
+    position-to-content). With ``by_key``, band is a dense bias (B|1, H|1, L, L) read at
+    [b, h, i, j] itself (FIRE's), at plain positions. Needs ``native.band_flash()``."""
     B, H, L, _ = q.shape
     if positions is None:
-        band = band[..., -L:]  # columns W - L .. W - 1: distances L - 1 .. 0
+        band = band[..., -L:]  # columns W - L .. W - 1: distances L - 1 .. 0 (by key: all)
         key_band = None if key_band is None else key_band[..., -L:].contiguous()
     else:
         positions = positions.to(device="cpu", dtype=torch.int64).contiguous()
@@ -106,29 +108,8 @@ def fused_band_attention(
         a,
         table,
         positions,
-        False,
+        by_key,
         by_distance,
-        scale,
-    )
-
-
-def fused_dense_attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, scale: float) -> Tensor:
-    """Causal attention for q, k, v (B, H, L, d) on the CPU with a dense bias (B|1, H|1, L, L)
-    read at [b, h, i, j] (FIRE's): the kernel adds each row's keys j <= i and sums the bias's
-    gradient into the same layout. Needs ``native.band_flash()``."""
-    B, H, _, _ = q.shape
-    bias = bias.expand(bias.shape[0] if bias.shape[0] == B else 1, H, *bias.shape[2:])
-    return _FusedBandAttention.apply(
-        q.contiguous(),
-        k.contiguous(),
-        v.contiguous(),
-        bias.contiguous(),
-        None,
-        None,
-        None,
-        None,
-        True,
-        True,
         scale,
     )
 

@@ -46,8 +46,7 @@ def cope_fused_applies(q: Tensor, k: Tensor, v: Tensor, causal: bool) -> bool:
     here."""
     return (
         causal
-        and q.device.type == "cpu"
-        and q.dtype in (torch.float32, torch.float64)
+        and native.serves(q)
         and q.shape == k.shape == v.shape
         and native.cope_flash() is not None
     )

@@ -8,11 +8,11 @@ the backward pass off torch's flash kernel. The extension does both in one pass 
 query rows, with torch's own BLAS and vector types, so a band or per-distance bias (T5,
 DeBERTa, KERPLE) costs about what attention without one does.
 
-It is built with torch's JIT extension loader (g++ and ninja, about 30 s once per machine and
-torch version, with one line on stderr saying so; the result is cached under
-~/.cache/torch_extensions). Where one cannot be built or loaded, or ``POSBENCH_NATIVE_KERNELS=0``
-is set, `band_flash()` or `cope_flash()` is None and attention takes its torch kernels: the
-same numbers, slower."""
+Each is built with torch's JIT extension loader (g++ and ninja, about 30 s once per machine,
+torch version, version of the sources and checkout folder, with one line on stderr saying so;
+the result is cached under ~/.cache/torch_extensions). Where one cannot be built or loaded, or
+``POSBENCH_NATIVE_KERNELS=0`` is set, `band_flash()` or `cope_flash()` is None and attention
+takes its torch kernels: the same numbers, slower."""
 
 from __future__ import annotations
 
@@ -77,6 +77,11 @@ def _ninja_on_path() -> Iterator[None]:
         yield
     finally:
         os.environ["PATH"] = before
+
+
+def serves(tensor: torch.Tensor) -> bool:
+    """Whether the C++ kernels take tensors like this one: on the CPU, in float32 or float64."""
+    return tensor.device.type == "cpu" and tensor.dtype in (torch.float32, torch.float64)
 
 
 def enabled() -> bool:

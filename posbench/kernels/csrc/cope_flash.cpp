@@ -59,7 +59,7 @@ void forward_kernel(const at::Tensor& q, const at::Tensor& k, const at::Tensor& 
   const int64_t npos = table.size(1), R = rows_per_block(L);
   at::parallel_for(0, B * H, 1, [&](int64_t begin, int64_t end) {
     const int previous = MKL_Set_Num_Threads_Local(1);  // the tasks are the parallelism
-    std::vector<T> s(R * L), g(L), raw(L), a(R * npos);
+    std::vector<T> s(R * L), g(L), raw(L), a(R * npos), sums(R);
     for (int64_t task = begin; task < end; ++task) {
       const int64_t offset = task * L * d;
       const T *q_bh = q.data_ptr<T>() + offset, *k_bh = k.data_ptr<T>() + offset;
@@ -70,7 +70,6 @@ void forward_kernel(const at::Tensor& q, const at::Tensor& k, const at::Tensor& 
                 keys);
         gemm<T>(false, false, rows, npos, d, T(1), q_bh + i0 * d, d, table.data_ptr<T>(), npos,
                 T(0), a.data(), npos);
-        std::vector<T> sums(rows);
         for (int64_t r = 0; r < rows; ++r) {
           const int64_t i = i0 + r;
           T* row = s.data() + r * keys;
