@@ -13,7 +13,7 @@ from helpers import logits_and_gradients
 
 import posbench
 from posbench.kernels import native
-from posbench.kernels.bias_types import BandBias
+from posbench.kernels.bias_types import BandBias, BandProduct
 from posbench.kernels.fused_band_attention import (
     causal_band,
     fused_band_attention,
@@ -80,26 +80,37 @@ def test_the_kernel_matches_the_math_path(
 
 @needs_kernel
 @pytest.mark.parametrize("dtype, atol", [(torch.float64, 1e-12), (torch.float32, 2e-5)])
-@pytest.mark.parametrize("L, W", [(37, 5), (70, 20), (130, 1), (16, 16)])
-def test_a_key_band_is_read_at_each_keys_row(
-    L: int, W: int, dtype: torch.dtype, atol: float
+@pytest.mark.parametrize("L, W", [(37, 5), (300, 20), (130, 1), (16, 16), (200, 64)])
+@pytest.mark.parametrize("key_side", [True, False])
+def test_a_band_of_products_is_formed_inside_the_kernel(
+    L: int, W: int, key_side: bool, dtype: torch.dtype, atol: float
 ) -> None:
-    """A key band (DeBERTa's term of the key and the distance) adds key_band[j, W - 1 -
-    (i - j)]: the same outputs and gradients as its entries moved into the band (BandBias's
-    torch form), beside a band of a row per query and batch entry."""
+    """DeBERTa's terms past its span: the band entry of key j = i - δ is a[i] . t[δ] +
+    c[j] . u[δ] for δ < W, 0 further back (BandProducts as a BandBias's band and key band).
+    Outputs and gradients of q, k, v, the factors and the tables equal the math path on the
+    dense band, over one block of rows and several, with c the keys themselves (DeBERTa's)."""
     torch.manual_seed(0)
-    q, k, v = (torch.randn(2, 3, L, 8, dtype=dtype, requires_grad=True) for _ in range(3))
-    band, key_band = (
-        (3 * torch.randn(2, 3, L, W, dtype=dtype)).requires_grad_(True) for _ in range(2)
-    )
-    out = fused_band_attention(q, k, v, band, 0.3, key_band=key_band)
+    r = 8
+    q, k, v = (torch.randn(2, 3, L, r, dtype=dtype, requires_grad=True) for _ in range(3))
+    a = torch.randn(2, 3, L, r, dtype=dtype, requires_grad=True)
+    t, u = (torch.randn(3, W, r, dtype=dtype, requires_grad=True) for _ in range(2))
+    queries, keys = BandProduct(a, t), BandProduct(k, u) if key_side else None
+    no_band = q.new_empty(1, 3, 1, 0)
+    out = fused_band_attention(q, k, v, no_band, 0.3, band_products=(queries, keys))
     grad = torch.randn_like(out)
-    full = BandBias(band, torch.zeros(()), key_band=key_band).full_band()
-    inputs = (q, k, v, band, key_band)
+    full = BandBias(queries, torch.zeros(()), key_band=keys).full_band()
+    inputs = (q, k, v, a, t, u) if key_side else (q, k, v, a, t)
     reference = _math_path(q, k, v, full, 0.3, inputs, grad)
     ours = (out, *torch.autograd.grad(out, inputs, grad))
-    for name, a, b in zip(["out", "q", "k", "v", "band", "key band"], ours, reference):
-        torch.testing.assert_close(a, b, atol=atol, rtol=0, msg=name)
+    for name, x, y in zip(["out", "q", "k", "v", "a", "t", "u"], ours, reference):
+        torch.testing.assert_close(x, y, atol=atol, rtol=0, msg=name)
+
+
+def test_a_band_product_puts_distance_zero_last() -> None:
+    """BandProduct's band: column W - 1 - δ holds a . table[δ]."""
+    a = torch.tensor([[[[1.0, 10.0]]]])  # (1, 1, 1, 2)
+    table = torch.tensor([[[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]]])  # distances 0, 1, 2
+    assert BandProduct(a, table).tensor().flatten().tolist() == [11.0, 10.0, 1.0]
 
 
 @needs_kernel

@@ -23,7 +23,7 @@ from posbench.encodings.base import (
     PositionalEncoding,
     Span,
 )
-from posbench.kernels.bias_types import BandBias, Scores
+from posbench.kernels.bias_types import BandBias, BandProduct, Scores
 from posbench.validation import Range
 
 
@@ -230,7 +230,7 @@ class DeBERTa(PositionalEncoding):
             .gather(-1, (keys * rows + deltas).flatten().expand(B, H, L * W))
             .view(B, H, L, W)
         )  # (Qr_δ - Qr_far) . Kc_j
-        row_constant = q @ (kr[:, far, :, None] * scale)  # (B, H, L, 1): Qc_i . Kr_far
+        row_constant = BandProduct(q, kr[:, None, far] * scale)  # Qc_i . Kr_far
         return Scores(q + qr[:, None, far], k, BandBias(c2p + p2c, row_constant), scale)
 
     @staticmethod
@@ -239,12 +239,16 @@ class DeBERTa(PositionalEncoding):
     ) -> Scores:
         """Causal square scores past the span: keys W or more back all read δ = far, so
         Qc_i . Kr_far is a row constant and Qr_far . Kc_j moves into the queries (q + Qr_far);
-        what is left lives in a band of W keys. band_deltas (W,): δ of keys i - W + 1 .. i."""
-        # scaled here, on (H, W, d), rather than on the (B, H, L, W) band
-        kr_band = (kr[:, band_deltas] - kr[:, far, None]) * scale  # (H, W, d)
-        qr_band = (qr[:, band_deltas] - qr[:, far, None]) * scale  # (H, W, d)
-        c2p = q @ kr_band.transpose(-1, -2)  # (B, H, L, W)
-        per_key = k @ qr_band.transpose(-1, -2)  # (B, H, L, W): row j, (Qr_c - Qr_far) . Kc_j
-        row_constant = q @ (kr[:, far, :, None] * scale)  # (B, H, L, 1): Qc_i . Kr_far
-        bias = BandBias(c2p, row_constant, key_band=per_key)
+        what is left lives in a band of W keys, two products with tables by distance that
+        attention forms where it reads them. band_deltas (W,): δ of keys i - W + 1 .. i."""
+        q = q.contiguous()  # (B, H, L, d): read by two products, each needs it contiguous
+        by_distance = band_deltas.flip(0)  # δ of distances 0 .. W - 1
+        # scaled here, on the (H, W, d) tables
+        kr_band = (kr[:, by_distance] - kr[:, far, None]) * scale  # (H, W, d)
+        qr_band = (qr[:, by_distance] - qr[:, far, None]) * scale  # (H, W, d)
+        bias = BandBias(
+            BandProduct(q, kr_band),  # Qc_i . (Kr_δ - Kr_far)
+            BandProduct(q, kr[:, None, far] * scale),  # the row constant Qc_i . Kr_far
+            key_band=BandProduct(k, qr_band),  # (Qr_δ - Qr_far) . Kc_j
+        )
         return Scores(q + qr[:, None, far], k, bias, scale)

@@ -2,13 +2,14 @@
 
 A bias is a tensor broadcastable to (B, H, Lq, Lk), a :class:`ToeplitzBias` (learned values
 per distance i - j, whose gradient attention sums per distance without the (H, Lq, Lk) matrix),
-a :class:`BandBias` (a causal band of W keys plus a row constant), which the band kernel runs in
-O(L * W) memory, a :class:`DistanceTableBias` (each query against a per-distance table,
-Transformer-XL's position terms), which the rel-shift kernel runs a block of query rows at a
-time, a :class:`KeyTableBias` (each query against a per-key table: the same terms at drawn
-positions), which the same kernel runs without the skew, or a :class:`RowBlockBias` (formed a
-block of query rows at a time, for a bias that depends on content everywhere), which attention
-never holds whole. Toeplitz expansion of per-distance values, with a backward pass that sums
+a :class:`BandBias` (a causal band of W keys plus a row constant, its entries given or a
+:class:`BandProduct` with a table by distance), which the band kernels run in O(L * W) memory,
+a :class:`DistanceTableBias` (each query against a per-distance table, Transformer-XL's
+position terms), which the rel-shift kernel runs a block of query rows at a time, a
+:class:`KeyTableBias` (each query against a per-key table: the same terms at drawn positions),
+which the same kernel runs without the skew, or a :class:`RowBlockBias` (formed a block of
+query rows at a time, for a bias that depends on content everywhere), which attention never
+holds whole. Toeplitz expansion of per-distance values, with a backward pass that sums
 diagonals, lives here too.
 """
 
@@ -86,32 +87,54 @@ class _PlusKeyDiagonals(torch.autograd.Function):
 
 
 @dataclass
+class BandProduct:
+    """Band entries given as a product with a table by distance, formed where they are read:
+    entry [b, h, n, W - 1 - δ] = a[b, h, n] . table[h, δ] for the distances δ < W. As a
+    BandBias's band, row n is query n's (DeBERTa's content-to-position term); as its key band,
+    key n's (position-to-content). posbench's C++ kernel forms the products a block of rows at
+    a time; elsewhere ``tensor`` forms the (B, H, L, W) band."""
+
+    a: Tensor  # (B, H, L, r)
+    table: Tensor  # (H|1, W, r): row δ holds distance δ
+
+    @property
+    def width(self) -> int:
+        return self.table.shape[-2]
+
+    def tensor(self) -> Tensor:
+        """The band (B, H, L, W), column W - 1 - δ for distance δ."""
+        return self.a @ self.table.flip(-2).transpose(-1, -2)
+
+
+@dataclass
 class BandBias:
     """A causal bias confined to a band of W keys, for square scores (query i at key position
     i): bias[b, h, i, j] = band[b, h, i, j - i + W - 1] (+ key_band[b, h, j, j - i + W - 1]) for
     i - W < j <= i, 0 for keys further back, plus a per-row constant. T5 past max_distance and
     DeBERTa past its span reduce to this after moving their constant far value into a row
-    constant or into q and k; DeBERTa's position-to-content term, a function of the key and the
-    distance, is its key band.
+    constant or into q and k; DeBERTa's terms are products with tables by distance
+    (BandProduct), its position-to-content term, a function of the key and the distance, the
+    key band.
 
-    Attention runs the far keys through flash attention with no mask and only the band
-    densely (posbench.kernels.band_attention): O(L * W) memory instead of O(L^2). The row constant
-    changes no attention weight (softmax ignores it); it is kept so ``dense`` matches the
-    reference logits exactly."""
+    Attention runs the band in posbench's C++ kernel, or runs the far keys through flash
+    attention with no mask and only the band densely (posbench.kernels.band_attention): O(L * W)
+    memory instead of O(L^2). The row constant changes no attention weight (softmax ignores it);
+    it is kept so ``dense`` matches the reference logits exactly."""
 
-    band: Tensor  # (B|1, H, L|1, W): column c is key i - (W - 1) + c, c = W - 1 the query's own
-    row_constant: Tensor  # broadcastable to (B, H, L, 1)
-    key_band: Tensor | None = None  # (B, H, L, W): row j, column c, read by query j + W - 1 - c
+    band: Tensor | BandProduct  # (B|1, H, L|1, W): column c is key i - (W - 1) + c
+    row_constant: Tensor | BandProduct  # (B|1, H, L|1, 1); a product is formed where read
+    key_band: BandProduct | None = None  # row j, column c: read by query j + W - 1 - c
 
     def full_band(self) -> Tensor:
         """The band with the key band's entries added at each query's row (B|1, H, L|1, W)."""
+        band = self.band.tensor() if isinstance(self.band, BandProduct) else self.band
         if self.key_band is None:
-            return self.band
-        return _PlusKeyDiagonals.apply(self.band, self.key_band.contiguous())
+            return band
+        return _PlusKeyDiagonals.apply(band, self.key_band.tensor().contiguous())
 
     @property
     def width(self) -> int:
-        return self.band.shape[-1]
+        return self.band.width if isinstance(self.band, BandProduct) else self.band.shape[-1]
 
     @staticmethod
     def width_for(index_by_distance: Tensor, far_index: int) -> int:
@@ -123,13 +146,16 @@ class BandBias:
     def dense(self, length: int) -> Tensor:
         """The (B|1, H, L, L) matrix, zero on future keys; for tests, pictures and short inputs."""
         W = self.width
-        distance = torch.arange(length, device=self.band.device)
+        full = self.full_band()
+        distance = torch.arange(length, device=full.device)
         distance = distance[:, None] - distance[None, :]  # (L, L): i - j
         column = (W - 1 - distance).clamp(0, W - 1)
-        full = self.full_band()
         band = full.expand(*full.shape[:2], length, W)
         values = band.gather(-1, column.expand(*band.shape[:2], length, length))
-        return values.masked_fill((distance < 0) | (distance >= W), 0.0) + self.row_constant
+        row_constant = self.row_constant
+        if isinstance(row_constant, BandProduct):
+            row_constant = row_constant.tensor()
+        return values.masked_fill((distance < 0) | (distance >= W), 0.0) + row_constant
 
 
 @dataclass

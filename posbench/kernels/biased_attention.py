@@ -30,6 +30,7 @@ from posbench.kernels import flash_ops, native
 from posbench.kernels.band_attention import band_attention
 from posbench.kernels.bias_types import (
     BandBias,
+    BandProduct,
     DistanceTableBias,
     KeyTableBias,
     RowBlockBias,
@@ -189,10 +190,33 @@ def _learned(bias: Tensor | ToeplitzBias | BandBias | DistanceTableBias | KeyTab
     if isinstance(bias, ToeplitzBias):
         return needs_gradient(bias.values)
     if isinstance(bias, BandBias):
-        return needs_gradient(bias.band, bias.key_band)
+        parts = [bias.band] if bias.key_band is None else [bias.band, bias.key_band]
+        return needs_gradient(*(t for part in parts for t in _tensors_of(part)))
     if isinstance(bias, (DistanceTableBias, KeyTableBias)):
         return needs_gradient(bias.a, bias.table)
     return needs_gradient(bias)
+
+
+def _tensors_of(part: Tensor | BandProduct) -> tuple[Tensor, ...]:
+    """A band's tensors: itself, or a product's factors and table."""
+    return (part.a, part.table) if isinstance(part, BandProduct) else (part,)
+
+
+def _fused_band_bias(q: Tensor, k: Tensor, v: Tensor, bias: BandBias, scale: float) -> Tensor:
+    """A BandBias through the C++ kernel: a band given entry by entry as the band, one given as
+    products (with the key band's, if any) formed inside the kernel; a key band beside a band
+    given entry by entry is added to it first."""
+    if isinstance(bias.band, BandProduct):
+        empty = q.new_empty(1, q.shape[1], 1, 0)
+        products = (_in_dtype(bias.band, q.dtype), _in_dtype(bias.key_band, q.dtype))
+        return fused_band_attention(q, k, v, empty, scale, band_products=products)
+    return fused_band_attention(q, k, v, bias.full_band().to(q.dtype), scale)
+
+
+def _in_dtype(product: BandProduct | None, dtype: torch.dtype) -> BandProduct | None:
+    if product is None:
+        return None
+    return BandProduct(product.a.to(dtype), product.table.to(dtype))
 
 
 def biased_attention(
@@ -221,8 +245,7 @@ def biased_attention(
     fused = fused_causal and fused_applies(q, v, _learned(bias))
     if isinstance(bias, BandBias):
         if fused:
-            key_band = None if bias.key_band is None else bias.key_band.to(q.dtype)
-            return fused_band_attention(q, k, v, bias.band.to(q.dtype), scale, key_band=key_band)
+            return _fused_band_bias(q, k, v, bias, scale)
         if flash and fused_causal:
             return band_attention(q, k, v, bias.full_band().to(q.dtype), scale)
         bias = bias.dense(q_len)

@@ -2,8 +2,9 @@
 // bias[b, h, i, j] = band[b|0, h, i|0, W - 1 - (p_i - p_j)] for p_i - p_j < W and 0 further
 // back, p the tokens' positions: 0 .. L - 1, or drawn ones (strictly increasing). A bias of
 // the distance alone (ALiBi, KERPLE) is the band with one row, W past the widest distance.
-// A dense bias (B|1, H, L, L) (FIRE's) is read by key instead: bias[b, h, i, j] itself. A key
-// band of the band's shape adds key_band[b, h, j, W - 1 - (i - j)] (DeBERTa's p2c term).
+// A dense bias (B|1, H, L, L) (FIRE's) is read by key instead: bias[b, h, i, j] itself. A band
+// may also be given as products with tables by distance (DeBERTa's terms past its span):
+// band[i, W - 1 - δ] = a_i . t[δ] + c_{i - δ} . u[δ]; each task forms its rows once.
 //
 // Each (batch, head) is one task. A task takes its queries ROWS at a time against every key
 // they can see (keys 0 .. i1 - 1), so a block's scores are one GEMM and its softmax is exact
@@ -116,24 +117,53 @@ void add_band(T* row, const T* base, const Band& g, int64_t lo, int64_t seen) {
   }
 }
 
-// Where a key band holds pair (i, j): row j, column W - 1 - (i - j).
-inline int64_t key_entry(const Band& g, int64_t i, int64_t j) {
-  return j * g.stride_i + g.W - 1 - (i - j);
-}
-
-// Adds a key band's entries to row i: key[j, W - 1 - (i - j)] for the band's keys j (plain
-// positions; the key band has the band's layout, a row per key: DeBERTa's position-to-content
-// term, which is a function of the key and the distance).
+// A band given as products with two tables by distance, each r wide (DeBERTa's content-to-
+// position and position-to-content terms): band[i, c] = a_i . t[δ] + c_j . u[δ] for key
+// j = i - δ, column c = W - 1 - δ, of one (batch, head), a and c (L, r), t and u (W, r) read
+// reversed (row c: distance W - 1 - c). A task forms its band (L x W) once: a t_rev^T is one
+// GEMM in the band's layout; c u_rev^T puts key j's entries in row j, each moved to its query's
+// row j + W - 1 - c. The backward pass reads the four gradients off the band's, dB, once per
+// task: da = dB t_rev, dt_rev += dB^T a, and the same for c and u_rev after the move back.
 template <typename T>
-void add_key_band(T* row, const T* key_bh, const Band& g, int64_t i) {
-  for (int64_t j = g.near_start(i); j <= i; ++j) row[j] += key_bh[key_entry(g, i, j)];
-}
+struct BandProducts {
+  const T *a = nullptr, *t_rev = nullptr;  // a null: no products
+  const T *c = nullptr, *u_rev = nullptr;  // c null: no key side
+  int64_t L = 0, W = 0, r = 0;
+
+  // band (L x W) = the products; key_rows (L x W) is scratch.
+  void form(T* band, T* key_rows) const {
+    gemm<T>(false, true, L, W, r, T(1), a, r, t_rev, r, T(0), band, W);
+    if (c == nullptr) return;
+    gemm<T>(false, true, L, W, r, T(1), c, r, u_rev, r, T(0), key_rows, W);
+    for (int64_t i = 0; i < L; ++i) {  // row i, column col: key i - W + 1 + col
+      const int64_t first = std::max<int64_t>(0, W - 1 - i);
+      T* row = band + i * W;
+      for (int64_t col = first; col < W; ++col) row[col] += key_rows[(i - W + 1 + col) * W + col];
+    }
+  }
+
+  // From the band's gradient dband (L x W, 0 at keys before 0): da, dt_rev, dc and du_rev.
+  // key_rows is scratch (L x W).
+  void backward(const T* dband, T* key_rows, T* da, T* dt_rev, T* dc, T* du_rev) const {
+    gemm<T>(false, false, L, r, W, T(1), dband, W, t_rev, r, T(0), da, r);
+    gemm<T>(true, false, W, r, L, T(1), dband, W, a, r, T(1), dt_rev, r);
+    if (c == nullptr) return;
+    for (int64_t j = 0; j < L; ++j) {  // key j, column col: query j + W - 1 - col
+      T* row = key_rows + j * W;
+      const int64_t reached = std::min<int64_t>(W, L - j);  // queries j .. L - 1
+      std::fill(row, row + W - reached, T(0));
+      for (int64_t col = W - reached; col < W; ++col) row[col] = dband[(j + W - 1 - col) * W + col];
+    }
+    gemm<T>(false, false, L, r, W, T(1), key_rows, W, u_rev, r, T(0), dc, r);
+    gemm<T>(true, false, W, r, L, T(1), key_rows, W, c, r, T(1), du_rev, r);
+  }
+};
 
 // Scores of rows i0 .. i1 - 1 against keys 0 .. i1 - 1, scale * q k^T with the band added,
 // then P = exp(s - shift[i]) for keys j <= i and 0 beyond; with shift null, each row's max is
 // its shift and its sum goes to sums[r] (the row is left unnormalised).
 template <typename T>
-void probabilities(const T* q, const T* k, const T* band_bh, const T* key_bh, const Band& g,
+void probabilities(const T* q, const T* k, const T* band_bh, const Band& g,
                    const Table<T>& table, int64_t i0, int64_t i1, int64_t d, T scale,
                    const T* shift, T* sums, T* p) {
   const int64_t rows = i1 - i0, keys = i1;
@@ -143,7 +173,6 @@ void probabilities(const T* q, const T* k, const T* band_bh, const T* key_bh, co
     const int64_t i = i0 + r, seen = i + 1;
     T* row = p + r * keys;
     if (g.W > 0) add_band(row, g.base(band_bh, i), g, g.near_start(i), seen);
-    if (key_bh != nullptr) add_key_band(row, key_bh, g, i);
     const T m = shift == nullptr ? row_max(row, seen) : shift[i];
     const T sum = row_exp(row, i, keys, m);
     if (shift == nullptr) {
@@ -164,6 +193,39 @@ Band geometry_of(const at::Tensor& band, int64_t B, const at::Tensor& positions,
           band.size(2) > 1 ? band.stride(2) : 0,
           positions.defined() ? positions.data_ptr<int64_t>() : nullptr, by_key};
 }
+
+// The band a task forms from products: (B, H, L, W), a row per query.
+Band product_geometry(const at::Tensor& product_band) {
+  return {product_band.size(3), product_band.stride(0), product_band.stride(1),
+          product_band.stride(2), nullptr, false};
+}
+
+// The products of a whole call: a and c (B, H, L, r), t_rev and u_rev (1|H, W, r), or none.
+struct ProductInputs {
+  at::Tensor a, t_rev, c, u_rev;
+  int64_t L = 0, W = 0, r = 0;
+
+  bool defined() const { return a.defined(); }
+  bool key_side() const { return c.defined(); }
+  int64_t table_offset(const at::Tensor& table, int64_t h) const {
+    return (table.size(0) > 1 ? h : 0) * W * r;
+  }
+
+  template <typename T>
+  BandProducts<T> of(int64_t task, int64_t h) const {
+    BandProducts<T> products;
+    products.a = a.data_ptr<T>() + task * L * r;
+    products.t_rev = t_rev.data_ptr<T>() + table_offset(t_rev, h);
+    if (key_side()) {
+      products.c = c.data_ptr<T>() + task * L * r;
+      products.u_rev = u_rev.data_ptr<T>() + table_offset(u_rev, h);
+    }
+    products.L = L;
+    products.W = W;
+    products.r = r;
+    return products;
+  }
+};
 
 // The table inputs of a whole call: a (B, H, L, r) and t (1|H, L, r), or none.
 struct TableInputs {
@@ -189,26 +251,34 @@ struct TableInputs {
 
 template <typename T>
 void forward_kernel(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                    const at::Tensor& band, const at::Tensor& key_band,
-                    const at::Tensor& positions, bool by_key,
-                    const TableInputs& tab, double scale, at::Tensor& out, at::Tensor& lse) {
+                    const at::Tensor& band, const at::Tensor& positions, bool by_key,
+                    const TableInputs& tab, const ProductInputs& prod, double scale,
+                    at::Tensor& out, at::Tensor& lse, at::Tensor& product_band) {
   const int64_t B = q.size(0), H = q.size(1), L = q.size(2), d = q.size(3);
-  const Band g = geometry_of(band, B, positions, by_key);
+  const Band g = prod.defined() ? product_geometry(product_band)
+                                : geometry_of(band, B, positions, by_key);
   const int64_t R = rows_per_block(L);
   at::parallel_for(0, B * H, 1, [&](int64_t begin, int64_t end) {
     const int previous = MKL_Set_Num_Threads_Local(1);  // the tasks are the parallelism
     std::vector<T> p(R * L), sums(2 * R), scratch(tab.defined() ? R * L : 0);
+    std::vector<T> key_rows(prod.key_side() ? L * prod.W : 0);
     for (int64_t task = begin; task < end; ++task) {
       const int64_t b = task / H, h = task % H, offset = task * L * d;
-      const T* band_bh = band_of<T>(band, g, b, h);
-      const T* key_bh = key_band.defined() ? band_of<T>(key_band, g, b, h) : nullptr;
+      const T* band_bh;
+      if (prod.defined()) {  // this task's rows of the product band, formed here
+        T* formed = band_of<T>(product_band, g, b, h);
+        prod.of<T>(task, h).form(formed, key_rows.data());
+        band_bh = formed;
+      } else {
+        band_bh = band_of<T>(band, g, b, h);
+      }
       const Table<T> table = tab.of<T>(task, h, scratch.data());
       T* out_bh = out.data_ptr<T>() + offset;
       T* lse_bh = lse.data_ptr<T>() + task * L;
       for (int64_t i0 = 0; i0 < L; i0 += R) {
         const int64_t i1 = std::min(i0 + R, L), rows = i1 - i0;
-        probabilities<T>(q.data_ptr<T>() + offset, k.data_ptr<T>() + offset, band_bh, key_bh, g,
-                         table, i0, i1, d, T(scale), nullptr, sums.data(), p.data());
+        probabilities<T>(q.data_ptr<T>() + offset, k.data_ptr<T>() + offset, band_bh, g, table,
+                         i0, i1, d, T(scale), nullptr, sums.data(), p.data());
         gemm<T>(false, false, rows, d, i1, T(1), p.data(), i1, v.data_ptr<T>() + offset, d,
                 T(0), out_bh + i0 * d, d);
         for (int64_t r = 0; r < rows; ++r) {  // normalise the (rows, d) output, not P
@@ -222,17 +292,29 @@ void forward_kernel(const at::Tensor& q, const at::Tensor& k, const at::Tensor& 
   });
 }
 
+// The gradients of a call's products: da and dc (B, H, L, r), every row written, and buffers
+// of dt_rev and du_rev per thread, summed after.
+struct ProductGradients {
+  at::Tensor da, dc, dt_rev_buffers, du_rev_buffers;
+
+  template <typename T>
+  T* thread_buffer(const at::Tensor& buffers) const {
+    return buffers.defined() ? buffers[at::get_thread_num()].data_ptr<T>() : nullptr;
+  }
+};
+
 template <typename T>
 void backward_kernel(const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k,
                      const at::Tensor& v, const at::Tensor& out, const at::Tensor& lse,
-                     const at::Tensor& band, const at::Tensor& key_band,
-                     const at::Tensor& positions, bool by_key, const TableInputs& tab,
-                     double scale, at::Tensor& dq, at::Tensor& dk, at::Tensor& dv,
-                     at::Tensor& dband_buffers, bool by_head, bool rows_own, at::Tensor& dkey,
-                     at::Tensor& da, at::Tensor& dtable_buffers) {
+                     const at::Tensor& band, const at::Tensor& positions, bool by_key,
+                     const TableInputs& tab, const ProductInputs& prod, double scale,
+                     at::Tensor& dq, at::Tensor& dk, at::Tensor& dv, at::Tensor& dband_buffers,
+                     bool by_head, bool rows_own, at::Tensor& da, at::Tensor& dtable_buffers,
+                     const ProductGradients& dprod) {
   using Vec = Vectorized<T>;
   const int64_t B = q.size(0), H = q.size(1), L = q.size(2), d = q.size(3);
-  const Band g = geometry_of(band, B, positions, by_key);
+  // With products, band is the product band the forward pass formed.
+  const Band g = prod.defined() ? product_geometry(band) : geometry_of(band, B, positions, by_key);
   const int64_t R = rows_per_block(L);
   const bool want_dband = dband_buffers.defined() && g.W > 0;
   // By head (a dense bias shared across the batch): each head is one thread's, its batch
@@ -249,9 +331,13 @@ void backward_kernel(const at::Tensor& grad_out, const at::Tensor& q, const at::
                                ? at::get_thread_num() : 0;
     T* dband_thread = want_dband ? dband_buffers[buffer].data_ptr<T>() : nullptr;
     T* dtable_thread = tab.defined() ? dtable_buffers[at::get_thread_num()].data_ptr<T>() : nullptr;
+    // a task's product band gradient (L x W), every entry written, and the tables' buffers
+    std::vector<T> dproduct(prod.defined() ? L * prod.W : 0), key_rows(dproduct.size());
+    T* dt_rev_thread = dprod.thread_buffer<T>(dprod.dt_rev_buffers);
+    T* du_rev_thread = dprod.thread_buffer<T>(dprod.du_rev_buffers);
     for (int64_t t = begin * per_unit; t < end * per_unit; ++t) {
       const int64_t task = by_head ? (t % B) * H + t / B : t;
-      const bool assign = rows_own || (by_head && t % B == 0);
+      const bool assign = prod.defined() || rows_own || (by_head && t % B == 0);
       const int64_t b = task / H, h = task % H, offset = task * L * d;
       const T *q_bh = q.data_ptr<T>() + offset, *k_bh = k.data_ptr<T>() + offset;
       const T *v_bh = v.data_ptr<T>() + offset, *do_bh = grad_out.data_ptr<T>() + offset;
@@ -259,13 +345,13 @@ void backward_kernel(const at::Tensor& grad_out, const at::Tensor& q, const at::
       T *dq_bh = dq.data_ptr<T>() + offset, *dk_bh = dk.data_ptr<T>() + offset;
       T* dv_bh = dv.data_ptr<T>() + offset;
       const T* band_bh = band_of<T>(band, g, b, h);
-      T* dband_bh = want_dband ? dband_thread + b * g.stride_b + h * g.stride_h : nullptr;
-      const T* key_bh = key_band.defined() ? band_of<T>(key_band, g, b, h) : nullptr;
-      T* dkey_bh = dkey.defined() ? dkey.data_ptr<T>() + b * g.stride_b + h * g.stride_h : nullptr;
+      T* dband_bh = prod.defined() ? dproduct.data()
+                    : want_dband  ? dband_thread + b * g.stride_b + h * g.stride_h
+                                  : nullptr;
       const Table<T> table = tab.of<T>(task, h, scratch.data());
       for (int64_t i0 = 0; i0 < L; i0 += R) {
         const int64_t i1 = std::min(i0 + R, L), rows = i1 - i0, keys = i1;
-        probabilities<T>(q_bh, k_bh, band_bh, key_bh, g, table, i0, i1, d, T(scale),
+        probabilities<T>(q_bh, k_bh, band_bh, g, table, i0, i1, d, T(scale),
                          lse.data_ptr<T>() + task * L, nullptr, p.data());
         gemm<T>(false, true, rows, keys, d, T(1), do_bh + i0 * d, d, v_bh, d, T(0), ds.data(),
                 keys);  // dP
@@ -301,13 +387,6 @@ void backward_kernel(const at::Tensor& grad_out, const at::Tensor& q, const at::
             }
           }
         }
-        if (dkey_bh != nullptr) {  // each key-band entry is one pair's: written once
-          for (int64_t r = 0; r < rows; ++r) {
-            const int64_t i = i0 + r;
-            const T* ds_row = ds.data() + r * keys;
-            for (int64_t j = g.near_start(i); j <= i; ++j) dkey_bh[key_entry(g, i, j)] = ds_row[j];
-          }
-        }
         if (table.a != nullptr) {
           table.backward(ds.data(), i0, rows, keys, da.data_ptr<T>() + task * L * tab.r,
                          dtable_thread + tab.table_offset(h));
@@ -319,10 +398,13 @@ void backward_kernel(const at::Tensor& grad_out, const at::Tensor& q, const at::
         gemm<T>(true, false, keys, d, rows, T(scale), ds.data(), keys, q_bh + i0 * d, d, T(1),
                 dk_bh, d);  // dK += scale dS^T Q
       }
-      if (dkey_bh != nullptr) {  // the entries of keys past L - W whose query would be past L
-        for (int64_t j = std::max<int64_t>(0, L - g.W + 1); j < L; ++j) {
-          std::fill(dkey_bh + j * g.stride_i, dkey_bh + j * g.stride_i + (j + g.W - L), T(0));
-        }
+      if (prod.defined()) {
+        const int64_t rows_at = task * L * prod.r;
+        prod.of<T>(task, h).backward(
+            dproduct.data(), key_rows.data(), dprod.da.data_ptr<T>() + rows_at,
+            dt_rev_thread + prod.table_offset(prod.t_rev, h),
+            prod.key_side() ? dprod.dc.data_ptr<T>() + rows_at : nullptr,
+            prod.key_side() ? du_rev_thread + prod.table_offset(prod.u_rev, h) : nullptr);
       }
     }
     MKL_Set_Num_Threads_Local(previous);
@@ -330,14 +412,7 @@ void backward_kernel(const at::Tensor& grad_out, const at::Tensor& q, const at::
 }
 
 void check(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-           const at::Tensor& band, const at::Tensor& key_band, const at::Tensor& positions,
-           bool by_key) {
-  if (key_band.defined()) {
-    TORCH_CHECK(key_band.sizes() == band.sizes() && key_band.is_contiguous() &&
-                    band.size(2) == q.size(2) && !by_key && !positions.defined() &&
-                    key_band.scalar_type() == band.scalar_type(),
-                "key band: contiguous, the band's shape (B|1, H, L, W), plain positions");
-  }
+           const at::Tensor& band, const at::Tensor& positions, bool by_key) {
   TORCH_CHECK(q.device().is_cpu() && q.dim() == 4, "q: (B, H, L, d) on the CPU");
   TORCH_CHECK(k.sizes() == q.sizes() && v.sizes() == q.sizes(), "k, v: q's shape");
   TORCH_CHECK(q.is_contiguous() && k.is_contiguous() && v.is_contiguous() &&
@@ -384,40 +459,88 @@ TableInputs table_inputs(const at::Tensor& q, const std::optional<at::Tensor>& a
   return tab;
 }
 
-}  // namespace
-
-std::vector<at::Tensor> band_flash_forward(const at::Tensor& q, const at::Tensor& k,
-                                           const at::Tensor& v, const at::Tensor& band,
-                                           const std::optional<at::Tensor>& key_band,
-                                           const std::optional<at::Tensor>& positions,
-                                           bool by_key, const std::optional<at::Tensor>& a,
-                                           const std::optional<at::Tensor>& table,
-                                           bool by_distance, double scale) {
-  const at::Tensor pos = defined_or_empty(positions), keys = defined_or_empty(key_band);
-  check(q, k, v, band, keys, pos, by_key);
-  const TableInputs tab = table_inputs(q, a, table, by_distance);
-  auto out = at::empty_like(q);
-  auto lse = at::empty({q.size(0), q.size(1), q.size(2)}, q.options());
-  AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "band_flash_forward", [&] {
-    forward_kernel<scalar_t>(q, k, v, band, keys, pos, by_key, tab, scale, out, lse);
-  });
-  return {out, lse};
+// A factor (B, H, L, r) and its table by distance (1|H, W, r), checked; the table reversed.
+void check_product(const at::Tensor& q, const at::Tensor& factor, const at::Tensor& table,
+                   int64_t W, int64_t r) {
+  TORCH_CHECK(factor.dim() == 4 && factor.size(0) == q.size(0) && factor.size(1) == q.size(1) &&
+                  factor.size(2) == q.size(2) && factor.size(3) == r && factor.is_contiguous(),
+              "a product's factor: contiguous (B, H, L, r)");
+  TORCH_CHECK(table.dim() == 3 && (table.size(0) == 1 || table.size(0) == q.size(1)) &&
+                  table.size(1) == W && table.size(2) == r,
+              "a product's table: (1|H, W, r), W <= L");
+  TORCH_CHECK(factor.scalar_type() == q.scalar_type() && table.scalar_type() == q.scalar_type(),
+              "one dtype");
 }
 
-std::vector<at::Tensor> band_flash_backward(const at::Tensor& grad_out, const at::Tensor& q,
-                                            const at::Tensor& k, const at::Tensor& v,
-                                            const at::Tensor& out, const at::Tensor& lse,
-                                            const at::Tensor& band,
-                                            const std::optional<at::Tensor>& key_band,
-                                            const std::optional<at::Tensor>& positions,
-                                            bool by_key, const std::optional<at::Tensor>& a,
-                                            const std::optional<at::Tensor>& table,
-                                            bool by_distance, double scale, bool band_grad) {
-  const at::Tensor pos = defined_or_empty(positions), keys = defined_or_empty(key_band);
-  check(q, k, v, band, keys, pos, by_key);
+// The band products (a, t) and (c, u), each table by distance (1|H, W, r); c optional. They
+// replace the band (W = 0) and take plain positions.
+ProductInputs product_inputs(const at::Tensor& q, const at::Tensor& band,
+                             const at::Tensor& positions, bool by_key,
+                             const std::optional<at::Tensor>& a,
+                             const std::optional<at::Tensor>& t,
+                             const std::optional<at::Tensor>& c,
+                             const std::optional<at::Tensor>& u) {
+  ProductInputs prod;
+  if (!a.has_value()) return prod;
+  TORCH_CHECK(band.size(3) == 0 && !positions.defined() && !by_key,
+              "band products: no band beside them, plain positions");
+  prod.L = q.size(2);
+  prod.r = a->size(3);
+  prod.W = t->size(1);
+  TORCH_CHECK(prod.W >= 1 && prod.W <= prod.L, "band products: 1 <= W <= L");
+  check_product(q, *a, *t, prod.W, prod.r);
+  prod.a = *a;
+  prod.t_rev = t->flip(1).contiguous();
+  if (c.has_value()) {
+    check_product(q, *c, *u, prod.W, prod.r);
+    prod.c = *c;
+    prod.u_rev = u->flip(1).contiguous();
+  }
+  return prod;
+}
+
+}  // namespace
+
+std::vector<at::Tensor> band_flash_forward(
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& band,
+    const std::optional<at::Tensor>& positions, bool by_key, const std::optional<at::Tensor>& a,
+    const std::optional<at::Tensor>& table, bool by_distance,
+    const std::optional<at::Tensor>& band_a, const std::optional<at::Tensor>& band_t,
+    const std::optional<at::Tensor>& band_c, const std::optional<at::Tensor>& band_u,
+    double scale) {
+  const at::Tensor pos = defined_or_empty(positions);
+  check(q, k, v, band, pos, by_key);
   const TableInputs tab = table_inputs(q, a, table, by_distance);
+  const ProductInputs prod = product_inputs(q, band, pos, by_key, band_a, band_t, band_c, band_u);
+  auto out = at::empty_like(q);
+  auto lse = at::empty({q.size(0), q.size(1), q.size(2)}, q.options());
+  at::Tensor product_band;  // the band the products form, kept for the backward pass
+  if (prod.defined()) product_band = at::empty({q.size(0), q.size(1), q.size(2), prod.W},
+                                               q.options());
+  AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "band_flash_forward", [&] {
+    forward_kernel<scalar_t>(q, k, v, band, pos, by_key, tab, prod, scale, out, lse,
+                             product_band);
+  });
+  return {out, lse, product_band};
+}
+
+std::vector<at::Tensor> band_flash_backward(
+    const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+    const at::Tensor& out, const at::Tensor& lse, const at::Tensor& band,
+    const std::optional<at::Tensor>& positions, bool by_key, const std::optional<at::Tensor>& a,
+    const std::optional<at::Tensor>& table, bool by_distance,
+    const std::optional<at::Tensor>& band_a, const std::optional<at::Tensor>& band_t,
+    const std::optional<at::Tensor>& band_c, const std::optional<at::Tensor>& band_u,
+    const std::optional<at::Tensor>& product_band, double scale, bool band_grad) {
+  const at::Tensor pos = defined_or_empty(positions);
+  check(q, k, v, band, pos, by_key);
+  const TableInputs tab = table_inputs(q, a, table, by_distance);
+  const ProductInputs prod = product_inputs(q, band, pos, by_key, band_a, band_t, band_c, band_u);
   TORCH_CHECK(grad_out.is_contiguous() && out.is_contiguous() && lse.is_contiguous(),
               "contiguous grad_out, out and lse");
+  TORCH_CHECK(!prod.defined() || product_band.has_value(), "band products: the product band");
+  // With products, the kernel reads the band the forward pass formed; the given band is empty.
+  const at::Tensor read_band = prod.defined() ? *product_band : band;
   auto dq = at::empty_like(q);
   auto dk = at::zeros_like(q);
   auto dv = at::zeros_like(q);
@@ -428,31 +551,51 @@ std::vector<at::Tensor> band_flash_backward(const at::Tensor& grad_out, const at
   const bool by_head = band_grad && shared && by_key && q.size(1) % at::get_num_threads() == 0;
   // A row per query and batch entry: each task writes its own rows once, nothing to zero.
   const bool rows_own = band.size(2) == q.size(2) && !shared && !pos.defined();
-  at::Tensor band_buffers, dkey, da, table_buffers;
-  if (band_grad) {
+  at::Tensor band_buffers, da, table_buffers;
+  if (band_grad && !prod.defined()) {
     std::vector<int64_t> shape{shared && !by_head ? at::get_num_threads() : 1};
     for (auto size : band.sizes()) shape.push_back(size);
     band_buffers = by_head || rows_own ? at::empty(shape, band.options())
                                        : at::zeros(shape, band.options());
   }
-  if (keys.defined()) dkey = at::empty_like(keys);  // every entry written
   if (tab.defined()) {  // every row of da is written; the table is shared across the batch
     da = at::empty_like(tab.a);
     table_buffers = at::zeros({at::get_num_threads(), tab.t.size(0), tab.L, tab.r},
                               tab.t.options());
   }
+  ProductGradients dprod;
+  if (prod.defined()) {
+    const auto buffers = [](const at::Tensor& table) {
+      return at::zeros({at::get_num_threads(), table.size(0), table.size(1), table.size(2)},
+                       table.options());
+    };
+    dprod.da = at::empty_like(prod.a);
+    dprod.dt_rev_buffers = buffers(prod.t_rev);
+    if (prod.key_side()) {
+      dprod.dc = at::empty_like(prod.c);
+      dprod.du_rev_buffers = buffers(prod.u_rev);
+    }
+  }
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "band_flash_backward", [&] {
-    backward_kernel<scalar_t>(grad_out, q, k, v, out, lse, band, keys, pos, by_key, tab, scale,
-                              dq, dk, dv, band_buffers, by_head, rows_own, dkey, da,
-                              table_buffers);
+    backward_kernel<scalar_t>(grad_out, q, k, v, out, lse, read_band, pos, by_key, tab, prod,
+                              scale, dq, dk, dv, band_buffers, by_head, rows_own, da,
+                              table_buffers, dprod);
   });
   at::Tensor dband;
-  if (band_grad) dband = shared && !by_head ? band_buffers.sum(0) : band_buffers[0];
+  if (band_grad && !prod.defined()) {
+    dband = shared && !by_head ? band_buffers.sum(0) : band_buffers[0];
+  }
   at::Tensor dtable = tab.defined() ? table_buffers.sum(0) : at::Tensor();
-  return {dq, dk, dv, dband, dkey, da, dtable};
+  const auto table_gradient = [](const at::Tensor& buffers) {  // summed, by distance again
+    return buffers.defined() ? buffers.sum(0).flip(1) : at::Tensor();
+  };
+  return {dq, dk, dv, dband, da, dtable, dprod.da, table_gradient(dprod.dt_rev_buffers),
+          dprod.dc, table_gradient(dprod.du_rev_buffers)};
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("forward", &band_flash_forward, "(out, lse) of causal attention with a bias");
-  m.def("backward", &band_flash_backward, "(dq, dk, dv, dband, dkey, da, dtable) of forward");
+  m.def("forward", &band_flash_forward,
+        "(out, lse, product band) of causal attention with a bias");
+  m.def("backward", &band_flash_backward,
+        "(dq, dk, dv, dband, da, dtable, d band_a, d band_t, d band_c, d band_u) of forward");
 }
