@@ -171,28 +171,33 @@ def test_drawn_positions_read_the_band_at_their_distances(
 
 @needs_kernel
 @pytest.mark.parametrize("dtype, atol", [(torch.float64, 1e-12), (torch.float32, 2e-5)])
-@pytest.mark.parametrize("by_distance", [True, False])
+@pytest.mark.parametrize("reading", ["by distance", "by key", "by distance at drawn positions"])
 @pytest.mark.parametrize("table_heads", [3, 1])
+@pytest.mark.parametrize("L", [70, 300], ids=["one block", "three blocks"])
 def test_a_table_bias_matches_the_math_path(
-    by_distance: bool, table_heads: int, dtype: torch.dtype, atol: float
+    L: int, reading: str, table_heads: int, dtype: torch.dtype, atol: float
 ) -> None:
-    """Transformer-XL's terms: a[i] . table[i - j] (by distance) or a[i] . table[j] (by key),
-    with a band beside them: outputs and gradients of q, k, v, a, the table and the band."""
+    """Transformer-XL's terms: a[i] . table[p_i - p_j] (by distance, at plain or drawn positions
+    p) or a[i] . table[j] (by key), with a band beside them (read at the same positions):
+    outputs and gradients of q, k, v, a, the table and the band."""
     torch.manual_seed(0)
-    L, r = 70, 6
+    r, by_distance = 6, reading != "by key"
+    drawn = reading.endswith("drawn positions")
+    p = torch.randint(1, 6, (L,)).cumsum(0) if drawn else torch.arange(L)  # gaps of 1 to 5
+    reach = int(p[-1] - p[0]) + 1 if drawn else L  # the table rows read
     q, k, v = (torch.randn(2, 3, L, 8, dtype=dtype, requires_grad=True) for _ in range(3))
     a = torch.randn(2, 3, L, r, dtype=dtype, requires_grad=True)
     table = torch.randn(
-        table_heads, L + 5, r, dtype=dtype, requires_grad=True
-    )  # rows past L unread
+        table_heads, reach + 5, r, dtype=dtype, requires_grad=True
+    )  # rows past the reach unread
     band = torch.randn(1, 3, 1, 9, dtype=dtype, requires_grad=True)
-    out = fused_band_attention(q, k, v, band, 0.3, table_bias=(a, table, by_distance))
+    positions = p if drawn else None
+    out = fused_band_attention(q, k, v, band, 0.3, positions, (a, table, by_distance))
     grad = torch.randn_like(out)
-    i = torch.arange(L)
-    index = (i[:, None] - i[None, :]).clamp(min=0) if by_distance else i.expand(L, L)
-    rows = table[:, :L].expand(3, L, r)[:, index]  # (H, L, L, r)
+    index = (p[:, None] - p[None, :]).clamp(min=0) if by_distance else torch.arange(L).expand(L, L)
+    rows = table.expand(3, -1, r)[:, index]  # (H, L, L, r)
     table_dense = torch.einsum("bhir,hijr->bhij", a, rows)
-    dense = table_dense + _dense(band, i)
+    dense = table_dense + _dense(band, p)
     dense = dense.masked_fill(~torch.ones(L, L, dtype=torch.bool).tril(), float("-inf"))
     with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.MATH):
         reference = F.scaled_dot_product_attention(q, k, v, attn_mask=dense, scale=0.3)

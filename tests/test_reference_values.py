@@ -26,8 +26,10 @@ def heads(enc):
 
 
 def causal_pairs(q_span: Span, k_span: Span):
-    for a, i in enumerate(range(q_span.start, q_span.stop)):
-        for b, j in enumerate(range(k_span.start, k_span.stop)):
+    """(query index, its position, key index, its position) for every key at or before the
+    query, at the spans' plain or drawn positions."""
+    for a, i in enumerate(q_span.arange().tolist()):
+        for b, j in enumerate(k_span.arange().tolist()):
             if j <= i:
                 yield a, i, b, j
 
@@ -207,6 +209,42 @@ def test_txl_matches_naive_four_terms(memory: int, options: dict) -> None:
             p.normal_(std=0.5)
     q_span, k_span = Span(memory, memory + 4), Span(0, memory + 4)
     q, k = torch.randn(2, 2, 4, 4), torch.randn(2, 2, memory + 4, 4)
+    got = attention_logits(enc, q, k, q_span, k_span, layer=1).double()
+    expected = naive_txl(enc, q, k, q_span, k_span, layer=1)
+    valid = ~expected.isnan()
+    assert torch.allclose(got[valid], expected[valid], atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "table_cheaper, options, memory, form",
+    [
+        (True, {}, 0, "DistanceTableBias"),  # square scores: the table of distances
+        (False, {}, 0, "KeyTableBias"),  # the sin/cos identity, d_model wide
+        (True, {}, 5, "KeyTableBias"),  # after a memory: the identity
+        (True, {"clamp_len": 3}, 0, "DistanceTableBias"),
+        (False, {"clamp_len": 3}, 0, "Tensor"),  # no identity: a dense gather
+        (True, {"clamp_len": 3}, 5, "Tensor"),
+    ],
+)
+def test_txl_matches_naive_four_terms_at_drawn_positions(
+    monkeypatch: pytest.MonkeyPatch, table_cheaper: bool, options: dict, memory: int, form: str
+) -> None:
+    """At drawn positions terms (b) + (d) take the form that costs least where it applies:
+    every form gives the four terms at p_i - p_j."""
+    from posbench.encodings import txl as txl_module
+
+    monkeypatch.setattr(txl_module, "DRAWN_TABLE_WORK_RATIO", 1e9 if table_cheaper else 0.0)
+    torch.manual_seed(0)
+    enc = create_encoding("txl", n_heads=2, d_head=4, n_layers=2, **options)
+    with torch.no_grad():
+        for p in enc.parameters():
+            p.normal_(std=0.5)
+    positions = torch.randint(1, 6, (memory + 6,)).cumsum(0) + 7  # gaps of 1 to 5
+    q_span = Span(memory, memory + 6, positions[memory:])
+    k_span = Span(0, memory + 6, positions)
+    q, k = torch.randn(2, 2, 6, 4), torch.randn(2, 2, memory + 6, 4)
+    bias = enc.score(q, k, q_span, k_span, LayerContext(1, lambda t: t, lambda t: t)).bias
+    assert type(bias).__name__ == form
     got = attention_logits(enc, q, k, q_span, k_span, layer=1).double()
     expected = naive_txl(enc, q, k, q_span, k_span, layer=1)
     valid = ~expected.isnan()

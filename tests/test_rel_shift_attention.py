@@ -1,7 +1,8 @@
-"""Attention with a DistanceTableBias (Transformer-XL's position terms) or a KeyTableBias (the
-same terms at drawn positions) through the rel-shift kernel: outputs and gradients equal the
-math path on the dense bias (float64), over blocks of many sizes, and nothing of size L x L is
-kept for the backward pass."""
+"""Attention with a DistanceTableBias (Transformer-XL's position terms, at plain or drawn
+positions) or a KeyTableBias (the same terms at drawn positions, by the sin/cos identity)
+through the rel-shift kernel: outputs and gradients equal the math path on the dense bias
+(float64), over blocks of many sizes, and nothing of size L x L is kept for the backward
+pass."""
 
 from __future__ import annotations
 
@@ -15,29 +16,54 @@ from posbench.kernels.masks import causal_mask
 
 B, H, LQ, d = 2, 3, 200, 8
 R = 5  # a KeyTableBias's rank
+
+
+def _drawn(k_len: int) -> torch.Tensor:
+    """Strictly increasing positions for k_len keys, gaps of 1 to 5."""
+    return torch.randint(1, 6, (k_len,), generator=torch.Generator().manual_seed(2)).cumsum(0)
+
+
+def _reach(k_len: int) -> int:
+    positions = _drawn(k_len)
+    return int(positions[-1] - positions[0]) + 1
+
+
 KINDS = {
-    # kind: (the bias type, a's width, the table's shape for k_len keys)
-    "per distance": (DistanceTableBias, d, lambda k_len: (H, k_len, d)),
-    "per key": (KeyTableBias, R, lambda k_len: (1, k_len, R)),  # one table for every head
-    "per key and head": (KeyTableBias, R, lambda k_len: (H, k_len, R)),
+    # kind: (the bias type, a's width, the table's shape for k_len keys, the keys' positions)
+    "per distance": (DistanceTableBias, d, lambda k_len: (H, k_len, d), None),
+    "per distance, drawn positions": (
+        DistanceTableBias,
+        d,
+        lambda k_len: (H, _reach(k_len) + 3, d),  # rows past the reach unread
+        _drawn,
+    ),
+    "per key": (KeyTableBias, R, lambda k_len: (1, k_len, R), None),  # one table for every head
+    "per key and head": (KeyTableBias, R, lambda k_len: (H, k_len, R), None),
 }
 
 
 def _leaves(dtype: torch.dtype, k_len: int, kind: str) -> list[torch.Tensor]:
-    _, width, table_shape = KINDS[kind]
+    _, width, table_shape, _ = KINDS[kind]
     generator = torch.Generator().manual_seed(0)
     shapes = [(B, H, LQ, d), (B, H, k_len, d), (B, H, k_len, d), (B, H, LQ, width)]
     shapes.append(table_shape(k_len))
     return [torch.randn(s, generator=generator, dtype=torch.float64).to(dtype) for s in shapes]
 
 
+def _bias(kind, k_len, a, table):
+    bias_type, _, _, positions = KINDS[kind]
+    if positions is None:
+        return bias_type(a, table)
+    return bias_type(a, table, positions(k_len))
+
+
 def _attention(kind, q, k, v, a, table):
     mask = causal_mask(q.shape[2], k.shape[2], q.device)
-    return biased_attention(q, k, v, KINDS[kind][0](a, table), 0.3, mask)
+    return biased_attention(q, k, v, _bias(kind, k.shape[2], a, table), 0.3, mask)
 
 
 def _math_path(kind, q, k, v, a, table):
-    logits = 0.3 * q @ k.transpose(-1, -2) + KINDS[kind][0](a, table).dense()
+    logits = 0.3 * q @ k.transpose(-1, -2) + _bias(kind, k.shape[2], a, table).dense()
     logits = logits.masked_fill(~causal_mask(q.shape[2], k.shape[2], q.device), float("-inf"))
     return torch.softmax(logits, -1) @ v
 

@@ -18,6 +18,12 @@ from posbench.encodings.tables import sinusoid
 from posbench.kernels.bias_types import DistanceTableBias, KeyTableBias, Scores
 from posbench.validation import Range
 
+#: At drawn positions (square scores on the CPU) the table of distances serves terms (b) + (d)
+#: while its products cost at most this times the per-key table's (_table_is_cheaper). Measured
+#: (one layer, B 8, 4 heads of 32, fwd+bwd, C++ kernel): the two forms tie where the work does,
+#: reach = 4 L (153 ms each at L = 1024 over 0..4095); reach = 2 L: 114 against 151 ms.
+DRAWN_TABLE_WORK_RATIO = 1.0
+
 
 @register_encoding("txl")
 class TransformerXL(PositionalEncoding):
@@ -30,13 +36,16 @@ class TransformerXL(PositionalEncoding):
     not) hand attention terms (b)+(d) as (q + v) against the projected distance table (a
     DistanceTableBias), which posbench's C++ kernel (a segment without memory) or the rel-shift
     kernel runs a block of query rows at a time.
+    At drawn positions, square causal scores on the CPU take the same DistanceTableBias over
+    the distances the positions reach (read at p_i - p_j) where its products cost no more than
+    the per-key form's: the reach at most n_heads times the keys.
     Without clamp_len, terms (b)+(d) are also a dot product of a per-query vector and a per-key
     one (the sin/cos identity in docs/encodings/transformer-xl.md): at drawn positions on the CPU
-    the same kernel runs them as a KeyTableBias, without its skew; elsewhere (CUDA, not causal)
-    they widen q and k, keeping fused attention in linear memory; a single decoding query takes
-    the same term against the shared position table instead, so cached keys stay d wide.
-    With clamp_len they are one matmul of (q + v) against the projected distance table, then a
-    gather. No (Lq, Lk, d) tensor is ever built.
+    otherwise the same kernel runs them as a KeyTableBias, without its skew; elsewhere (CUDA, not
+    causal) they widen q and k, keeping fused attention in linear memory; a single decoding
+    query takes the same term against the shared position table instead, so cached keys stay d
+    wide. With clamp_len they are otherwise one matmul of (q + v) against the projected distance
+    table, then a gather. No (Lq, Lk, d) tensor is ever built.
     """
 
     relative = True
@@ -91,14 +100,18 @@ class TransformerXL(PositionalEncoding):
         u, v = self.u[uv][:, None, :], self.v[uv][:, None, :]  # (H, 1, d)
         scale = 1.0 / math.sqrt(self.d_head) if self.scale else 1.0
         Lq, Lk = q.shape[2], k.shape[2]
-        last_keys = q_span.contiguous and k_span.contiguous and q_span.last == k_span.last
-        if self.causal and 1 < Lq <= Lk and last_keys and q.device.type == "cpu":
-            # the rel-shift kernel, a block of query rows at a time (the queries: the last keys)
-            table = self.w_kr[layer.index](
-                self.distance_embedding(torch.arange(Lk, device=q.device)).to(q.dtype)
-            )  # (Lk, d_model): W_kR R for distances 0..Lk-1
-            table = table.view(Lk, self.n_heads, self.d_head).transpose(0, 1)  # (H, Lk, d)
-            return Scores(q + u, k, DistanceTableBias((q + v) * scale, table), scale)
+        # a block of query rows at a time, the queries the last keys (posbench's kernels)
+        by_blocks = self.causal and 1 < Lq <= Lk and q_span.last == k_span.last
+        if by_blocks and q.device.type == "cpu":
+            if q_span.contiguous and k_span.contiguous:
+                table = self._distance_table(layer.index, Lk, q)  # distances 0..Lk-1
+                return Scores(q + u, k, DistanceTableBias((q + v) * scale, table), scale)
+            positions = k_span.arange()
+            reach = int(positions[-1] - positions[0]) + 1  # distances 0..reach-1
+            if Lq == Lk and self._table_is_cheaper(reach, Lk):  # square: the C++ kernel's
+                table = self._distance_table(layer.index, reach, q)
+                bias = DistanceTableBias((q + v) * scale, table, positions)
+                return Scores(q + u, k, bias, scale)
         if self.clamp_len is not None:
             return self._score_gather(q, k, q_span, k_span, layer.index, u, v, scale)
         # Terms (b) + (d) as a dot product. With a_i = q_i + v and W_kR's head block split
@@ -125,6 +138,18 @@ class TransformerXL(PositionalEncoding):
         B, _, Lk, _ = k.shape
         k_wide = torch.cat((k, k_pos.expand(B, H, Lk, self.d_model)), dim=-1)
         return Scores(torch.cat((q + u, q_pos), dim=-1), k_wide, None, scale)
+
+    def _distance_table(self, layer: int, n: int, like: Tensor) -> Tensor:
+        """W_kR R for distances 0..n-1, (H, n, d), in `like`'s dtype and device."""
+        distances = torch.arange(n, device=like.device)
+        table = self.w_kr[layer](self.distance_embedding(distances).to(like.dtype))  # (n, d_model)
+        return table.view(n, self.n_heads, self.d_head).transpose(0, 1)
+
+    def _table_is_cheaper(self, reach: int, keys: int) -> bool:
+        """At drawn positions, whether terms (b) + (d) cost less against the table of the
+        `reach` distances the keys span (d wide) than against the per-key table (d_model wide):
+        a block's products are rows x reach x d against rows x keys x d_model."""
+        return reach * self.d_head <= DRAWN_TABLE_WORK_RATIO * keys * self.d_model
 
     def score_terms(
         self, q: Tensor, k: Tensor, q_span: Span, k_span: Span, layer: LayerContext

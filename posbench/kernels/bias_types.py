@@ -5,8 +5,9 @@ per distance i - j, whose gradient attention sums per distance without the (H, L
 a :class:`BandBias` (a causal band of W keys plus a row constant, its entries given or a
 :class:`BandProduct` with a table by distance), which the band kernels run in O(L * W) memory,
 a :class:`DistanceTableBias` (each query against a per-distance table, Transformer-XL's
-position terms), which the rel-shift kernel runs a block of query rows at a time, a
-:class:`KeyTableBias` (each query against a per-key table: the same terms at drawn positions),
+position terms, at plain or drawn positions), which the rel-shift kernel runs a block of query
+rows at a time, a :class:`KeyTableBias` (each query against a per-key table: the same terms at
+drawn positions by the sin/cos identity),
 which the same kernel runs without the skew, or a :class:`RowBlockBias` (formed a block of
 query rows at a time, for a bias that depends on content everywhere), which attention never
 holds whole. Toeplitz expansion of per-distance values, with a backward pass that sums
@@ -161,22 +162,26 @@ class BandBias:
 @dataclass
 class DistanceTableBias:
     """A causal bias that is each query's dot product with a per-distance table, the queries
-    the last Lq of the Lk keys: bias[b, h, i, j] = a[b, h, i] . table[h, i - j] for j <= i
-    (Transformer-XL's terms (b) + (d): a = (q + v) / sqrt(d), table = W_kR R). Attention runs it
-    a block of query rows at a time (posbench.kernels.rel_shift_attention), in O(L x rows)
-    memory."""
+    the last Lq of the Lk keys: bias[b, h, i, j] = a[b, h, i] . table[h, p_i - p_j] for j <= i,
+    p the keys' positions (Transformer-XL's terms (b) + (d): a = (q + v) / sqrt(d), table =
+    W_kR R). Attention runs it a block of query rows at a time, in O(L x rows) memory: through
+    posbench's C++ kernel (square scores) or posbench.kernels.rel_shift_attention."""
 
     a: Tensor  # (B, H, Lq, d), the scale folded in
-    table: Tensor  # (H, Lk, d): distances 0..Lk-1
+    table: Tensor  # (H, T, d): distances 0..T-1; T = Lk at plain positions
+    positions: Tensor | None = None  # (Lk,) drawn (strictly increasing, T > p_last - p_first)
 
     def dense(self, length: int | None = None) -> Tensor:
         """The (B, H, Lq, Lk) matrix, future keys at distance 0 (masked); for tests, pictures
         and short inputs."""
-        q_len, k_len = self.a.shape[2], self.table.shape[1]
-        key = torch.arange(k_len, device=self.a.device)
+        q_len = self.a.shape[2]
+        if self.positions is None:
+            key = torch.arange(self.table.shape[1], device=self.a.device)
+        else:
+            key = self.positions.to(self.a.device)
         distance = (key[-q_len:, None] - key[None, :]).clamp(min=0)  # (Lq, Lk)
-        by_distance = self.a @ self.table.transpose(-1, -2)  # (B, H, Lq, Lk): [i, i - j]
-        return by_distance.gather(-1, distance.expand(*by_distance.shape[:2], q_len, k_len))
+        by_distance = self.a @ self.table.transpose(-1, -2)  # (B, H, Lq, T): [i, δ]
+        return by_distance.gather(-1, distance.expand(*by_distance.shape[:2], *distance.shape))
 
 
 @dataclass

@@ -250,16 +250,18 @@ def biased_attention(
             return band_attention(q, k, v, bias.full_band().to(q.dtype), scale)
         bias = bias.dense(q_len)
     if isinstance(bias, (DistanceTableBias, KeyTableBias)):
+        by_distance = isinstance(bias, DistanceTableBias)
+        positions = bias.positions if isinstance(bias, DistanceTableBias) else None
+        table = bias.table.to(q.dtype)
         if fused:
-            by_distance = isinstance(bias, DistanceTableBias)
-            table_bias = (bias.a, bias.table.to(q.dtype), by_distance)
             no_band = q.new_empty(1, q.shape[1], 1, 0)
-            return fused_band_attention(q, k, v, no_band, scale, table_bias=table_bias)
-        if flash and causal_mask is not None and q_len <= k_len:  # queries: the last keys
-            kernel = (
-                rel_shift_attention if isinstance(bias, DistanceTableBias) else key_table_attention
+            return fused_band_attention(
+                q, k, v, no_band, scale, positions, table_bias=(bias.a, table, by_distance)
             )
-            return kernel(q, k, v, bias.a, bias.table.to(q.dtype), scale)
+        if flash and causal_mask is not None and q_len <= k_len:  # queries: the last keys
+            if by_distance:
+                return rel_shift_attention(q, k, v, bias.a, table, scale, positions)
+            return key_table_attention(q, k, v, bias.a, table, scale)
         bias = bias.dense()
     if isinstance(bias, ToeplitzBias):
         if fused:

@@ -93,7 +93,9 @@ def fused_band_attention(
     (queries', keys' or None) gives the band instead (band then (1, H, 1, 0), plain positions):
     row i's entry for key j = i - δ is a_i . t[δ] + c_j . u[δ] for δ < W. ``table_bias`` (a,
     table, by_distance) adds a[b, h, i] . table[h, i - j] (by distance) or . table[h, j] (by
-    key), a (B, H, L, r), table (H|1, L, r): Transformer-XL's position terms. With ``by_key``,
+    key), a (B, H, L, r), table (H|1, L, r): Transformer-XL's position terms; by distance at
+    drawn positions the bias is a[b, h, i] . table[h, p_i - p_j], the table (H|1, T, r) with
+    T >= table_rows(positions). With ``by_key``,
     band is a dense bias (B|1, H|1, L, L) read at [b, h, i, j] itself (FIRE's), at plain
     positions. Needs ``native.band_flash()``."""
     B, H, L, _ = q.shape
@@ -104,7 +106,8 @@ def fused_band_attention(
     band = band.expand(band.shape[0] if band.shape[0] == B else 1, H, *band.shape[2:])
     a, table, by_distance = table_bias if table_bias is not None else (None, None, True)
     if a is not None:
-        a, table = a.contiguous(), table[:, :L].contiguous()
+        rows = L if positions is None or not by_distance else table_rows(positions)
+        a, table = a.contiguous(), table[:, :rows].contiguous()
     k_contiguous = k.contiguous()
     products: list[Tensor | None] = [None] * 4
     if band_products is not None:
@@ -126,6 +129,11 @@ def fused_band_attention(
         by_distance,
         scale,
     )
+
+
+def table_rows(positions: Tensor) -> int:
+    """The distances 0 .. p_last - p_first that strictly increasing positions (L,) reach."""
+    return int(positions[-1] - positions[0]) + 1
 
 
 def distance_band(values: Tensor) -> Tensor:

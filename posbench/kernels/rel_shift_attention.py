@@ -2,14 +2,17 @@
 query rows at a time and never whole: logits = scale * q k^T + bias with bias[b, h, i, j] =
 a[b, h, i] . r[h, i - j] for j <= i (a per-distance table: Transformer-XL's position terms) or
 a[b, h, i] . f[h, j] (a per-key table: the same terms at drawn positions, where sin and cos of
-p_i - p_j split into functions of p_i and of p_j). The queries are the last Lq of the Lk keys
-(Lq = Lk, or a segment after its memory).
+p_i - p_j split into functions of p_i and of p_j), or a[b, h, i] . r[h, p_i - p_j] (a
+per-distance table at drawn positions p). The queries are the last Lq of the Lk keys (Lq = Lk,
+or a segment after its memory).
 
 For a block of rows whose last query is key n - 1 the keys are 0..n - 1. With a per-key table
 the block's bias is one product, a_rows f^T. With a per-distance table the keys are at
 distances up to n - 1, so one product y = a_rows r_rev^T over those distances (r_rev: the table
 in reverse order) holds every bias of the block, each row shifted by one: the bias is a skewed
-strided view of y (Transformer-XL's "relative shift", without its padded copy). The forward pass
+strided view of y (Transformer-XL's "relative shift", without its padded copy). At drawn
+positions the block's rows reach distances 0 .. p_last_row - p_0: y over those distances is
+read at p_i - p_j by one gather, and its gradient placed back by one scatter. The forward pass
 runs the CPU flash kernel on each block with that bias as its mask, q, k and v keeping their
 width; the backward pass forms each block's probabilities again from the saved log-sum-exp, as
 posbench.kernels.biased_attention does, and takes the gradients of a and of the table from
@@ -19,6 +22,7 @@ products. Memory grows with L x block rows, not L^2."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -54,8 +58,8 @@ def _blocks(q: Tensor, k_len: int) -> Iterator[tuple[int, int, int, Tensor]]:
 
 
 def _block_table(table: Tensor, keys: int, skewed: bool) -> Tensor:
-    """The table rows a block with `keys` keys reads, (H, keys, r): the first `keys` distances
-    in reverse order (the last rows of r_rev) or the first `keys` keys."""
+    """The table rows a block with `keys` keys (or distances) reads, (H, keys, r): the first
+    `keys` distances in reverse order (the last rows of r_rev) or the first `keys` rows."""
     return table[:, -keys:] if skewed else table[:, :keys]
 
 
@@ -66,21 +70,59 @@ def _block_product(a_rows: Tensor, table: Tensor, keys: int, skewed: bool) -> Te
     return y.view(H, B, rows, keys)
 
 
+@dataclass(frozen=True)
+class _Gather:
+    """Where a block's bias (rows, keys) lies in its product y (rows, columns) at drawn
+    positions: row a, key j at column p_i - p_j (future keys at distance 0, masked)."""
+
+    columns: int  # the distances the block's rows reach: 0 .. columns - 1
+    index: Tensor  # (rows, keys) into y's columns
+
+    @staticmethod
+    def of(positions: Tensor, q_len: int, r0: int, r1: int, keys: int) -> _Gather:
+        """The block of query rows r0 .. r1 - 1, the queries the last q_len of the keys."""
+        query_positions = positions[len(positions) - q_len + r0 : len(positions) - q_len + r1]
+        columns = int(query_positions[-1] - positions[0]) + 1
+        distance = (query_positions[:, None] - positions[None, :keys]).clamp(min=0)
+        return _Gather(columns, distance)
+
+    def bias(self, y: Tensor) -> Tensor:
+        """The block's bias (H, B, rows, keys) from y (H, B, rows, columns)."""
+        return y.gather(3, self.index.expand(*y.shape[:2], *self.index.shape))
+
+    def gradient(self, ds: Tensor) -> Tensor:
+        """dy (H, B * rows, columns) from dS (H, B, rows, keys), 0 past each row's own key
+        (the future keys' zeros land on distance 0; distinct positions put no two of a row's
+        own keys at one distance)."""
+        H, B, rows, _ = ds.shape
+        dy = ds.new_zeros(H, B, rows, self.columns)
+        dy.scatter_add_(3, self.index.expand(*ds.shape), ds)
+        return dy.view(H, B * rows, self.columns)
+
+
 class _TableBiasAttention(torch.autograd.Function):
     @staticmethod
     def forward(  # type: ignore[override]
-        ctx, q: Tensor, k: Tensor, v: Tensor, a: Tensor, table: Tensor, scale: float, skewed: bool
+        ctx,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        a: Tensor,
+        table: Tensor,
+        scale: float,
+        skewed: bool,
+        positions: Tensor | None,
     ) -> Tensor:
         """q (H, B, Lq, d), a (H, B, Lq, r) and k, v (H, B, Lk, d) (heads first); table
-        (H, Lk, r): r_rev (distance Lk - 1 first) when skewed, else f (key 0 first)."""
+        (H, T, r): r_rev (distance Lk - 1 first) when skewed, f (key 0 first) by key, or r
+        (distance 0 first) at drawn positions (Lk,)."""
         H, B, q_len, _ = q.shape
         k_len = k.shape[2]
         out = torch.empty_like(q)
         lse = q.new_empty(H, B, q_len)
         for r0, r1, keys, allowed in _blocks(q, k_len):
             rows = r1 - r0
-            y = _block_product(a[:, :, r0:r1], table, keys, skewed)
-            mask = _skewed(y, rows, keys, keys).contiguous() if skewed else y  # (H, B, rows, keys)
+            mask = _block_bias(a, table, skewed, positions, q_len, r0, r1, keys)
             # the future keys of the block's rows all lie in its last `rows` columns
             mask[..., keys - rows :].masked_fill_(~allowed[:, keys - rows :], float("-inf"))
             block_out, block_lse = flash_ops.forward(
@@ -88,13 +130,14 @@ class _TableBiasAttention(torch.autograd.Function):
             )
             out[:, :, r0:r1], lse[:, :, r0:r1] = block_out, block_lse
         ctx.save_for_backward(q, k, v, a, table, out, lse)
-        ctx.scale, ctx.skewed = scale, skewed
+        ctx.scale, ctx.skewed, ctx.positions = scale, skewed, positions
         return out
 
     @staticmethod
     def backward(ctx, grad_out: Tensor):  # type: ignore[override]
         q, k, v, a, table, out, lse = ctx.saved_tensors
-        scale, skewed, (H, B, _, _), k_len = ctx.scale, ctx.skewed, q.shape, k.shape[2]
+        scale, skewed, positions = ctx.scale, ctx.skewed, ctx.positions
+        (H, B, q_len, _), k_len = q.shape, k.shape[2]
         grad_out = grad_out.contiguous()
         blocks = BlockedSoftmaxBackward(q, k, v, out, lse, grad_out, scale)
         da = torch.empty_like(a)  # every row block written
@@ -102,19 +145,42 @@ class _TableBiasAttention(torch.autograd.Function):
         for r0, r1, keys, allowed in _blocks(q, k_len):
             rows = r1 - r0
             scores = blocks.scores(r0, r1, keys)  # (H, B, rows, keys): scale q . k - lse
-            y = _block_product(a[:, :, r0:r1], table, keys, skewed)
-            scores += _skewed(y, rows, keys, keys) if skewed else y
+            scores += _block_bias(a, table, skewed, positions, q_len, r0, r1, keys)
             scores[..., keys - rows :].masked_fill_(~allowed[:, keys - rows :], float("-inf"))
-            if skewed:
-                dy = _skewed_gradients(blocks, scores, r0, r1)
+            if positions is not None:
+                gather = _Gather.of(positions, q_len, r0, r1, keys)
+                dy = gather.gradient(blocks.gradients(scores, r0, r1))  # dS, future 0
+                columns = gather.columns
+            elif skewed:
+                dy, columns = _skewed_gradients(blocks, scores, r0, r1), keys
             else:
-                dy = blocks.gradients(scores, r0, r1).view(H, B * rows, keys)  # dS, future 0
-            rows_table = _block_table(table, keys, skewed)  # (H, keys, r)
+                dy, columns = blocks.gradients(scores, r0, r1).view(H, B * rows, keys), keys
+            rows_table = _block_table(table, columns, skewed)  # (H, columns, r)
             da[:, :, r0:r1] = torch.bmm(dy, rows_table).view(H, B, rows, -1)
             if dtable is not None:
                 a_rows = a[:, :, r0:r1].reshape(H, B * rows, -1)
-                _block_table(dtable, keys, skewed).add_(torch.bmm(dy.transpose(1, 2), a_rows))
-        return blocks.dq, blocks.dk, blocks.dv, da, dtable, None, None
+                _block_table(dtable, columns, skewed).add_(torch.bmm(dy.transpose(1, 2), a_rows))
+        return blocks.dq, blocks.dk, blocks.dv, da, dtable, None, None, None
+
+
+def _block_bias(
+    a: Tensor,
+    table: Tensor,
+    skewed: bool,
+    positions: Tensor | None,
+    q_len: int,
+    r0: int,
+    r1: int,
+    keys: int,
+) -> Tensor:
+    """The bias (H, B, rows, keys) of the block of query rows r0 .. r1 - 1, a tensor of its own
+    (written in place by the caller)."""
+    rows = r1 - r0
+    if positions is not None:
+        gather = _Gather.of(positions, q_len, r0, r1, keys)
+        return gather.bias(_block_product(a[:, :, r0:r1], table, gather.columns, False))
+    y = _block_product(a[:, :, r0:r1], table, keys, skewed)
+    return _skewed(y, rows, keys, keys).contiguous() if skewed else y
 
 
 def _skewed_gradients(blocks: BlockedSoftmaxBackward, scores: Tensor, r0: int, r1: int) -> Tensor:
@@ -138,14 +204,25 @@ def _heads_first(*tensors: Tensor) -> list[Tensor]:
 
 
 def rel_shift_attention(
-    q: Tensor, k: Tensor, v: Tensor, a: Tensor, table: Tensor, scale: float
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    a: Tensor,
+    table: Tensor,
+    scale: float,
+    positions: Tensor | None = None,
 ) -> Tensor:
     """Causal softmax(scale * q k^T + bias) v on the CPU for q, a (B, H, Lq, d), k, v (B, H, Lk,
-    d), the queries the last Lq keys, and a per-distance table (H, Lk, d) of distances
-    0..Lk - 1: bias[b, h, i, j] = a_i . table[h, i - j] for j <= i (a carries its own scale)."""
-    out = _TableBiasAttention.apply(
-        *_heads_first(q, k, v, a), table.flip(1).contiguous(), scale, True
-    )
+    d), the queries the last Lq keys, and a per-distance table (H, T, d) of distances
+    0..T - 1: bias[b, h, i, j] = a_i . table[h, p_i - p_j] for j <= i (a carries its own
+    scale), p the keys' positions: 0..Lk - 1 (T = Lk), or ``positions`` (Lk,) (drawn: strictly
+    increasing, T past p_last - p_first)."""
+    q, k, v, a = _heads_first(q, k, v, a)
+    if positions is None:  # the table reversed, read through the skew
+        out = _TableBiasAttention.apply(q, k, v, a, table.flip(1).contiguous(), scale, True, None)
+    else:
+        positions = positions.to(device="cpu", dtype=torch.int64)
+        out = _TableBiasAttention.apply(q, k, v, a, table.contiguous(), scale, False, positions)
     return out.transpose(0, 1)
 
 
@@ -156,4 +233,5 @@ def key_table_attention(
     k, v (B, H, Lk, d), the queries the last Lq keys, and a per-key table (H|1, Lk, r):
     bias[b, h, i, j] = a_i . table[h, j] for j <= i (a carries its own scale)."""
     table = table.expand(q.shape[1], *table.shape[1:]).contiguous()  # (H, Lk, r)
-    return _TableBiasAttention.apply(*_heads_first(q, k, v, a), table, scale, False).transpose(0, 1)
+    out = _TableBiasAttention.apply(*_heads_first(q, k, v, a), table, scale, False, None)
+    return out.transpose(0, 1)

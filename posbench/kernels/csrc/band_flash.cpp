@@ -53,25 +53,39 @@ struct Band {
 };
 
 // A bias that is each query's dot product with a table (Transformer-XL's position terms):
-// bias(i, j) = a_i . t[i - j] (by distance) or a_i . t[j] (by key), a (L, r) and t (L, r) of one
-// (batch, head). For a block it is one product g = a_rows t^T, read per row at i - j or at j.
+// bias(i, j) = a_i . t[p_i - p_j] (by distance) or a_i . t[j] (by key), a (L, r) of one
+// (batch, head) and t (T, r) of its head, p the tokens' positions: 0 .. L - 1 (T = L), or
+// drawn ones (strictly increasing, by distance only; T past the widest distance). For a block
+// it is one product g = a_rows t^T over the block's columns (the distances its rows reach, or
+// its keys), read per row at p_i - p_j or at j.
 template <typename T>
 struct Table {
   const T* a = nullptr;  // null: no table
   const T* t = nullptr;
   int64_t r = 0;
   bool by_distance = true;
-  T* g = nullptr;  // scratch, rows x keys
+  const int64_t* positions = nullptr;  // drawn positions (by distance), or null
+  T* g = nullptr;                      // scratch, rows x columns
 
-  // g = a_rows t[0 .. keys - 1]^T, then row[j] += g[r', i - j] or g[r', j] for j <= i
+  // The block's columns of g: its keys, or the distances 0 .. p_{i1 - 1} - p_0 its rows reach.
+  int64_t columns(int64_t i0, int64_t rows, int64_t keys) const {
+    if (positions == nullptr) return keys;
+    return positions[i0 + rows - 1] - positions[0] + 1;
+  }
+
+  // g = a_rows t[0 .. columns - 1]^T, then row[j] += g[r', p_i - p_j] or g[r', j] for j <= i
   void add(T* p, int64_t i0, int64_t rows, int64_t keys) const {
     using Vec = Vectorized<T>;
-    gemm<T>(false, true, rows, keys, r, T(1), a + i0 * r, r, t, r, T(0), g, keys);
+    const int64_t n = columns(i0, rows, keys);
+    gemm<T>(false, true, rows, n, r, T(1), a + i0 * r, r, t, r, T(0), g, n);
     for (int64_t rr = 0; rr < rows; ++rr) {
       const int64_t i = i0 + rr;
       T* row = p + rr * keys;
-      const T* g_row = g + rr * keys;
-      if (by_distance) {
+      const T* g_row = g + rr * n;
+      if (positions != nullptr) {
+        const T* at_query = g_row + positions[i];  // g_row[p_i - p_j] = at_query[-p_j]
+        for (int64_t j = 0; j <= i; ++j) row[j] += at_query[-positions[j]];
+      } else if (by_distance) {
         for (int64_t j = 0; j <= i; ++j) row[j] += g_row[i - j];
       } else {
         int64_t j = 0;
@@ -84,21 +98,29 @@ struct Table {
   }
 
   // From dS (rows x keys, 0 past each row's own key): da_rows = dg t, dt += dg^T a_rows, where
-  // dg = dS by key, or dS read at i - δ by distance (formed in the scratch).
+  // dg = dS by key, or dS placed at p_i - p_j by distance (formed in the scratch; distinct
+  // positions put no two keys of a row at one distance).
   void backward(const T* ds, int64_t i0, int64_t rows, int64_t keys, T* da, T* dt) const {
+    const int64_t n = columns(i0, rows, keys);
     const T* dg = ds;
     if (by_distance) {
       for (int64_t rr = 0; rr < rows; ++rr) {
         const int64_t i = i0 + rr;
-        T* g_row = g + rr * keys;
+        T* g_row = g + rr * n;
         const T* ds_row = ds + rr * keys;
-        for (int64_t delta = 0; delta <= i; ++delta) g_row[delta] = ds_row[i - delta];
-        std::fill(g_row + i + 1, g_row + keys, T(0));
+        if (positions != nullptr) {
+          std::fill(g_row, g_row + n, T(0));
+          T* at_query = g_row + positions[i];
+          for (int64_t j = 0; j <= i; ++j) at_query[-positions[j]] = ds_row[j];
+        } else {
+          for (int64_t delta = 0; delta <= i; ++delta) g_row[delta] = ds_row[i - delta];
+          std::fill(g_row + i + 1, g_row + keys, T(0));
+        }
       }
       dg = g;
     }
-    gemm<T>(false, false, rows, r, keys, T(1), dg, keys, t, r, T(0), da + i0 * r, r);
-    gemm<T>(true, false, keys, r, rows, T(1), dg, keys, a + i0 * r, r, T(1), dt, r);
+    gemm<T>(false, false, rows, r, n, T(1), dg, n, t, r, T(0), da + i0 * r, r);
+    gemm<T>(true, false, n, r, rows, T(1), dg, n, a + i0 * r, r, T(1), dt, r);
   }
 };
 
@@ -227,14 +249,19 @@ struct ProductInputs {
   }
 };
 
-// The table inputs of a whole call: a (B, H, L, r) and t (1|H, L, r), or none.
+// The table inputs of a whole call: a (B, H, L, r) and t (1|H, T, r), or none; drawn
+// positions by distance, or null.
 struct TableInputs {
   at::Tensor a, t;
   bool by_distance = true;
-  int64_t H = 1, L = 0, r = 0;
+  const int64_t* positions = nullptr;
+  int64_t L = 0, r = 0;
 
   bool defined() const { return a.defined(); }
-  int64_t table_offset(int64_t h) const { return (t.size(0) > 1 ? h : 0) * L * r; }
+  int64_t rows() const { return t.size(1); }  // T >= L
+  int64_t table_offset(int64_t h) const { return (t.size(0) > 1 ? h : 0) * rows() * r; }
+  // a block's scratch: at most R rows of T columns
+  int64_t scratch_size(int64_t R) const { return defined() ? R * rows() : 0; }
 
   template <typename T>
   Table<T> of(int64_t task, int64_t h, T* scratch) const {
@@ -244,6 +271,7 @@ struct TableInputs {
     table.t = t.data_ptr<T>() + table_offset(h);
     table.r = r;
     table.by_distance = by_distance;
+    table.positions = positions;
     table.g = scratch;
     return table;
   }
@@ -260,7 +288,7 @@ void forward_kernel(const at::Tensor& q, const at::Tensor& k, const at::Tensor& 
   const int64_t R = rows_per_block(L);
   at::parallel_for(0, B * H, 1, [&](int64_t begin, int64_t end) {
     const int previous = MKL_Set_Num_Threads_Local(1);  // the tasks are the parallelism
-    std::vector<T> p(R * L), sums(2 * R), scratch(tab.defined() ? R * L : 0);
+    std::vector<T> p(R * L), sums(2 * R), scratch(tab.scratch_size(R));
     std::vector<T> key_rows(prod.key_side() ? L * prod.W : 0);
     for (int64_t task = begin; task < end; ++task) {
       const int64_t b = task / H, h = task % H, offset = task * L * d;
@@ -324,7 +352,7 @@ void backward_kernel(const at::Tensor& grad_out, const at::Tensor& q, const at::
   const int64_t per_unit = by_head ? B : 1;
   at::parallel_for(0, B * H / per_unit, 1, [&](int64_t begin, int64_t end) {
     const int previous = MKL_Set_Num_Threads_Local(1);  // the tasks are the parallelism
-    std::vector<T> p(R * L), ds(R * L), scratch(tab.defined() ? R * L : 0);
+    std::vector<T> p(R * L), ds(R * L), scratch(tab.scratch_size(R));
     // a buffer per thread where the band is shared across the batch, else one (the tasks'
     // slices of it are disjoint); it has the band's contiguous layout
     const int64_t buffer = dband_buffers.defined() && dband_buffers.size(0) > 1
@@ -439,21 +467,29 @@ at::Tensor defined_or_empty(const std::optional<at::Tensor>& tensor) {
 }
 
 TableInputs table_inputs(const at::Tensor& q, const std::optional<at::Tensor>& a,
-                         const std::optional<at::Tensor>& table, bool by_distance) {
+                         const std::optional<at::Tensor>& table, bool by_distance,
+                         const at::Tensor& positions) {
   TableInputs tab;
   if (!a.has_value()) return tab;
   tab.a = *a;
   tab.t = *table;
   tab.by_distance = by_distance;
-  tab.H = q.size(1);
   tab.L = q.size(2);
   tab.r = tab.a.size(3);
   TORCH_CHECK(tab.a.dim() == 4 && tab.a.size(0) == q.size(0) && tab.a.size(1) == q.size(1) &&
                   tab.a.size(2) == q.size(2) && tab.a.is_contiguous(),
               "a: contiguous (B, H, L, r)");
   TORCH_CHECK(tab.t.dim() == 3 && (tab.t.size(0) == 1 || tab.t.size(0) == q.size(1)) &&
-                  tab.t.size(1) == q.size(2) && tab.t.size(2) == tab.r && tab.t.is_contiguous(),
-              "table: contiguous (1|H, L, r)");
+                  tab.t.size(2) == tab.r && tab.t.is_contiguous(),
+              "table: contiguous (1|H, T, r)");
+  if (by_distance && positions.defined()) {  // strictly increasing: the caller's promise
+    const int64_t* p = positions.data_ptr<int64_t>();
+    TORCH_CHECK(tab.t.size(1) >= p[tab.L - 1] - p[0] + 1,
+                "table by distance at drawn positions: T > p_last - p_first");
+    tab.positions = p;
+  } else {
+    TORCH_CHECK(tab.t.size(1) == tab.L, "table: (1|H, L, r) at plain positions or by key");
+  }
   TORCH_CHECK(tab.a.scalar_type() == q.scalar_type() && tab.t.scalar_type() == q.scalar_type(),
               "one dtype");
   return tab;
@@ -510,7 +546,7 @@ std::vector<at::Tensor> band_flash_forward(
     double scale) {
   const at::Tensor pos = defined_or_empty(positions);
   check(q, k, v, band, pos, by_key);
-  const TableInputs tab = table_inputs(q, a, table, by_distance);
+  const TableInputs tab = table_inputs(q, a, table, by_distance, pos);
   const ProductInputs prod = product_inputs(q, band, pos, by_key, band_a, band_t, band_c, band_u);
   auto out = at::empty_like(q);
   auto lse = at::empty({q.size(0), q.size(1), q.size(2)}, q.options());
@@ -534,7 +570,7 @@ std::vector<at::Tensor> band_flash_backward(
     const std::optional<at::Tensor>& product_band, double scale, bool band_grad) {
   const at::Tensor pos = defined_or_empty(positions);
   check(q, k, v, band, pos, by_key);
-  const TableInputs tab = table_inputs(q, a, table, by_distance);
+  const TableInputs tab = table_inputs(q, a, table, by_distance, pos);
   const ProductInputs prod = product_inputs(q, band, pos, by_key, band_a, band_t, band_c, band_u);
   TORCH_CHECK(grad_out.is_contiguous() && out.is_contiguous() && lse.is_contiguous(),
               "contiguous grad_out, out and lse");
@@ -560,7 +596,7 @@ std::vector<at::Tensor> band_flash_backward(
   }
   if (tab.defined()) {  // every row of da is written; the table is shared across the batch
     da = at::empty_like(tab.a);
-    table_buffers = at::zeros({at::get_num_threads(), tab.t.size(0), tab.L, tab.r},
+    table_buffers = at::zeros({at::get_num_threads(), tab.t.size(0), tab.rows(), tab.r},
                               tab.t.options());
   }
   ProductGradients dprod;
