@@ -249,6 +249,11 @@ def test_txl_matches_naive_four_terms_at_drawn_positions(
     expected = naive_txl(enc, q, k, q_span, k_span, layer=1)
     valid = ~expected.isnan()
     assert torch.allclose(got[valid], expected[valid], atol=1e-5)
+    if form == "DistanceTableBias":  # its per-key form, for kernels other than the C++ one
+        assert (bias.by_key is None) == ("clamp_len" in options)  # clamp_len: no identity
+        if bias.by_key is not None:
+            table_form, key_form = bias.dense(), bias.by_key().dense()
+            assert torch.allclose(key_form[valid], table_form[valid], atol=1e-5)
 
 
 def test_txl_term_c_varies_with_key_not_query() -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from posbench.kernels import rel_shift_attention
+from posbench.kernels import native, rel_shift_attention
 from posbench.kernels.bias_types import DistanceTableBias, KeyTableBias
 from posbench.kernels.biased_attention import biased_attention
 from posbench.kernels.masks import causal_mask
@@ -100,3 +100,31 @@ def test_table_bias_attention_keeps_nothing_of_size_l_squared_for_backward(kind:
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         _attention(kind, *leaves)
     assert sizes and max(sizes) < B * H * LQ * LQ // 4
+
+
+@pytest.mark.parametrize("kernel", ["C++", "torch"])
+def test_a_drawn_table_hands_over_its_per_key_form_where_the_cpp_kernel_does_not_run(
+    monkeypatch, kernel: str
+) -> None:
+    """The table of distances at drawn positions is the cheaper form only inside the C++
+    kernel: elsewhere attention runs the per-key form the bias carries, formed on demand."""
+    if kernel == "torch":
+        monkeypatch.setattr(native, "band_flash", lambda: None)
+    elif native.band_flash() is None:
+        pytest.skip("posbench's C++ kernel could not be built here")
+    q, k, v, a, table = _leaves(torch.float32, LQ, "per distance, drawn positions")
+    generator = torch.Generator().manual_seed(3)
+    key_form = KeyTableBias(torch.randn(B, H, LQ, R, generator=generator), torch.randn(1, LQ, R))
+    formed: list[KeyTableBias] = []
+
+    def by_key() -> KeyTableBias:
+        formed.append(key_form)
+        return key_form
+
+    bias = DistanceTableBias(a, table, _drawn(LQ), by_key)
+    out = biased_attention(q, k, v, bias, 0.3, causal_mask(LQ, LQ, q.device))
+    taken = key_form if kernel == "torch" else bias
+    assert len(formed) == (1 if kernel == "torch" else 0)
+    logits = 0.3 * q @ k.transpose(-1, -2) + taken.dense()
+    logits = logits.masked_fill(~causal_mask(LQ, LQ, q.device), float("-inf"))
+    torch.testing.assert_close(out, torch.softmax(logits, -1) @ v, atol=2e-5, rtol=0)

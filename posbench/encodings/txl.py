@@ -38,7 +38,8 @@ class TransformerXL(PositionalEncoding):
     kernel runs a block of query rows at a time.
     At drawn positions, square causal scores on the CPU take the same DistanceTableBias over
     the distances the positions reach (read at p_i - p_j) where its products cost no more than
-    the per-key form's: the reach at most n_heads times the keys.
+    the per-key form's (the reach at most n_heads times the keys), carrying the per-key form for
+    attention to take where posbench's C++ kernel does not run.
     Without clamp_len, terms (b)+(d) are also a dot product of a per-query vector and a per-key
     one (the sin/cos identity in docs/encodings/transformer-xl.md): at drawn positions on the CPU
     otherwise the same kernel runs them as a KeyTableBias, without its skew; elsewhere (CUDA, not
@@ -110,23 +111,17 @@ class TransformerXL(PositionalEncoding):
             reach = int(positions[-1] - positions[0]) + 1  # distances 0..reach-1
             if Lq == Lk and self._table_is_cheaper(reach, Lk):  # square: the C++ kernel's
                 table = self._distance_table(layer.index, reach, q)
-                bias = DistanceTableBias((q + v) * scale, table, positions)
+
+                def by_key() -> KeyTableBias:
+                    q_pos, k_pos = self._identity_vectors(q, k, q_span, k_span, layer.index, v)
+                    return KeyTableBias(q_pos * scale, k_pos[None])
+
+                fallback = by_key if self.clamp_len is None else None
+                bias = DistanceTableBias((q + v) * scale, table, positions, fallback)
                 return Scores(q + u, k, bias, scale)
         if self.clamp_len is not None:
             return self._score_gather(q, k, q_span, k_span, layer.index, u, v, scale)
-        # Terms (b) + (d) as a dot product. With a_i = q_i + v and W_kR's head block split
-        # into its sin and cos columns [A | B]: alpha = A^T a_i, beta = B^T a_i, and
-        #   a_i . W_kR R_{i-j} = sum_k alpha_k sin((i-j)w_k) + beta_k cos((i-j)w_k)
-        #   = [alpha sin(iw) + beta cos(iw) | beta sin(iw) - alpha cos(iw)] . [cos(jw) | sin(jw)]
-        H, d, half = self.n_heads, self.d_head, self.d_model // 2
-        w = self.w_kr[layer.index].weight.view(H, d, self.d_model)  # (H, d, d_model)
-        ab = (q + v) @ w  # (B, H, Lq, d_model) = [alpha | beta]
-        alpha, beta = ab[..., :half], ab[..., half:]
-        cos_i, sin_i = (
-            self.key_positions(q_span, q.device).to(q.dtype).split(half, dim=-1)
-        )  # (Lq, half)
-        q_pos = torch.cat((alpha * sin_i + beta * cos_i, beta * sin_i - alpha * cos_i), dim=-1)
-        k_pos = self.key_positions(k_span, k.device).to(k.dtype)  # (Lk, d_model), one table for all
+        q_pos, k_pos = self._identity_vectors(q, k, q_span, k_span, layer.index, v)
         if q.shape[2] == 1:
             # One decoding query: the position term against the shared table, (B, H, 1, Lk),
             # so cached keys stay d wide and nothing per key is copied.
@@ -136,8 +131,27 @@ class TransformerXL(PositionalEncoding):
             return Scores(q + u, k, KeyTableBias(q_pos * scale, k_pos[None]), scale)
         # Several queries: widen q and k so attention keeps its fused causal path.
         B, _, Lk, _ = k.shape
-        k_wide = torch.cat((k, k_pos.expand(B, H, Lk, self.d_model)), dim=-1)
+        k_wide = torch.cat((k, k_pos.expand(B, self.n_heads, Lk, self.d_model)), dim=-1)
         return Scores(torch.cat((q + u, q_pos), dim=-1), k_wide, None, scale)
+
+    def _identity_vectors(
+        self, q: Tensor, k: Tensor, q_span: Span, k_span: Span, layer: int, v: Tensor
+    ) -> tuple[Tensor, Tensor]:
+        """Terms (b) + (d) as a dot product of per-query vectors (B, H, Lq, d_model) and per-key
+        ones (Lk, d_model), one table for all. With a_i = q_i + v and W_kR's head block split
+        into its sin and cos columns [A | B]: alpha = A^T a_i, beta = B^T a_i, and
+          a_i . W_kR R_{i-j} = sum_k alpha_k sin((i-j)w_k) + beta_k cos((i-j)w_k)
+          = [alpha sin(iw) + beta cos(iw) | beta sin(iw) - alpha cos(iw)] . [cos(jw) | sin(jw)]
+        """
+        H, d, half = self.n_heads, self.d_head, self.d_model // 2
+        w = self.w_kr[layer].weight.view(H, d, self.d_model)  # (H, d, d_model)
+        ab = (q + v) @ w  # (B, H, Lq, d_model) = [alpha | beta]
+        alpha, beta = ab[..., :half], ab[..., half:]
+        cos_i, sin_i = (
+            self.key_positions(q_span, q.device).to(q.dtype).split(half, dim=-1)
+        )  # (Lq, half)
+        q_pos = torch.cat((alpha * sin_i + beta * cos_i, beta * sin_i - alpha * cos_i), dim=-1)
+        return q_pos, self.key_positions(k_span, k.device).to(k.dtype)
 
     def _distance_table(self, layer: int, n: int, like: Tensor) -> Tensor:
         """W_kR R for distances 0..n-1, (H, n, d), in `like`'s dtype and device."""

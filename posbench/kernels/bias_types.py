@@ -170,6 +170,9 @@ class DistanceTableBias:
     a: Tensor  # (B, H, Lq, d), the scale folded in
     table: Tensor  # (H, T, d): distances 0..T-1; T = Lk at plain positions
     positions: Tensor | None = None  # (Lk,) drawn (strictly increasing, T > p_last - p_first)
+    #: At drawn positions, the same bias as a KeyTableBias, formed on demand: attention takes it
+    #: where the C++ kernel does not run (the table's per-block gather is cheaper only there).
+    by_key: Callable[[], KeyTableBias] | None = None
 
     def dense(self, length: int | None = None) -> Tensor:
         """The (B, H, Lq, Lk) matrix, future keys at distance 0 (masked); for tests, pictures

@@ -249,6 +249,8 @@ def biased_attention(
         if flash and fused_causal:
             return band_attention(q, k, v, bias.full_band().to(q.dtype), scale)
         bias = bias.dense(q_len)
+    if isinstance(bias, DistanceTableBias) and bias.by_key is not None and not fused:
+        bias = bias.by_key()
     if isinstance(bias, (DistanceTableBias, KeyTableBias)):
         by_distance = isinstance(bias, DistanceTableBias)
         positions = bias.positions if isinstance(bias, DistanceTableBias) else None
