@@ -209,6 +209,18 @@ def test_a_table_bias_matches_the_math_path(
 
 
 @needs_kernel
+def test_the_kernel_refuses_positions_out_of_order() -> None:
+    """A band or table read at p_i - p_j needs strictly increasing positions: the kernel checks
+    them rather than index outside the table."""
+    q, k, v = (torch.randn(1, 3, 4, 8) for _ in range(3))
+    a, table = torch.randn(1, 3, 4, 6), torch.randn(3, 10, 6)
+    with pytest.raises(RuntimeError, match="strictly increasing"):
+        fused_band_attention(
+            q, k, v, q.new_empty(1, 3, 1, 0), 0.3, torch.tensor([0, 4, 2, 9]), (a, table, True)
+        )
+
+
+@needs_kernel
 def test_huge_penalties_weigh_nothing() -> None:
     """A penalty of -1e4 (its exp underflows) gives its keys weight 0, not NaN, in the output
     and the gradients, with a band that needs no gradient (ALiBi's)."""

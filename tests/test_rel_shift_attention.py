@@ -128,3 +128,21 @@ def test_a_drawn_table_hands_over_its_per_key_form_where_the_cpp_kernel_does_not
     logits = 0.3 * q @ k.transpose(-1, -2) + taken.dense()
     logits = logits.masked_fill(~causal_mask(LQ, LQ, q.device), float("-inf"))
     torch.testing.assert_close(out, torch.softmax(logits, -1) @ v, atol=2e-5, rtol=0)
+
+
+@pytest.mark.parametrize(
+    "positions, rows, message",
+    [
+        (torch.tensor([0, 3, 3, 7]), 8, "strictly increasing"),
+        (torch.tensor([0, 5, 2, 7]), 8, "strictly increasing"),
+        (torch.tensor([0, 2, 5, 9]), 9, "reaching 10 distances got a table of 9"),
+    ],
+    ids=["repeated", "decreasing", "table too short"],
+)
+def test_a_drawn_table_refuses_positions_it_cannot_index(
+    positions: torch.Tensor, rows: int, message: str
+) -> None:
+    """The kernels read the table at p_i - p_j: positions out of order or a table short of the
+    reach are refused with the fix, never read out of bounds."""
+    with pytest.raises(ValueError, match=message):
+        DistanceTableBias(torch.zeros(1, H, 4, d), torch.zeros(H, rows, d), positions)

@@ -174,6 +174,22 @@ class DistanceTableBias:
     #: where the C++ kernel does not run (the table's per-block gather is cheaper only there).
     by_key: Callable[[], KeyTableBias] | None = None
 
+    def __post_init__(self) -> None:
+        if self.positions is None:
+            return
+        steps = self.positions[1:] - self.positions[:-1]
+        if self.positions.dim() != 1 or bool((steps <= 0).any()):
+            raise ValueError(
+                "a DistanceTableBias's positions must be one strictly increasing position per "
+                "key; pass the keys' span positions (span.arange())"
+            )
+        reach = int(self.positions[-1] - self.positions[0]) + 1
+        if self.table.shape[-2] < reach:
+            raise ValueError(
+                f"a DistanceTableBias at drawn positions reaching {reach} distances got a table "
+                f"of {self.table.shape[-2]}; build it for distances 0..{reach - 1}"
+            )
+
     def dense(self, length: int | None = None) -> Tensor:
         """The (B, H, Lq, Lk) matrix, future keys at distance 0 (masked); for tests, pictures
         and short inputs."""

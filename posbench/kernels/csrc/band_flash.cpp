@@ -457,6 +457,10 @@ void check(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
     TORCH_CHECK(positions.scalar_type() == at::kLong && positions.is_contiguous() &&
                     positions.dim() == 1 && positions.size(0) == q.size(2),
                 "positions: (L,) int64, strictly increasing");
+    const int64_t* p = positions.data_ptr<int64_t>();
+    for (int64_t i = 1; i < positions.size(0); ++i) {
+      TORCH_CHECK(p[i] > p[i - 1], "positions: strictly increasing");  // indexes read by p_i - p_j
+    }
   } else {
     TORCH_CHECK(band.size(3) <= q.size(2), "band: W <= L (W = 0: no bias)");
   }
@@ -482,7 +486,7 @@ TableInputs table_inputs(const at::Tensor& q, const std::optional<at::Tensor>& a
   TORCH_CHECK(tab.t.dim() == 3 && (tab.t.size(0) == 1 || tab.t.size(0) == q.size(1)) &&
                   tab.t.size(2) == tab.r && tab.t.is_contiguous(),
               "table: contiguous (1|H, T, r)");
-  if (by_distance && positions.defined()) {  // strictly increasing: the caller's promise
+  if (by_distance && positions.defined()) {  // strictly increasing: check() saw to it
     const int64_t* p = positions.data_ptr<int64_t>();
     TORCH_CHECK(tab.t.size(1) >= p[tab.L - 1] - p[0] + 1,
                 "table by distance at drawn positions: T > p_last - p_first");
