@@ -1,10 +1,13 @@
-"""Conformance kit: checks every encoding must pass. Public, so plugin authors can run it.
+"""Conformance kit: checks every encoding and every task must pass. Public, so plugin authors
+can run it.
 
 Each ``check_*`` takes an encoding name (built-in or plugin) and its options, builds a tiny
-decoder, and raises AssertionError with a precise message when the encoding misbehaves::
+decoder, and raises AssertionError with a precise message when the encoding misbehaves;
+``run_task_conformance`` does the same for a task::
 
-    from posbench.testing import run_conformance
+    from posbench.testing import run_conformance, run_task_conformance
     run_conformance("my_encoding", my_option=3)
+    run_task_conformance("my_task", n_symbols=8)
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ from posbench.encodings.base import LayerContext, PositionalEncoding, Span
 from posbench.encodings.positions import seeded_draws
 from posbench.errors import PositionOutOfRangeError
 from posbench.model import Decoder, build_model
+from posbench.tasks import create_task
+from posbench.tasks.base import IGNORE
 
 VOCAB = 13
 SEQ_LEN = 24
@@ -388,3 +393,72 @@ def run_conformance(encoding: str, **options: Any) -> None:
     REGISTRY.get(encoding)
     for check in CHECKS.values():
         check(encoding, **options)
+
+
+def check_task_batches(task_name: str, **options: Any) -> None:
+    """A task's batches at its shortest and a longer length: inputs (B, sequence_length), tokens
+    and scored targets inside the vocabulary, at least one answer per sequence, and the same
+    seed giving the same batch while another seed does not."""
+    task = create_task(task_name, **options)
+    for length in sorted({max(task.min_length, 1), max(task.min_length, 6)}):
+        batch = task.batch(length, 5, torch.Generator().manual_seed(0))
+        expected = (5, task.sequence_length(length))
+        assert batch.tokens.shape == expected, (
+            f"task {task_name!r}: inputs at length {length} are {tuple(batch.tokens.shape)}, "
+            f"sequence_length says {expected}"
+        )
+        assert batch.targets.shape == batch.tokens.shape, f"task {task_name!r}: targets' shape"
+        scored = batch.targets[batch.targets != IGNORE]
+        for what, values in (("input", batch.tokens), ("answer", scored)):
+            assert values.numel() and 0 <= int(values.min()) <= int(values.max()) < (
+                task.vocab_size
+            ), f"task {task_name!r}: an {what} token lies outside 0..vocab_size-1 at {length}"
+        assert bool((batch.targets != IGNORE).any(dim=1).all()), (
+            f"task {task_name!r}: a sequence at length {length} has no answer to score"
+        )
+        again = task.batch(length, 5, torch.Generator().manual_seed(0))
+        other = task.batch(length, 5, torch.Generator().manual_seed(1))
+        assert torch.equal(batch.tokens, again.tokens) and torch.equal(
+            batch.targets, again.targets
+        ), f"task {task_name!r}: the same seed gave different batches (use only the generator)"
+        assert not torch.equal(batch.tokens, other.tokens) or length == task.min_length, (
+            f"task {task_name!r}: two seeds gave the same inputs at length {length}"
+        )
+
+
+def check_answers_fed_back(task_name: str, **options: Any) -> None:
+    """A causal task declares ``answers_fed_back`` as its batches show it: True exactly when every
+    scored answer before the last position is the next input token, so free-running decoding
+    may write the model's answer there without corrupting the input."""
+    task = create_task(task_name, **options)
+    if not task.causal:
+        return  # an encoder emits every answer at once: nothing is fed back
+    length = max(task.min_length, 6)
+    batch = task.batch(length, 16, torch.Generator().manual_seed(2))
+    answer = batch.targets[:, :-1] != IGNORE  # (B, T - 1): answers that have a next input
+    if not bool(answer.any()):
+        return
+    next_inputs = batch.tokens[:, 1:]
+    is_next = bool((batch.targets[:, :-1][answer] == next_inputs[answer]).all())
+    assert task.answers_fed_back == is_next, (
+        f"task {task_name!r} declares answers_fed_back = {task.answers_fed_back}, but its "
+        + (
+            "answers are its next input tokens: set answers_fed_back = True so free-running "
+            "decoding reads the model's own answers"
+            if is_next
+            else "answers are not always the next input token: set answers_fed_back = False, or "
+            "free-running decoding overwrites the input with the model's answers"
+        )
+    )
+
+
+TASK_CHECKS: dict[str, Callable[..., None]] = {
+    "batches": check_task_batches,
+    "answers_fed_back": check_answers_fed_back,
+}
+
+
+def run_task_conformance(task_name: str, **options: Any) -> None:
+    """Run every task check on `task_name`; raises AssertionError on the first failure."""
+    for check in TASK_CHECKS.values():
+        check(task_name, **options)

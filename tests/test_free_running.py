@@ -13,6 +13,7 @@ from posbench.experiment.evaluation import (
     evaluate,
     greedy_predictions,
     held_out,
+    NOT_FED_BACK,
 )
 from posbench.experiment.training import train
 from posbench.model import build_model
@@ -80,6 +81,26 @@ def test_evaluation_stores_greedy_accuracy_prefix_and_chance() -> None:
     model = build_model("nope", lm.vocab_size, 16, 1, 2)
     metrics = {m.metric for m in evaluate(model, lm, EvalConfig(n_samples=8, batch_size=8))}
     assert "greedy_token_accuracy" not in metrics and {"loss_floor", "excess_loss"} <= metrics
+
+
+def test_free_running_lookback_reads_the_true_stream_so_it_equals_teacher_forcing() -> None:
+    """Lookback's answer at t is the token 12 back, not the input at t + 1: writing the model's
+    answers into the stream would corrupt it (a perfect model then scored 0.57 / 0.32 / 0.19
+    free running at 24 / 48 / 96). Free running equals teacher forcing there, and says so."""
+    task = create_task("lookback", lag=3, n_symbols=6, train_lengths=[1, 4], eval_lengths=[4, 8])
+    torch.manual_seed(0)
+    model = build_model("rope", task.vocab_size, 32, 2, 4)
+    train(model, task, TrainConfig(steps=60, batch_size=32, warmup_steps=5), 0)
+    rows = {
+        (m.eval_len, m.metric): m
+        for m in evaluate(model.eval(), task, EvalConfig(n_samples=64, batch_size=64))
+        if m.mem_len is None
+    }
+    for length in task.eval_lengths:
+        greedy = rows[(length, "greedy_token_accuracy")]
+        assert greedy.value == rows[(length, "token_accuracy")].value, length
+        assert greedy.note == NOT_FED_BACK and rows[(length, "correct_prefix")].note == NOT_FED_BACK
+        assert rows[(length, "token_accuracy")].note == ""
 
 
 def test_accuracy_by_answer_position_is_stored_per_run(tmp_path) -> None:

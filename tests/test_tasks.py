@@ -10,6 +10,7 @@ import posbench
 from posbench.errors import OptionError
 from posbench.tasks.base import IGNORE, Task
 from posbench.tasks.copy import Copy
+from posbench.testing import check_answers_fed_back, run_task_conformance
 
 TASKS = posbench.list_tasks()
 
@@ -37,6 +38,29 @@ def test_batch_shapes_vocab_and_mask(name: str, length: int) -> None:
         # the loss mask is exactly the answer mask shifted by one, and targets are next tokens
         assert torch.equal(batch.targets != IGNORE, answer[:, 1:])
         assert torch.equal(batch.targets[answer[:, 1:]], seq[:, 1:][answer[:, 1:]])
+
+
+@pytest.mark.parametrize("name", TASKS)
+def test_every_task_passes_the_task_conformance_kit(name: str) -> None:
+    run_task_conformance(name)
+
+
+def test_only_lookback_of_the_built_in_causal_tasks_does_not_feed_its_answers_back() -> None:
+    """Every other built-in task's answer at t is the input at t + 1 (the kit checks each
+    declaration against its batches); lookback's is the token `lag` back."""
+    builtin = [n for n in TASKS if type(posbench.create_task(n)).__module__.startswith("posbench")]
+    assert [n for n in builtin if not posbench.create_task(n).answers_fed_back] == ["lookback"]
+
+
+def test_the_kit_catches_a_wrong_answers_fed_back_declaration(monkeypatch) -> None:
+    from posbench.tasks.lookback import Lookback
+
+    monkeypatch.setattr(Lookback, "answers_fed_back", True)
+    with pytest.raises(AssertionError, match="set answers_fed_back = False"):
+        check_answers_fed_back("lookback")
+    monkeypatch.setattr(Copy, "answers_fed_back", False)
+    with pytest.raises(AssertionError, match="set answers_fed_back = True"):
+        check_answers_fed_back("copy")
 
 
 @pytest.mark.parametrize("name", TASKS)

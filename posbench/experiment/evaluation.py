@@ -2,7 +2,9 @@
 sizes (Transformer-XL style). Teacher-forced argmax: for whole-answer exact match it equals
 greedy decoding. Full-context evaluation also decodes greedily (free running), so token
 accuracy can be read both ways: teacher-forced token accuracy credits a token read after the
-model's first mistake; greedy token accuracy does not."""
+model's first mistake; greedy token accuracy does not. Free running feeds answers back only
+where a task's answers are its next inputs (Task.answers_fed_back); elsewhere it equals
+teacher forcing, and its rows say so."""
 
 from __future__ import annotations
 
@@ -87,7 +89,8 @@ def _logits(
 def greedy_predictions(model: Decoder, tokens: torch.Tensor, answer: torch.Tensor) -> torch.Tensor:
     """Free-running decoding: the model's argmax at every position (B, T), where each answer
     token the model reads is its own earlier prediction rather than the true token (so after
-    its first mistake it continues from that mistake). Tokens off the answer are read as given.
+    its first mistake it continues from that mistake). Only for a task whose answers are its
+    next inputs (Task.answers_fed_back): the prediction at t is written into the input at t + 1. Tokens off the answer are read as given.
     Decodes one token at a time through an unbounded cache when the encoding is cache
     consistent, else recomputes the prefix at every step. A bidirectional model emits every
     answer at once from blanks, reading none of its answers: its one forward pass is free
@@ -188,7 +191,11 @@ def _accuracy(
             sequences += batch.tokens.shape[0]
             loss_sum += float(F.cross_entropy(logits[mask], batch.targets[mask], reduction="sum"))
             if free_running:
-                free_hit = (greedy_predictions(model, batch.tokens, mask) == batch.targets) & mask
+                free_hit = (
+                    (greedy_predictions(model, batch.tokens, mask) == batch.targets) & mask
+                    if task.answers_fed_back
+                    else hit  # the model never reads its answers: free running is teacher forcing
+                )
                 greedy += int(free_hit.sum())
                 prefix += int(correct_prefix(free_hit, mask).sum())
                 for column in mask.any(dim=0).nonzero().flatten().tolist():
@@ -242,6 +249,8 @@ def _not_applicable_rows(
 
 #: What free-running (greedy) decoding adds at each full-context length of a task with answers.
 FREE_RUNNING_METRICS = ("greedy_token_accuracy", "correct_prefix", "chance_token_accuracy")
+#: The note on free-running rows of a task whose answers are not fed back (Task.answers_fed_back).
+NOT_FED_BACK = "answers are not fed back: free running equals teacher forcing"
 
 
 def _metrics(task: Task, free_running: bool = False) -> tuple[str, ...]:
@@ -325,7 +334,9 @@ def iter_evaluate(
             by_position=by_position,
         )
         for k, v in scores.items():
-            yield Measurement(length, None, k, v)
+            read_back = k in ("greedy_token_accuracy", "correct_prefix")
+            note = NOT_FED_BACK if read_back and not task.answers_fed_back else ""
+            yield Measurement(length, None, k, v, note)
         floor = task.loss_floor(length)
         if floor is not None:
             yield Measurement(length, None, "loss_floor", floor)

@@ -43,6 +43,12 @@ class Task(ABC):
     length_unit: ClassVar[str] = "symbols"
     #: Whether whole-answer exact match means something (not for language modelling).
     exact_match_meaningful: ClassVar[bool] = True
+    #: Whether each answer token is also the model's next input (the answer at t is the token read
+    #: at t + 1, as in copy or reverse), so free-running decoding feeds the model's own answers
+    #: back. False where an answer names another token (lookback answers the token 12 back):
+    #: writing it into the stream would corrupt the input, so free running reads the stream as
+    #: given and equals teacher forcing. The conformance kit checks the declaration.
+    answers_fed_back: ClassVar[bool] = True
     #: Whether evaluation also measures loss by position (full context and sliding window).
     per_position: ClassVar[bool] = False
     min_length: ClassVar[int] = 1

@@ -34,6 +34,7 @@ class Lookback(Task):
     default_train_lengths = (1, 12)
     default_eval_lengths = (6, 12, 24, 48)
     length_unit = "positions answered"
+    answers_fed_back = False  # the answer at t is the token at t - lag, not the next input
 
     def __init__(
         self,
