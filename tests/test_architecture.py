@@ -64,6 +64,7 @@ LAYERS: list[set[str]] = [
         "report.summary",
         "report.overview",
         "report.literature",
+        "report.calibration",
         "report.plots",
         "report.scale",
         "report.published",

@@ -1,5 +1,5 @@
-"""The answer at a glance: rank groups from intervals on constructed data, and one headline in
-summary.csv, the terminal table and the report's first screen."""
+"""The answer at a glance: rank groups from pairwise tests over seeds on constructed data, and
+one headline in summary.csv, the terminal table and the report's first screen."""
 
 from __future__ import annotations
 
@@ -55,17 +55,53 @@ def test_separated_encodings_get_different_groups_and_overlapping_ones_share() -
     )
     table = overview(frame).set_index("encoding_label")
     assert table["headline_metric"].eq(GREEDY_AT_2X.column).all()
-    assert table.at["alibi", "rank_group"] == 1 and table.at["alibi", "best"]
-    assert table.at["t5", "rank_group"] == table.at["rope", "rank_group"] == 2
+    assert table.at["alibi", "rank_group"] == "a" and table.at["alibi", "best"]
+    assert table.at["t5", "rank_group"] == table.at["rope", "rank_group"] == "b"
     assert not table.at["t5", "best"] and not table.at["rope", "best"]
+
+
+def test_overlapping_intervals_that_no_test_separates_share_a_group() -> None:
+    """The published copy table had RoPE [0.106, 0.202] in group 2 and Transformer-XL [0.115,
+    0.157] and sinusoidal [0.117, 0.144] in group 3: intervals that overlap, in different
+    groups. Groups now come from pairwise tests: none separates these three."""
+    frame = tidy(
+        _accuracy_rows("rope", (0.12, 0.15, 0.19))
+        + _accuracy_rows("txl", (0.12, 0.14, 0.15))
+        + _accuracy_rows("sinusoidal", (0.12, 0.13, 0.14))
+        + _accuracy_rows("alibi", (0.70, 0.74, 0.77))
+    )
+    table = overview(frame).set_index("encoding_label")
+    assert table.at["alibi", "rank_group"] == "a"
+    assert table.loc[["rope", "txl", "sinusoidal"], "rank_group"].eq("b").all()
+
+
+def test_an_evaluation_variant_is_shown_and_not_ranked() -> None:
+    """sinusoidal-restart reads sinusoidal's trained models under another evaluation option: it
+    must not lead a group or move the others' groups."""
+    variant = [
+        row | {"encoding": "sinusoidal", "variant_of": f"run{row['seed']}"}
+        for row in _accuracy_rows("sinusoidal-restart", (0.95, 0.96, 0.97))
+    ]
+    frame = tidy(
+        _accuracy_rows("sinusoidal", (0.50, 0.51, 0.52))
+        + _accuracy_rows("rope", (0.49, 0.50, 0.53))
+        + variant
+    )
+    table = overview(frame).set_index("encoding_label")
+    assert pd.isna(table.at["sinusoidal-restart", "rank_group"])
+    assert not table.at["sinusoidal-restart", "best"]
+    assert table.loc[["sinusoidal", "rope"], "rank_group"].eq("a").all()
+    from posbench.report.overview import overview_cells
+
+    assert overview_cells(table.reset_index().iloc[-1].to_dict())["group"] == "variant"
 
 
 def test_nothing_is_best_where_nothing_is_separated() -> None:
     wide = tidy(_accuracy_rows("alibi", (0.2, 0.8, 0.9)) + _accuracy_rows("t5", (0.5, 0.5, 0.6)))
     table = overview(wide)
-    assert list(table["rank_group"]) == [1, 1] and not table["best"].any()
+    assert list(table["rank_group"]) == ["a", "a"] and not table["best"].any()
     one_seed = overview(tidy(_accuracy_rows("alibi", (0.9,)) + _accuracy_rows("t5", (0.1,))))
-    assert list(one_seed["rank_group"]) == [1, 1] and not one_seed["best"].any()
+    assert list(one_seed["rank_group"]) == ["a", "a"] and not one_seed["best"].any()
 
 
 def test_a_penalty_ranks_lower_first() -> None:
@@ -73,8 +109,8 @@ def test_a_penalty_ranks_lower_first() -> None:
         tidy(_penalty_rows("alibi", (0.01, 0.02, 0.03)) + _penalty_rows("rope", (1.0, 1.1, 1.2)))
     ).set_index("encoding_label")
     assert table["headline_metric"].eq(PENALTY_AT_2X.column).all()
-    assert table.at["alibi", "rank_group"] == 1 and table.at["alibi", "best"]
-    assert table.at["rope", "rank_group"] == 2
+    assert table.at["alibi", "rank_group"] == "a" and table.at["alibi", "best"]
+    assert table.at["rope", "rank_group"] == "b"
     assert table.at["alibi", "value"] == pytest.approx(0.02)
 
 
@@ -85,7 +121,7 @@ def test_a_model_that_did_not_learn_is_not_ranked() -> None:
     )
     table = overview(frame).set_index("encoding_label")
     assert not table.at["nope", "learned"] and pd.isna(table.at["nope", "rank_group"])
-    assert table.at["alibi", "rank_group"] == 1
+    assert table.at["alibi", "rank_group"] == "a"
     assert not table.at["alibi", "best"]  # alone among the ranked: separated from nobody
 
 
@@ -121,6 +157,10 @@ def _expected_text(row: pd.Series) -> str:
     untrained = " †" if row["untrained_share"] > 0 else ""  # NaN: no indexed parameters
     if pd.isna(row["low"]):
         return f"{row['value']:.{digits}f}{untrained}"
+    below, above = row["value"] - row["low"], row["high"] - row["value"]
+    if abs(below - above) > 1e-9:  # cut at a bound of the metric
+        interval = f"[{row['low']:.{digits}f}, {row['high']:.{digits}f}]"
+        return f"{row['value']:.{digits}f} {interval}{untrained}"
     return f"{row['value']:.{digits}f} ± {(row['high'] - row['low']) / 2:.{digits}f}{untrained}"
 
 
@@ -143,7 +183,7 @@ def test_summary_csv_the_terminal_and_the_report_carry_the_same_headline(
     }
     for row in summary.to_dict("records"):
         text = _expected_text(pd.Series(row))
-        group = "-" if pd.isna(row["rank_group"]) else str(int(row["rank_group"]))
+        group = str(row["rank_group"]) if not pd.isna(row["rank_group"]) else "-"
         label = row["encoding_label"]
         if isinstance(row["same_as"], str):
             label += f" (= {row['same_as']})"

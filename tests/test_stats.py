@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 
+import numpy as np
 import pytest
 
 from posbench.report.stats import mean_interval
@@ -64,3 +66,57 @@ def test_only_an_encoding_alone_in_group_one_is_best() -> None:
     assert sole_best([1, 1, 2]) is None  # two share the lead
     assert sole_best([1]) is None  # nothing to compare with
     assert sole_best([]) is None
+
+
+def test_holm_adjusts_step_down_and_skips_nan() -> None:
+    from posbench.report.stats import holm
+
+    adjusted = holm([0.01, 0.04, math.nan, 0.03])
+    assert adjusted[0] == pytest.approx(0.03) and adjusted[3] == pytest.approx(0.06)
+    assert adjusted[1] == pytest.approx(0.06) and math.isnan(adjusted[2])
+
+
+def test_the_order_test_is_exact_and_calibrated() -> None:
+    """Two groups of three seeds fully apart: 1 of the 20 arrangements is as extreme, so the
+    p-value is about 1/20; under no difference, p <= 0.05 about 5% of the time."""
+    from posbench.report.stats import order_test
+
+    apart = order_test([3, 4, 5, 0, 1, 2], [0, 0, 0, 1, 1, 1], permutations=4999)
+    assert apart.p_agree == pytest.approx(1 / 20, abs=0.01) and apart.p_disagree == 1.0
+    rng = np.random.default_rng(0)
+    ranks = np.repeat(np.arange(4), 5)
+    p = [
+        order_test(rng.normal(size=20), ranks, permutations=199, seed=i).p_agree for i in range(400)
+    ]
+    assert 0.02 <= np.mean(np.asarray(p) <= 0.05) <= 0.08
+
+
+def test_letter_groups_share_a_letter_exactly_where_no_test_separates() -> None:
+    from posbench.report.stats import letter_groups
+
+    separated = {frozenset("AC"), frozenset("AD"), frozenset("BD")}
+    letters = letter_groups(["A", "B", "C", "D"], separated)
+    assert letters == {"A": "a", "B": "ab", "C": "bc", "D": "c"}
+    for x, y in itertools.combinations("ABCD", 2):
+        assert bool(set(letters[x]) & set(letters[y])) == (frozenset((x, y)) not in separated)
+    assert letter_groups(["A", "B"], set()) == {"A": "a", "B": "a"}
+
+
+def test_two_encodings_that_no_pairwise_test_separates_share_a_group() -> None:
+    """Overlapping seeds (no separation) share a letter; a third encoding far above both
+    leads alone; and with no true difference among five encodings, any pair is separated at
+    most about 5% of the time (Holm over the ten pairs)."""
+    from posbench.report.stats import letter_groups, separated_pairs
+
+    samples = {
+        "high": [0.90, 0.91, 0.92, 0.90, 0.91],
+        "rope": [0.40, 0.55, 0.45, 0.60, 0.50],
+        "t5": [0.50, 0.42, 0.58, 0.47, 0.52],
+    }
+    letters = letter_groups(["high", "t5", "rope"], separated_pairs(samples))
+    assert letters == {"high": "a", "t5": "b", "rope": "b"}
+    rng = np.random.default_rng(1)
+    separating = [
+        bool(separated_pairs({k: rng.normal(size=5) for k in "abcde"})) for _ in range(300)
+    ]
+    assert np.mean(separating) <= 0.07

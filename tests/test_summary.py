@@ -34,7 +34,8 @@ def test_headline_gives_intervals_best_seed_and_share_that_generalise() -> None:
     assert row["seeds"] == 3 and row["in_distribution"] == 1.0
     assert row["at_2x"] == pytest.approx(0.5166667)
     expected = mean_interval([0.95, 0.2, 0.4])
-    assert (row["at_2x_low"], row["at_2x_high"]) == pytest.approx((expected.low, expected.high))
+    assert expected.low < 0  # the t interval leaves 0..1; the headline's is cut at 0
+    assert (row["at_2x_low"], row["at_2x_high"]) == pytest.approx((0.0, min(1.0, expected.high)))
     assert row["best_at_2x"] == 0.95 and row["generalising"] == pytest.approx(1 / 3)
     assert row["token_at_2x"] == pytest.approx(0.5 + 0.5166667 / 2)
 
@@ -96,8 +97,13 @@ def test_effective_length_is_the_longest_length_before_the_metric_first_fails() 
     )
     table = effective_lengths(frame).set_index("encoding_label")
     assert EFFECTIVE_AT == 0.9
-    assert table.loc["alibi", "effective_length"] == pytest.approx((16 + 8 + 32) / 3)
-    assert table.loc["alibi", "effective_length_low"] < table.loc["alibi", "effective_length"]
+    # seed 0 crosses 0.9 between 16 (0.91) and 32 (0.5), seed 1 between 8 (0.95) and 16 (0.2),
+    # seed 2 holds to 32 and has no value at 64 (no interpolation there)
+    crossings = (16 + 0.01 / 0.41 * 16, 8 + 0.05 / 0.75 * 8, 32)
+    assert table.loc["alibi", "effective_length"] == pytest.approx(sum(crossings) / 3)
+    assert 0 <= table.loc["alibi", "effective_length_low"] < table.loc["alibi", "effective_length"]
+    assert table.loc["alibi", "effective_length_high"] <= 64  # never past the evaluated range
+    assert table.loc["alibi", "effective_length_censored"] == 0
     assert table.loc["nope", "effective_length"] == 0  # fails at the shortest length
     lm = tidy(
         [
@@ -115,7 +121,31 @@ def test_effective_length_is_the_longest_length_before_the_metric_first_fails() 
             for p, v in {16: 0.0, 64: 0.01, 128: 0.05, 256: 0.3, 512: 0.05}.items()
         ]
     )
-    assert effective_lengths(lm).set_index("encoding_label").loc["rope", "effective_length"] == 128
+    # crosses 0.1 nats between 128 (0.05) and 256 (0.3)
+    rope = effective_lengths(lm).set_index("encoding_label").loc["rope"]
+    assert rope["effective_length"] == pytest.approx(128 + 0.05 / 0.25 * 128)
+
+
+def test_an_effective_length_held_to_the_longest_length_prints_as_at_least() -> None:
+    from posbench.report.summary import effective_length_text, effective_lengths
+
+    rows = [
+        {
+            "task": "copy",
+            "encoding_label": "t5",
+            "seed": seed,
+            "train_len_max": 8,
+            "mem_len": math.nan,
+            "metric": "greedy_token_accuracy",
+            "eval_len": n,
+            "value": 0.99,
+        }
+        for seed in (0, 1, 2)
+        for n in (8, 16, 24)
+    ]
+    record = effective_lengths(tidy(rows)).iloc[0].to_dict()
+    assert record["effective_length"] == 24 and record["effective_length_censored"] == 1.0
+    assert effective_length_text(record) == ">= 24"
 
 
 def test_models_that_did_not_learn_a_task_are_left_out_of_its_ranking() -> None:
@@ -230,3 +260,23 @@ def test_a_task_where_some_runs_hit_the_step_cap_is_not_called_equal_accuracy() 
     assert comparison_kind(tidy(reached + [steps("nope", 0, math.nan), variant])) == {
         "copy": "equal accuracy for 2 of 3 runs (the rest hit the step cap first)"
     }  # an evaluation-time variant repeats its trained run's steps: counted once
+
+
+def test_the_effective_length_threshold_is_measured_from_chance() -> None:
+    """Bits (chance 0.5): 0.93 is past 0.9 but only 86% of the way from chance to 1, so the
+    effective length ends before length 16, where a chance of 0 would have let it hold."""
+    from posbench.report.summary import effective_lengths
+
+    def rows(chance: float) -> list[dict]:
+        out = []
+        for n, v in {8: 1.0, 16: 0.93, 24: 0.5}.items():
+            base = {"task": "parity_check", "encoding_label": "rope", "seed": 0}
+            base |= {"train_len_max": 8, "mem_len": math.nan, "eval_len": n}
+            out.append(base | {"metric": "greedy_token_accuracy", "value": v})
+            out.append(base | {"metric": "chance_token_accuracy", "value": chance})
+        return out
+
+    bits = effective_lengths(tidy(rows(0.5))).iloc[0]["effective_length"]
+    assert bits == pytest.approx(8 + (1.0 - 0.95) / (1.0 - 0.95 + 0.95 - 0.93) * 8)
+    none = effective_lengths(tidy(rows(0.0))).iloc[0]["effective_length"]
+    assert none == pytest.approx(16 + 0.03 / 0.43 * 8)

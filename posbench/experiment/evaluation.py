@@ -90,7 +90,8 @@ def greedy_predictions(model: Decoder, tokens: torch.Tensor, answer: torch.Tenso
     """Free-running decoding: the model's argmax at every position (B, T), where each answer
     token the model reads is its own earlier prediction rather than the true token (so after
     its first mistake it continues from that mistake). Only for a task whose answers are its
-    next inputs (Task.answers_fed_back): the prediction at t is written into the input at t + 1. Tokens off the answer are read as given.
+    next inputs (Task.answers_fed_back): the prediction at t is written into the input at
+    t + 1. Tokens off the answer are read as given.
     Decodes one token at a time through an unbounded cache when the encoding is cache
     consistent, else recomputes the prefix at every step. A bidirectional model emits every
     answer at once from blanks, reading none of its answers: its one forward pass is free

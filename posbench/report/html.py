@@ -27,6 +27,7 @@ from posbench.tasks import REGISTRY as TASKS
 from posbench.errors import ResultsError
 from posbench.experiment.memory import MEMORY_METHOD
 from posbench.experiment.config import UNLEARNED_EXCESS
+from posbench.report.calibration import calibrate
 from posbench.report.literature import check_findings
 from posbench.store import (
     DISTANCE_FILE,
@@ -51,6 +52,7 @@ from posbench.report.summary import (
     FAMILIES,
     cross_task_ranking,
     deepmind_scores,
+    effective_length_text,
     effective_lengths,
     encoding_order,
     family_gains,
@@ -208,12 +210,7 @@ def _answer_table(
                 "best": not pd.isna(value) and best[column] == value,
             }
         extra = {
-            "effective_length": Interval(
-                record["effective_length"],
-                record["effective_length_low"],
-                record["effective_length_high"],
-                0,
-            ).text(1),
+            "effective_length": effective_length_text(record, 1),
             "seeds": str(int(record["seeds"])),
             "best_at_2x": "n/a" if pd.isna(record["best_at_2x"]) else f"{record['best_at_2x']:.2f}",
             "generalising": "n/a"
@@ -270,12 +267,7 @@ def _loss_table(task: str, group: pd.DataFrame, unit: str) -> dict[str, Any]:
             for c, _ in LOSS_COLUMNS
         }
         cells["effective_length"] = {
-            "text": Interval(
-                record["effective_length"],
-                record["effective_length_low"],
-                record["effective_length_high"],
-                0,
-            ).text(0),
+            "text": effective_length_text(record),
             "best": False,
         }
         cells["seeds"] = {"text": str(int(record["seeds"])), "best": False}
@@ -472,7 +464,8 @@ def _deepmind_section(frame: pd.DataFrame) -> dict[str, Any] | None:
         counted = f"{int(row['learned'])}/{int(row['tasks'])}"
         if not row["learned"]:
             return f"none learned (0/{int(row['tasks'])})"
-        return f"{row['mean']:.3f} ({row['best']:.3f}), {counted}"
+        chance = "" if pd.isna(row["chance"]) else f"; chance {row['chance']:.2f}"
+        return f"{row['mean']:.3f} ({row['best']:.3f}), {counted}{chance}"
 
     gains = []
     for label in labels:
@@ -580,6 +573,21 @@ def _scale_section(results: pd.DataFrame, colours: dict[str, str]) -> dict[str, 
 REPORT_RECORD = "report.json"
 
 
+def _literature(frame: pd.DataFrame) -> dict[str, Any]:
+    """The literature verdicts and, where any took a test, the rule's measured error rate at
+    this sweep's seed count (see calibration.py)."""
+    verdicts = check_findings(frame)
+    calibration = ""
+    if any(v.method for v in verdicts):
+        trained = frame[frame["task"].notna() & frame["seed"].notna()]
+        seeds = trained.groupby(["task", "encoding_label"])["seed"].nunique()
+        calibration = calibrate(int(seeds.mode().iloc[0])).sentence()
+    return {
+        "literature": [dataclasses.asdict(v) for v in verdicts],
+        "calibration": calibration,
+    }
+
+
 def _report_record(
     sweep_dir: Path,
     out_dir: Path,
@@ -624,6 +632,7 @@ def _report_record(
                 "value": _finite(r["effective_length"]),
                 "low": _finite(r["effective_length_low"]),
                 "high": _finite(r["effective_length_high"]),
+                "censored": _finite(r["effective_length_censored"]),
                 "learned": bool(learned.get((r["task"], r["encoding_label"]), True)),
             }
             for r in effective.to_dict("records")
@@ -848,7 +857,7 @@ def build_report(sweep_dir: Path, out_dir: Path, linked: Collection[str] = ()) -
         "memory_method": MEMORY_METHOD,
         "cost_captions": COST_CAPTIONS,
         "timing_method": describe_method(),
-        "literature": [dataclasses.asdict(v) for v in check_findings(frame)],
+        **_literature(frame),
         "cross_task": [
             {
                 "label": r["encoding_label"],

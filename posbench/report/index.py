@@ -82,8 +82,11 @@ def _over_tasks(row: dict[str, Any]) -> str:
 
 
 def _interval(row: dict[str, Any], digits: int = 0) -> str:
-    """'32 [24, 40]', or the value alone without an interval."""
+    """'32 [24, 40]', or the value alone without an interval; '>= 64' where every seed held to
+    the longest evaluated length (an effective length whose real limit lies beyond)."""
     value = f"{row['value']:.{digits}f}"
+    if (row.get("censored") or 0) >= 1:
+        return f">= {value}"
     if row.get("low") is None:
         return value
     return f"{value} [{row['low']:.{digits}f}, {row['high']:.{digits}f}]"

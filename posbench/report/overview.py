@@ -9,12 +9,15 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from posbench.report.stats import Interval, rank_groups, sole_best
+from posbench.report.stats import Interval, letter_groups, separated_pairs
 from posbench.report.summary import (
     comparison_kind,
     cost_columns,
+    effective_length_text,
     encoding_order,
+    evaluation_variants,
     headline,
+    headline_per_seed,
     learned_in_distribution,
     lm_headline,
 )
@@ -64,6 +67,7 @@ OVERVIEW_COLUMNS = [
     "effective_length",
     "effective_length_low",
     "effective_length_high",
+    "effective_length_censored",
     "latency_ratio",
     "latency_at",
     "latency_noisy",
@@ -75,12 +79,14 @@ OVERVIEW_COLUMNS = [
 def overview(frame: pd.DataFrame) -> pd.DataFrame:
     """One row per (task, encoding label) that has a headline metric: its mean over seeds with
     the 95% t interval (NaN bounds with one seed), whether the model learned the task in
-    distribution, its rank group among the encodings that did (1 is best; encodings whose
-    intervals overlap share a group; none for an unlearned model), `best` where group 1 holds
-    that encoding alone, the chance level, the share of query-key pairs at 2x that read a
-    parameter row training never reached, the effective length, and the fwd+bwd latency and
-    peak-memory ratios to nope at the stated sequence length (latency_noisy where other
-    processes disturbed the timing)."""
+    distribution, its rank group among the trained encodings that did, as letters (a compact
+    letter display: two encodings share a letter unless a Welch t test over their seeds,
+    Holm-corrected over the task's pairs, separates them; "a" holds the best; none for an
+    unlearned model or an evaluation variant, which is shown but not ranked), `best` where the
+    top encoding is separated from every other, the chance level, the share of query-key
+    pairs at 2x that read a parameter row training never reached, the effective length, and
+    the fwd+bwd latency and peak-memory ratios to nope at the stated sequence length
+    (latency_noisy where other processes disturbed the timing)."""
     answers, lm = headline(frame), lm_headline(frame)
     untrained = (
         answers.set_index(["task", "encoding_label"])["untrained_at_2x"]
@@ -107,19 +113,23 @@ def overview(frame: pd.DataFrame) -> pd.DataFrame:
     if table.empty:
         return table.reindex(columns=OVERVIEW_COLUMNS)
     table["comparison"] = table["task"].map(comparisons)
-    table["rank_group"] = pd.array([pd.NA] * len(table), dtype="Int64")
+    table["rank_group"] = pd.Series([pd.NA] * len(table), dtype="object")
     table["best"] = False
-    for _, group in table.groupby("task"):
+    per_seed = headline_per_seed(frame).groupby(["task", "encoding_label"])["value"]
+    seeds = {key: values.dropna().to_numpy() for key, values in per_seed}
+    variants = evaluation_variants(frame)
+    for task, group in table.groupby("task"):
         metric = HEADLINE_METRICS[group["headline_metric"].iloc[0]]
-        ranked = group[group["learned"]]
-        groups = rank_groups(
-            [Interval(r.value, r.low, r.high, r.seeds) for r in ranked.itertuples()],
-            metric.higher_is_better,
-        )
-        table.loc[ranked.index, "rank_group"] = groups
-        best = sole_best(groups)
-        if best is not None:
-            table.loc[ranked.index[best], "best"] = True
+        ranked = group[group["learned"] & ~group["encoding_label"].isin(variants.get(task, ()))]
+        ranked = ranked.sort_values("value", ascending=not metric.higher_is_better)
+        samples = {label: seeds.get((task, label), []) for label in ranked["encoding_label"]}
+        separated = separated_pairs(samples)
+        letters = letter_groups(list(samples), separated)
+        table.loc[ranked.index, "rank_group"] = [letters[label] for label in samples]
+        if len(samples) > 1:
+            top = next(iter(samples))
+            if all(frozenset((top, other)) in separated for other in samples if other != top):
+                table.loc[ranked.index[0], "best"] = True
     costs = cost_columns(frame)
     table = table.merge(costs, on="encoding_label", how="left").reindex(columns=OVERVIEW_COLUMNS)
     order = encoding_order(table["encoding_label"])
@@ -199,14 +209,16 @@ def _record(
         "effective_length": row["effective_length"],
         "effective_length_low": row["effective_length_low"],
         "effective_length_high": row["effective_length_high"],
+        "effective_length_censored": row.get("effective_length_censored", math.nan),
     }
 
 
 def overview_cells(row: dict) -> dict[str, str]:
     """A row of the overview as the terminal and the report print it: the headline with its
-    interval (and † where it reads untrained parameter rows), the rank group ("-" for a model
-    that did not learn the task), the effective length and the cost ratios ("" where not
-    measured, "(noisy)" where the timing was disturbed)."""
+    interval (and † where it reads untrained parameter rows), the rank group's letters ("-" for
+    a model that did not learn the task, "variant" for an evaluation variant, shown unranked),
+    the effective length and the cost ratios ("" where not measured, "(noisy)" where the
+    timing was disturbed)."""
     metric = HEADLINE_METRICS[row["headline_metric"]]
     group = row["rank_group"]
     share = row["untrained_share"]
@@ -215,10 +227,12 @@ def overview_cells(row: dict) -> dict[str, str]:
     return {
         "headline": metric.text(row["value"], row["low"], row["high"])
         + (" †" if not pd.isna(share) and share > 0 else ""),
-        "group": "-" if pd.isna(group) else str(int(group)),
-        "effective_length": Interval(
-            row["effective_length"], row["effective_length_low"], row["effective_length_high"], 0
-        ).text(0),
+        "group": str(group)
+        if not pd.isna(group)
+        else "variant"
+        if bool(row.get("learned", False))
+        else "-",
+        "effective_length": effective_length_text(row),
         "latency": "" if pd.isna(row["latency_ratio"]) else f"{row['latency_ratio']:.2f}x{noisy}",
         "memory": "" if pd.isna(row["memory_ratio"]) else f"{row['memory_ratio']:.2f}x",
     }

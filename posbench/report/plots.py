@@ -22,7 +22,7 @@ from matplotlib.figure import Figure
 
 from posbench.report.overview import HEADLINE_METRICS
 from posbench.report.stats import mean_interval
-from posbench.report.summary import RANDOM_SUFFIX, encoding_order, token_metric
+from posbench.report.summary import CHANCE_SHOWN, RANDOM_SUFFIX, encoding_order, token_metric
 
 #: The report's look, applied per figure through rc_context: the caller's rcParams and
 #: backend are never touched (no pyplot, no matplotlib.use).
@@ -326,8 +326,10 @@ def attention_distance(distances: dict[str, pd.DataFrame], colours: dict[str, st
 @styled
 def overview_heatmap(table: pd.DataFrame) -> str | None:
     """Encodings x tasks coloured by each task's headline metric (one panel per metric, each
-    with its own scale), every cell labelled with its value and rank group: the suite's answer
-    at a glance. A model that did not learn the task is grey and unranked."""
+    with its own scale), every cell labelled with its value and rank group (its letters, or
+    "variant" for an evaluation variant, shown unranked), each task's chance level under its
+    name where it is not about 0: the suite's answer at a glance. A model that did not learn
+    the task is grey and unranked."""
     if table.empty:
         return None
     labels = encoding_order(table["encoding_label"])
@@ -361,17 +363,28 @@ def overview_heatmap(table: pd.DataFrame) -> str | None:
                 continue
             shade = image.norm(record["value"])
             dark = shade < 0.55 if metric.higher_is_better else shade > 0.45
+            group = record["rank_group"]
             ax.text(
                 x,
                 y,
-                f"{record['value']:.{metric.digits}f} ({record['rank_group']})",
+                f"{record['value']:.{metric.digits}f} "
+                + ("(variant)" if pd.isna(group) else f"({group})"),
                 ha="center",
                 va="center",
                 fontsize=7,
                 color="white" if dark else "black",
                 fontweight="bold" if record["best"] else "normal",
             )
-        ax.set_xticks(range(len(tasks)), tasks, rotation=30, ha="right")
+        chance = (
+            rows.groupby("task")["chance"].mean() if "chance" in rows else pd.Series(dtype=float)
+        )
+        ticks = [
+            f"{task}\nchance {chance[task]:.2f}"
+            if task in chance.index and chance[task] >= CHANCE_SHOWN
+            else task
+            for task in tasks
+        ]
+        ax.set_xticks(range(len(tasks)), ticks, rotation=30, ha="right")
         ax.set_yticks(range(len(labels)), labels)
         ax.tick_params(axis="y", labelleft=ax is axes[0])
         ax.grid(False)

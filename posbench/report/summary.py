@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping
 
 import numpy as np
 import pandas as pd
@@ -16,6 +16,8 @@ from posbench.tasks import REGISTRY as TASKS
 from posbench.experiment.config import UNDERTRAINED_BELOW, UNLEARNED_EXCESS
 from posbench.report.stats import (
     GENERALISES_AT,
+    SHARE_BOUNDS,
+    Interval,
     mean_interval,
     percentile_interval,
     seed_resamples,
@@ -92,26 +94,45 @@ EFFECTIVE_AT = 0.9
 EFFECTIVE_PENALTY = 0.1
 
 
-def _longest_holding(lengths: list[float], values: list[float], holds) -> float:
-    """The longest of the sorted `lengths` up to which `holds(value)` is true at every one (0
-    when it fails at the first; NaN values fail)."""
-    longest = 0.0
-    for length, value in sorted(zip(lengths, values)):
-        if math.isnan(value) or not holds(value):
-            break
-        longest = length
-    return longest
+def _effective(
+    lengths: list[float], values: list[float], thresholds: list[float], higher_is_better: bool
+) -> tuple[float, bool]:
+    """Where the metric first crosses `threshold` along the sorted `lengths`: between the last
+    evaluated length at which it held (with every shorter one) and the first at which it failed,
+    linearly interpolated, so the answer is not a point of the evaluation grid. 0 when it fails
+    at the shortest length; the longest length, censored (True: the model held everywhere it
+    was evaluated, so its real limit is longer), when it never fails. A NaN value fails without
+    interpolation."""
+    previous: tuple[float, float, float] | None = None
+    for length, value, threshold in sorted(zip(lengths, values, thresholds)):
+        holds = not math.isnan(value) and (
+            value >= threshold if higher_is_better else value <= threshold
+        )
+        if not holds:
+            if previous is None:
+                return 0.0, False
+            if math.isnan(value):
+                return previous[0], False
+            start, held, before = previous  # the margin above (or below) the threshold
+            fraction = (held - before) / ((held - before) - (value - threshold))
+            return start + fraction * (length - start), False
+        previous = (length, value, threshold)
+    return (previous[0], True) if previous else (math.nan, False)
 
 
 def effective_lengths(frame: pd.DataFrame) -> pd.DataFrame:
     """Per (task, encoding_label): the effective length (full context) as the mean over seeds
-    with its 95% t interval: for tasks with answers, the longest length at which greedy token
-    accuracy stays >= EFFECTIVE_AT; for loss by position, the longest position at which the
-    penalty stays <= EFFECTIVE_PENALTY nats. In the task's length unit."""
+    with its 95% t interval cut to the evaluated range: for tasks with answers, where greedy
+    token accuracy falls below EFFECTIVE_AT of the way from chance to 1 (the stored chance
+    level at each length, 0 where none is stored); for loss by position, where the penalty rises
+    above EFFECTIVE_PENALTY nats; interpolated between the evaluated lengths around the
+    crossing (see _effective). `effective_length_censored` is the share of seeds that held at
+    every evaluated length: their limit lies beyond the longest one, which reports print as
+    ">= L". In the task's length unit."""
     records = []
-    for metric, holds, x in (
-        ("greedy_token_accuracy", lambda v: v >= EFFECTIVE_AT, "eval_len"),
-        ("lm_penalty", lambda v: v <= EFFECTIVE_PENALTY, "position"),
+    for metric, threshold, higher_is_better, x in (
+        ("greedy_token_accuracy", EFFECTIVE_AT, True, "eval_len"),
+        ("lm_penalty", EFFECTIVE_PENALTY, False, "position"),
     ):
         rows = frame[
             (frame["metric"] == metric)
@@ -119,14 +140,29 @@ def effective_lengths(frame: pd.DataFrame) -> pd.DataFrame:
             & frame[x].notna()
             & frame["task"].notna()
         ]
+        chance = frame[(frame["metric"] == "chance_token_accuracy") & frame["mem_len"].isna()]
+        chance = chance.groupby(["task", "encoding_label", "seed", "eval_len"])["value"].mean()
         for (task, label), group in rows.groupby(["task", "encoding_label"]):
-            per_seed = [
-                _longest_holding(
-                    g[x].astype(float).tolist(), g["value"].astype(float).tolist(), holds
+            per_seed = []
+            for seed, g in group.groupby("seed"):
+                lengths = g[x].astype(float).tolist()
+                levels = (
+                    [float(chance.get((task, label, seed, n), 0.0)) for n in g["eval_len"]]
+                    if metric == "greedy_token_accuracy"
+                    else [0.0] * len(g)
                 )
-                for _, g in group.groupby("seed")
-            ]
-            interval = mean_interval(per_seed)
+                thresholds = (
+                    [c + threshold * (1 - c) for c in levels]
+                    if higher_is_better
+                    else [threshold] * len(g)
+                )
+                per_seed.append(
+                    _effective(
+                        lengths, g["value"].astype(float).tolist(), thresholds, higher_is_better
+                    )
+                )
+            lengths = [length for length, _ in per_seed]
+            interval = mean_interval(lengths, bounds=(0.0, float(group[x].max())))
             records.append(
                 {
                     "task": task,
@@ -134,6 +170,7 @@ def effective_lengths(frame: pd.DataFrame) -> pd.DataFrame:
                     "effective_length": interval.mean,
                     "effective_length_low": interval.low,
                     "effective_length_high": interval.high,
+                    "effective_length_censored": sum(c for _, c in per_seed) / len(per_seed),
                     "effective_metric": metric,
                 }
             )
@@ -145,9 +182,36 @@ def effective_lengths(frame: pd.DataFrame) -> pd.DataFrame:
             "effective_length",
             "effective_length_low",
             "effective_length_high",
+            "effective_length_censored",
             "effective_metric",
         ],
     )
+
+
+#: The effective-length columns the headline tables carry.
+EFFECTIVE_COLUMNS = (
+    "effective_length",
+    "effective_length_low",
+    "effective_length_high",
+    "effective_length_censored",
+)
+
+
+def effective_length_text(record: Mapping[str, Any], digits: int = 0) -> str:
+    """The effective length as reports print it: ">= L" where every seed held to the longest
+    evaluated length L; else the mean with its interval, and how many seeds held to the end
+    where some did (the mean then understates)."""
+    value = record.get("effective_length")
+    if value is None or pd.isna(value):
+        return "n/a"
+    censored = record.get("effective_length_censored")
+    censored = 0.0 if censored is None or pd.isna(censored) else float(censored)
+    if censored >= 1.0:
+        return f">= {value:.{digits}f}"
+    text = Interval(value, record["effective_length_low"], record["effective_length_high"], 0).text(
+        digits
+    )
+    return text + (f" ({censored:.0%} of seeds held to the longest length)" if censored else "")
 
 
 def _per_seed(rows: pd.DataFrame, which: object) -> pd.Series:
@@ -215,7 +279,7 @@ def headline(frame: pd.DataFrame) -> pd.DataFrame:
         if per_seed.empty:
             continue
         for (task, label), seeds in per_seed.groupby(level=[0, 1]):
-            interval = mean_interval(seeds.values)
+            interval = mean_interval(seeds.values, bounds=SHARE_BOUNDS)
             record = records.setdefault((task, label), {"task": task, "encoding_label": label})
             record |= {
                 column: interval.mean,
@@ -248,10 +312,7 @@ def headline(frame: pd.DataFrame) -> pd.DataFrame:
     ):
         key = (record["task"], record["encoding_label"])
         records.setdefault(key, {"task": key[0], "encoding_label": key[1]}).update(
-            {
-                k: record[k]
-                for k in ("effective_length", "effective_length_low", "effective_length_high")
-            }
+            {k: record[k] for k in EFFECTIVE_COLUMNS}
         )
     columns = keys + [
         f"{c}{suffix}" for c, _, _ in HEADLINE_COLUMNS for suffix in ("", "_low", "_high")
@@ -265,9 +326,7 @@ def headline(frame: pd.DataFrame) -> pd.DataFrame:
         "untrained_at_2x",
         "untrained_at_4x",
         "chance_at_2x",
-        "effective_length",
-        "effective_length_low",
-        "effective_length_high",
+        *EFFECTIVE_COLUMNS,
     ]
     table = pd.DataFrame(list(records.values())).reindex(columns=columns)
     if table.empty:
@@ -357,12 +416,7 @@ def lm_headline(frame: pd.DataFrame) -> pd.DataFrame:
     for record in effective[effective["effective_metric"] == "lm_penalty"].to_dict("records"):
         key = (record["task"], record["encoding_label"])
         if key in records:
-            records[key].update(
-                {
-                    k: record[k]
-                    for k in ("effective_length", "effective_length_low", "effective_length_high")
-                }
-            )
+            records[key].update({k: record[k] for k in EFFECTIVE_COLUMNS})
     columns = ["task", "encoding_label"] + [
         f"{c}{x}" for c, _, _ in LM_COLUMNS for x in ("", "_low", "_high")
     ]
@@ -370,9 +424,7 @@ def lm_headline(frame: pd.DataFrame) -> pd.DataFrame:
         "excess_in_distribution",
         "excess_in_distribution_low",
         "excess_in_distribution_high",
-        "effective_length",
-        "effective_length_low",
-        "effective_length_high",
+        *EFFECTIVE_COLUMNS,
         "seeds",
         "learned",
     ]
@@ -412,6 +464,15 @@ def learned_in_distribution(frame: pd.DataFrame) -> dict[tuple[str, str], bool]:
     )
     out |= {key: bool(value <= UNLEARNED_EXCESS) for key, value in excess.items()}
     return out
+
+
+def evaluation_variants(frame: pd.DataFrame) -> dict[str, set[str]]:
+    """Per task, the labels that are evaluation variants of a trained model (rows with
+    variant_of): shown beside their model, never ranked against it."""
+    if "variant_of" not in frame:
+        return {}
+    rows = frame[frame["variant_of"].notna() & frame["task"].notna()]
+    return {task: set(group["encoding_label"]) for task, group in rows.groupby("task")}
 
 
 def comparison_kind(frame: pd.DataFrame) -> dict[str, str]:
@@ -607,6 +668,8 @@ def cost_columns(frame: pd.DataFrame) -> pd.DataFrame:
 
 #: Deletang et al.'s language classes, in the order their tables list them.
 FAMILIES = ("regular", "context-free", "context-sensitive")
+#: A chance level below this is about 0 and not printed beside the scores it qualifies.
+CHANCE_SHOWN = 0.05
 
 
 def task_family(task_label: str) -> str:
@@ -618,16 +681,21 @@ def task_family(task_label: str) -> str:
 def deepmind_scores(frame: pd.DataFrame) -> pd.DataFrame:
     """DeepMind's score per (task, encoding label, seed) for the tasks of their suite: token
     accuracy averaged over every full-context length past the longest training length, with the
-    task's language class and whether the label learned the task in distribution. A task posed
+    task's language class, the chance level over the same lengths (NaN where not stored) and
+    whether the label learned the task in distribution. A task posed
     to a decoder is scored free-running (their encoder never reads its own answer); the encoder
     form emits its answer at once, so its token accuracy is already theirs."""
     rows = frame[frame["task"].notna() & frame["mem_len"].isna() & frame["eval_len"].notna()]
     rows = rows[rows["eval_len"].astype(float) > rows["train_len_max"].astype(float)]
+    chance = rows[rows["metric"] == "chance_token_accuracy"]
     rows = token_accuracy_rows(rows)
     families = {task: task_family(str(task)) for task in rows["task"].unique()}
     rows = rows[rows["task"].map(families) != ""]
-    scores = rows.groupby(["task", "encoding_label", "seed"])["value"].mean().rename("score")
+    keys = ["task", "encoding_label", "seed"]
+    scores = rows.groupby(keys)["value"].mean().rename("score")
     table = scores.reset_index()
+    chance_by_run = chance.groupby(keys)["value"].mean()
+    table["chance"] = [chance_by_run.get(key, math.nan) for key in zip(*(table[k] for k in keys))]
     table.insert(1, "family", table["task"].map(families))
     learned = learned_in_distribution(frame)
     table["learned"] = [
@@ -638,18 +706,29 @@ def deepmind_scores(frame: pd.DataFrame) -> pd.DataFrame:
 
 def family_scores(scores: pd.DataFrame) -> pd.DataFrame:
     """Per (encoding label, family, and "all"): over the family's tasks that the label learned
-    in distribution, the mean of each task's mean over seeds and the same mean of each task's
-    best seed (their tables report the best); `learned` of `tasks` says how many tasks count.
-    A task the model did not learn measures no length generalisation, so it is not averaged."""
+    in distribution, the mean of each task's mean over seeds, the same mean of each task's
+    best seed (their tables report the best) and of each task's chance level; `learned` of
+    `tasks` says how many tasks count. A task the model did not learn measures no length
+    generalisation, so it is not averaged."""
+    if "chance" not in scores:
+        scores = scores.assign(chance=math.nan)
     per_task = (
         scores.groupby(["family", "task", "encoding_label"])
-        .agg(mean=("score", "mean"), best=("score", "max"), learned=("learned", "all"))
+        .agg(
+            mean=("score", "mean"),
+            best=("score", "max"),
+            chance=("chance", "mean"),
+            learned=("learned", "all"),
+        )
         .reset_index()
     )
     per_task = pd.concat([per_task, per_task.assign(family="all")], ignore_index=True)
     kept = per_task[per_task["learned"]]
     table = kept.groupby(["encoding_label", "family"]).agg(
-        mean=("mean", "mean"), best=("best", "mean"), learned=("task", "nunique")
+        mean=("mean", "mean"),
+        best=("best", "mean"),
+        chance=("chance", "mean"),
+        learned=("task", "nunique"),
     )
     counts = per_task.groupby(["encoding_label", "family"])["task"].nunique().rename("tasks")
     table = table.reindex(counts.index).join(counts)

@@ -273,10 +273,12 @@ def print_overview(console: Console, table: pd.DataFrame) -> None:
             )
     console.print(out)
     notes = [
-        "group: 1 is best; encodings whose intervals overlap share a group; bold: a group of one",
+        "group: letters, a holds the best; two encodings share a letter unless a Welch t test "
+        "over seeds (Holm over the task's pairs, 5%) separates them; bold: separated from all",
         (
-            f"eff. len: the longest length up to which free-running token accuracy stays >= "
-            f"{EFFECTIVE_AT} (loss tasks: penalty <= {EFFECTIVE_PENALTY} nats)"
+            f"eff. len: where free-running token accuracy falls below {EFFECTIVE_AT} (loss "
+            f"tasks: the penalty rises above {EFFECTIVE_PENALTY} nats), interpolated between "
+            "the evaluated lengths; >= L: it held to the longest length evaluated"
         ),
     ]
     if not table["learned"].all():
