@@ -191,3 +191,28 @@ def test_spans_tell_the_same_positions_from_the_same_tokens() -> None:
     keys, distance = Span(0, 4, drawn).band(2, torch.device("cpu"))
     assert keys.tolist() == [[0, 0], [0, 1], [1, 2], [2, 3]]  # key -1 clamped: masked later
     assert distance.tolist() == [[0, 0], [3, 0], [1, 0], [5, 0]]
+
+
+def test_evaluation_averages_at_least_32_position_draws_per_length(monkeypatch) -> None:
+    """Positions are drawn once per forward call; evaluation cuts the held-out sample into at
+    least POSITION_DRAWS calls for an encoding that draws them, and reads the same sample."""
+    from posbench.experiment.evaluation import POSITION_DRAWS, _accuracy
+    from posbench.tasks import create_task
+
+    task = create_task("copy", train_lengths=[1, 4], eval_lengths=[8])
+    draws: list[int] = []
+    original = RandomPositions.draw
+    monkeypatch.setattr(
+        RandomPositions, "draw", lambda self, n: draws.append(n) or original(self, n)
+    )
+    config = EvalConfig(n_samples=64, batch_size=64)
+    torch.manual_seed(0)
+    model = build_model(
+        "rope", task.vocab_size, 16, 1, 2, encoding_options={"randomize_positions": 64}
+    ).eval()
+    _accuracy(model, task, 8, config, "cpu")
+    assert len(draws) >= POSITION_DRAWS
+    plain = build_model("rope", task.vocab_size, 16, 1, 2).eval()
+    draws.clear()
+    _accuracy(plain, task, 8, config, "cpu")
+    assert draws == []

@@ -23,6 +23,10 @@ from posbench.model import Decoder
 from posbench.tasks.base import IGNORE, Batch, Task
 
 HELD_OUT_SEED = 1_000_003  # the held-out sample per length is the same for every run
+#: Randomized positions are drawn once per forward call, shared by the sequences in it (as Ruoss
+#: et al.'s code draws them in training); evaluation reads each length in at least this many
+#: calls, so its accuracy averages at least this many draws rather than one or two.
+POSITION_DRAWS = 32
 VALIDATION_SEED = 2_000_003  # the early-stopping sample: never the evaluation sample
 
 
@@ -149,6 +153,18 @@ def chance_hits(
     return hits
 
 
+def _forward_calls(model: Decoder, batches: Iterator[Batch], config: EvalConfig) -> Iterator[Batch]:
+    """The evaluation sample as the model reads it: the held-out batches as they are, or, for an
+    encoding that draws its positions at evaluation, cut so that the sample takes at least
+    POSITION_DRAWS forward calls (one draw each). The sample itself is the same either way."""
+    if not model.encoding.draws_positions:
+        yield from batches
+        return
+    size = max(1, config.n_samples // POSITION_DRAWS)
+    for batch in batches:
+        yield from batch.split(size)
+
+
 def correct_prefix(hit: torch.Tensor, answer: torch.Tensor) -> torch.Tensor:
     """Per sequence, how many answer tokens are right before the first wrong one, (B,)."""
     wrong = answer & ~hit
@@ -181,7 +197,7 @@ def _accuracy(
         int, list[int]
     ] = {}  # answer column -> [answers, teacher-forced hits, greedy hits]
     with seeded_draws(seed + length):  # drawn positions, if any: a function of the sample alone
-        for batch in held_out(task, length, config, seed):
+        for batch in _forward_calls(model, held_out(task, length, config, seed), config):
             batch = batch.to(device)
             logits = _logits(model, batch.tokens, segment, mem_len)  # (B, T, V)
             mask = batch.targets != IGNORE

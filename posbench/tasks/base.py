@@ -25,6 +25,13 @@ class Batch:
     def to(self, device: torch.device | str) -> "Batch":
         return Batch(self.tokens.to(device), self.targets.to(device))
 
+    def split(self, size: int) -> list["Batch"]:
+        """The batch in consecutive pieces of at most `size` sequences."""
+        return [
+            Batch(tokens, targets)
+            for tokens, targets in zip(self.tokens.split(size), self.targets.split(size))
+        ]
+
 
 class Task(ABC):
     """Base class for synthetic tasks.
