@@ -211,7 +211,7 @@ def effective_length_text(record: Mapping[str, Any], digits: int = 0) -> str:
     text = Interval(value, record["effective_length_low"], record["effective_length_high"], 0).text(
         digits
     )
-    return text + (f" ({censored:.0%} of seeds held to the longest length)" if censored else "")
+    return text + (f" ({censored:.0%} held to the end)" if censored else "")
 
 
 def _per_seed(rows: pd.DataFrame, which: object) -> pd.Series:

@@ -276,9 +276,9 @@ def print_overview(console: Console, table: pd.DataFrame) -> None:
         "group: letters, a holds the best; two encodings share a letter unless a Welch t test "
         "over seeds (Holm over the task's pairs, 5%) separates them; bold: separated from all",
         (
-            f"eff. len: where free-running token accuracy falls below {EFFECTIVE_AT} (loss "
-            f"tasks: the penalty rises above {EFFECTIVE_PENALTY} nats), interpolated between "
-            "the evaluated lengths; >= L: it held to the longest length evaluated"
+            f"eff. len: where free-running token accuracy falls below {EFFECTIVE_AT} of the way "
+            f"from chance to 1 (loss tasks: the penalty rises above {EFFECTIVE_PENALTY} nats), "
+            "interpolated between the evaluated lengths; >= L: it held to the longest length"
         ),
     ]
     if not table["learned"].all():
