@@ -184,7 +184,7 @@ def test_results_that_agree() -> None:
     assert (
         "t5 0.50" in copy_order and "rho +1.00" in copy_order and "permutation test" in copy_order
     )
-    assert "reads t5 (T5 as this sweep configured it" in copy_order
+    assert "reads t5 (T5 as this sweep configured it; its label does not say" in copy_order
     lm_order = verdicts[
         "Loss past the training length degrades most for sinusoidal, then rotary, then T5; ALiBi "
         "least"

@@ -190,12 +190,12 @@ def _t5_reads(frame: pd.DataFrame, defaults: bool) -> tuple[str, str]:
             return T5_DEFAULTS_LABEL, "T5 at its paper defaults, as Kazemnejad et al. ran it"
         if T5_FITTED_LABEL in labels:
             return "t5", "T5 at its paper defaults, as Kazemnejad et al. ran it"
-        return "t5", "T5 as this sweep configured it (no label says whether it is the defaults)"
+        return "t5", "T5 as this sweep configured it; its label does not say if it is the defaults"
     if T5_FITTED_LABEL in labels:
         return T5_FITTED_LABEL, "T5 fitted to the training length, as Press et al. trained it"
     if T5_DEFAULTS_LABEL in labels:
         return "t5", "T5 fitted to the training length, as Press et al. trained it"
-    return "t5", "T5 as this sweep configured it (no label says whether it is fitted)"
+    return "t5", "T5 as this sweep configured it; its label does not say if it is fitted"
 
 
 def _unseen_per_seed(frame: pd.DataFrame, tasks: list[str], reads: dict[str, str]) -> pd.DataFrame:
