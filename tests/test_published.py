@@ -87,6 +87,18 @@ def test_a_reversed_order_gives_a_negative_tau_and_noise_an_interval_across_zero
     assert noisy[0].low < 0 < noisy[0].high
 
 
+def test_our_interval_beside_theirs_stays_inside_0_and_1() -> None:
+    """Exact match is a share: with seeds spread wide, the t interval would run below 0 and
+    above 1; the one printed beside the paper's number is cut to 0..1."""
+    results = _copy_results(ORDER, 0.0)
+    t5 = (results["encoding"] == "t5") & (results["eval_len"] != 20)
+    results.loc[t5, "value"] = results.loc[t5, "seed"].map({0: 0.0, 1: 0.0, 2: 0.9})
+    (copy,) = [c for c in beside_papers(results) if c.task == "copy"]
+    row = next(row for row in copy.rows if row["encoding"] == "t5")
+    assert row["ours"] == pytest.approx(0.3)  # the t interval: 0.3 -/+ 1.29
+    assert (row["ours_low"], row["ours_high"]) == (0.0, 1.0)
+
+
 def test_tasks_and_options_the_papers_did_not_run_are_left_out() -> None:
     frame = _copy_results(["t5", "alibi"], 0.0, task="lookback")
     assert beside_papers(frame) == []

@@ -120,7 +120,7 @@ ANSWER_COLUMNS = (
     ("longest_cache", "exact match, longest cache"),
 )
 #: A task table's columns about training and seeds rather than accuracy: a table of their own,
-#: so no task's table is wider than a screen.
+#: as the token accuracies are beside the whole-answer ones, so no table is wider than a screen.
 TRAINING_KEYS = ("best_at_2x", "generalising", "steps", "seeds")
 #: A loss-by-position task's columns: (column, header), all in nats.
 LOSS_COLUMNS = (
@@ -243,10 +243,11 @@ def _answer_table(
     kept, same = _keep_informative(columns, rows)
     chance = group["chance_at_2x"].dropna()
     training = [(key, header) for key, header in kept if key in TRAINING_KEYS]
-    accuracy = [(key, header) for key, header in kept if key not in TRAINING_KEYS]
+    tokens = [(key, header) for key, header in kept if "token" in header]
+    whole = [(k, h) for k, h in kept if k not in TRAINING_KEYS and (k, h) not in tokens]
     return {
         "kind": "answers",
-        "parts": [part for part in (accuracy, training) if part],
+        "parts": [part for part in (whole, tokens, training) if part],
         "same": same,
         "rows": rows,
         "chance": f"{chance.mean():.2f}" if len(chance) else "",
@@ -464,8 +465,7 @@ def _deepmind_section(frame: pd.DataFrame) -> dict[str, Any] | None:
         counted = f"{int(row['learned'])}/{int(row['tasks'])}"
         if not row["learned"]:
             return f"none learned (0/{int(row['tasks'])})"
-        chance = "" if pd.isna(row["chance"]) else f"; chance {row['chance']:.2f}"
-        return f"{row['mean']:.3f} ({row['best']:.3f}), {counted}{chance}"
+        return f"{row['mean']:.3f} ({row['best']:.3f}), {counted}"
 
     gains = []
     for label in labels:
@@ -483,10 +483,14 @@ def _deepmind_section(frame: pd.DataFrame) -> dict[str, Any] | None:
                     ],
                 }
             )
+    per_task_chance = scores.groupby(["family", "task"])["chance"].mean()
+    chance = {f: per_task_chance[f].mean() for f in FAMILIES if f in per_task_chance.index}
+    chance["all"] = per_task_chance.mean()
     return {
         "columns": columns,
         "tasks": {f: int(scores.loc[scores["family"] == f, "task"].nunique()) for f in FAMILIES},
         "rows": [{"label": label, "cells": [cell(label, f) for f in columns]} for label in labels],
+        "chance": ["" if pd.isna(chance.get(f, math.nan)) else f"{chance[f]:.3f}" for f in columns],
         "gains": gains,
     }
 

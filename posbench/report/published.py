@@ -12,7 +12,12 @@ from importlib import resources
 
 import pandas as pd
 
-from posbench.report.stats import kendall_tau, mean_interval, seed_bootstrap_interval
+from posbench.report.stats import (
+    SHARE_BOUNDS,
+    kendall_tau,
+    mean_interval,
+    seed_bootstrap_interval,
+)
 from posbench.report.summary import learned_in_distribution
 
 #: Bootstrap replicates for each task's rank correlation.
@@ -93,7 +98,8 @@ def beside_papers(frame: pd.DataFrame, replicates: int = RANK_REPLICATES) -> lis
         learned = {n: bool(learned_runs.get((task, n), True)) for n in names}
         comparison = PaperComparison(str(paper), str(task), str(metric), theirs["source"].iloc[0])
         for name in names:
-            interval = mean_interval(groups[name])
+            # the papers' scores are shares: the interval stays inside 0..1
+            interval = mean_interval(groups[name], bounds=SHARE_BOUNDS)
             comparison.rows.append(
                 {
                     "encoding": name,
