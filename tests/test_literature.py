@@ -446,6 +446,22 @@ def test_kazemnejad_checks_read_t5_at_its_defaults_and_run_per_task() -> None:
     assert combined in verdicts and "copy, reverse exact match" in verdicts[combined][1]
 
 
+def test_press_checks_read_the_fitted_t5_and_show_the_defaults_beside() -> None:
+    """Press et al. trained T5 on windows four times its max_distance: where a suite runs the
+    fitted T5 as t5 and the defaults as t5-paper, the checks read t5 and show t5-paper."""
+    rows = _lm({"sinusoidal": 1.2, "rope": 0.3, "t5": 0.05, "alibi": 0.01})
+    defaults = [
+        row | {"encoding_label": "t5-paper", "value": row["value"] * 30}
+        for row in _lm({"t5": 0.05})
+    ]
+    verdict, measured = _verdicts(rows + defaults)[
+        "T5's loss degrades more slowly than rotary's and sinusoidal's past the training length"
+    ]
+    assert verdict == AGREES and "t5 +0.050" in measured
+    assert "reads t5 (T5 fitted to the training length" in measured
+    assert "t5-paper beside it (not judged): +1.500" in measured
+
+
 def test_an_order_of_three_encodings_is_not_measured() -> None:
     three = _copy({"t5": 0.5, "alibi": 0.4, "sinusoidal": 0.05})
     verdict, measured = _verdicts(three)["The order of encodings past the training length (copy)"]

@@ -380,23 +380,56 @@ ALIBI_FIGURE_1 = {"sinusoidal": 4.0, "rope": 3.0, "t5": 2.0, "alibi": 1.0}
 BROKEN_PENALTY = 0.1
 
 
-def _lm_penalties(frame: pd.DataFrame) -> pd.DataFrame:
-    """Per built-in encoding on lm that learned the language: mean penalty by position (rows)
-    over seeds. A model that never learned the language has no penalty worth comparing."""
+def _press_rows(frame: pd.DataFrame) -> pd.DataFrame:
+    """The lm penalty rows of the entries Press et al.'s checks read, with the paper's name of
+    each in `name`: sinusoidal, rope and alibi by their own labels, and the fitted T5 (they
+    trained T5 on windows four times its max_distance; see _t5_reads), only where the entry
+    learned the language. A model that never learned it has no penalty worth comparing."""
+    reads = _press_reads(frame)
+    names = {label: name for name, label in reads.items()}
     learned = learned_language(frame, "lm")
     rows = frame[
         (frame["task"] == "lm")
         & (frame["metric"] == "lm_penalty")
-        & (frame["encoding_label"] == frame["encoding"])
+        & frame["encoding_label"].isin(names)
     ]
     rows = rows[rows["encoding_label"].map(learned).fillna(False).astype(bool)]
-    return rows.pivot_table(index="position", columns="encoding", values="value", aggfunc="mean")
+    return rows.assign(name=rows["encoding_label"].map(names))
+
+
+def _press_reads(frame: pd.DataFrame) -> dict[str, str]:
+    """Paper name -> the label Press et al.'s checks read."""
+    return {n: (_t5_reads(frame, defaults=False)[0] if n == "t5" else n) for n in ALIBI_FIGURE_1}
+
+
+def _press_context(frame: pd.DataFrame) -> str:
+    """Which T5 the Press checks read, with the other T5's penalty at the longest position
+    beside it (shown, not judged)."""
+    label, what = _t5_reads(frame, defaults=False)
+    other = T5_DEFAULTS_LABEL if label == "t5" else "t5"
+    rows = frame[
+        (frame["task"] == "lm")
+        & (frame["metric"] == "lm_penalty")
+        & (frame["encoding_label"] == other)
+    ]
+    rows = rows[rows["position"] == rows["position"].max()]
+    beside = f"; {other} beside it (not judged): {rows['value'].mean():+.3f}" if len(rows) else ""
+    return f"reads {label} ({what}){beside}"
+
+
+def _lm_penalties(frame: pd.DataFrame) -> pd.DataFrame:
+    """Per entry Press et al.'s checks read (by the paper's name): mean penalty by position
+    (rows) over seeds."""
+    rows = _press_rows(frame)
+    return rows.pivot_table(index="position", columns="name", values="value", aggfunc="mean")
 
 
 def _unlearned(frame: pd.DataFrame, names: tuple[str, ...]) -> list[str]:
-    """Which of the built-in `names` ran lm but did not learn the language."""
+    """Which of the paper's `names` ran lm (as the entries Press et al.'s checks read) but did
+    not learn the language."""
     learned = learned_language(frame, "lm")
-    return [n for n in names if n in learned.index and not learned[n]]
+    reads = _press_reads(frame)
+    return [n for n in names if reads.get(n, n) in learned.index and not learned[reads.get(n, n)]]
 
 
 def _longest_penalty(frame: pd.DataFrame) -> pd.Series:
@@ -437,7 +470,7 @@ def _alibi_order(frame: pd.DataFrame) -> tuple[str, str]:
         + measured[measured.find(" (Spearman") :]
         if "Spearman" in measured
         else measured
-    ), verdict
+    ) + f"; {_press_context(frame)}", verdict
 
 
 def _t5_slow(frame: pd.DataFrame) -> tuple[str, str]:
@@ -456,6 +489,7 @@ def _t5_slow(frame: pd.DataFrame) -> tuple[str, str]:
         + " nats"
     )
     below = [t5 < float(penalty[n]) for n in others]
+    text += f"; {_press_context(frame)}"
     return text, AGREES if all(below) else PARTLY if any(below) else DISAGREES
 
 
@@ -798,21 +832,15 @@ def _unsolved(family: str, only: tuple[str, ...] = ()) -> Callable[[pd.DataFrame
 
 # ---- The tests of each check's direction over seeds ------------------------------------------
 def _lm_penalty_per_seed(frame: pd.DataFrame, longest_only: bool) -> pd.DataFrame:
-    """Per built-in encoding that learned lm, per seed (name, seed, value): minus its penalty
+    """Per entry Press et al.'s checks read, per seed (name, seed, value): minus its penalty
     past the training length (the mean over positions past it, or at the longest position),
     so a higher value is less degradation."""
-    learned = learned_language(frame, "lm")
-    rows = frame[
-        (frame["task"] == "lm")
-        & (frame["metric"] == "lm_penalty")
-        & (frame["encoding_label"] == frame["encoding"])
-    ]
-    rows = rows[rows["encoding_label"].map(learned).fillna(False).astype(bool)]
+    rows = _press_rows(frame)
     rows = rows[rows["position"].astype(float) > rows["train_len_max"].astype(float)]
     if longest_only:
         rows = rows[rows["position"] == rows["position"].max()]
-    table = -rows.groupby(["encoding", "seed"])["value"].mean()
-    return table.rename("value").reset_index().rename(columns={"encoding": "name"})
+    table = -rows.groupby(["name", "seed"])["value"].mean()
+    return table.rename("value").reset_index()
 
 
 def _alibi_order_test(frame: pd.DataFrame) -> Evidence | None:
