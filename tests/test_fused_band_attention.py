@@ -342,3 +342,24 @@ def test_short_attention_without_a_learned_bias_takes_the_torch_kernels(
     tokens = torch.randint(0, 8, (2, L), generator=torch.Generator().manual_seed(0))
     tiny_model(encoding)(tokens).sum().backward()
     assert bool(calls) is uses_kernel, calls
+
+
+@pytest.mark.parametrize(
+    "value, on",
+    [("0", False), ("false", False), ("OFF", False), ("no", False), ("1", True), ("yes", True)],
+)
+def test_the_kernel_switch_reads_words_as_well_as_digits(monkeypatch, value: str, on: bool) -> None:
+    """POSBENCH_NATIVE_KERNELS=false once read as on: only "0" turned the kernels off."""
+    from posbench.kernels import native
+
+    monkeypatch.setenv(native.SWITCH, value)
+    assert native.enabled() is on
+
+
+def test_an_unknown_kernel_switch_value_is_one_sentence(monkeypatch) -> None:
+    from posbench.errors import ConfigError
+    from posbench.kernels import native
+
+    monkeypatch.setenv(native.SWITCH, "maybe")
+    with pytest.raises(ConfigError, match="neither on .* nor off .*; set it to one of them"):
+        native.enabled()

@@ -30,6 +30,8 @@ from types import ModuleType
 
 import torch
 
+from posbench.errors import ConfigError
+
 #: Set to 0 to skip the C++ kernels (no compiler, or to measure the torch kernels).
 SWITCH = "POSBENCH_NATIVE_KERNELS"
 SOURCES = Path(__file__).resolve().parent / "csrc"
@@ -84,9 +86,23 @@ def serves(tensor: torch.Tensor) -> bool:
     return tensor.device.type == "cpu" and tensor.dtype in (torch.float32, torch.float64)
 
 
+#: The values of POSBENCH_NATIVE_KERNELS that turn the C++ kernels off, and those that leave
+#: them on (case-insensitive; unset is on).
+SWITCH_OFF, SWITCH_ON = ("0", "false", "off", "no"), ("1", "true", "on", "yes", "")
+
+
 def enabled() -> bool:
-    """Whether the environment allows the C++ kernel (``POSBENCH_NATIVE_KERNELS`` is not 0)."""
-    return os.environ.get(SWITCH, "1").strip() != "0"
+    """Whether the environment allows the C++ kernel (``POSBENCH_NATIVE_KERNELS`` unset or on;
+    off is 0, false, off or no). Any other value is a ConfigError, never read as on."""
+    value = os.environ.get(SWITCH, "1").strip().lower()
+    if value in SWITCH_OFF:
+        return False
+    if value in SWITCH_ON:
+        return True
+    raise ConfigError(
+        f"{SWITCH}={os.environ[SWITCH]!r} is neither on ({', '.join(SWITCH_ON[:-1])}) nor off "
+        f"({', '.join(SWITCH_OFF)}); set it to one of them or unset it."
+    )
 
 
 def compile_flags(capability: str) -> list[str]:
