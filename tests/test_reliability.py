@@ -174,6 +174,18 @@ def test_an_evaluation_length_that_cannot_fit_in_memory_is_refused_up_front(tmp_
             ["encoding 'rope'", "option 'base' must be a number > 1", "got 0"],
         ),
         (('"nope"', '{ name = "copy" }'), ["Unknown encoding 'copy'"]),
+        (
+            ('"nope"', """{ name = "rope", label = "=cmd|' /C calc'!A0" }"""),
+            ["of encoding 'rope' starts with '='", "reads as a formula"],
+        ),
+        (
+            ('"nope"', '{ name = "rope", label = "@SUM(A1)" }'),
+            ["starts with '@'", "start it with a letter or digit"],
+        ),
+        (
+            ('"nope"', '{ name = "rope", label = "two\\nlines" }'),
+            ["holds a control character", "use printable characters"],
+        ),
     ],
 )
 def test_bad_values_get_one_sentence_before_anything_is_written(

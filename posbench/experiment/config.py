@@ -115,6 +115,25 @@ class EvalConfig:
     cache_eval_lengths: Annotated[tuple[int, ...] | None, Range(ge=1)] = None
 
 
+#: First characters that make a spreadsheet read a CSV cell as a formula.
+FORMULA_STARTS = ("=", "+", "-", "@")
+
+
+def check_label(label: str, what: str) -> None:
+    """Refuse a label a spreadsheet would run as a formula (results.csv, summary.csv and
+    by_length.csv carry labels verbatim) or one that breaks a line of progress output."""
+    if label.startswith(FORMULA_STARTS):
+        raise ConfigError(
+            f"The label {label!r} of {what} starts with {label[0]!r}, which a spreadsheet opening "
+            "results.csv reads as a formula; start it with a letter or digit."
+        )
+    if any(not ch.isprintable() for ch in label):
+        raise ConfigError(
+            f"The label {label!r} of {what} holds a control character (a newline or tab, say), "
+            "which breaks the one-line progress output and CSV rows; use printable characters."
+        )
+
+
 @dataclass(frozen=True)
 class EncodingSpec:
     """An encoding with its options, and the label results and reports show for it."""
@@ -122,6 +141,9 @@ class EncodingSpec:
     name: str
     options: Mapping[str, Any] = field(default_factory=dict)
     label: str = ""
+
+    def __post_init__(self) -> None:
+        check_label(self.label, f"encoding {self.name!r}")
 
     def display(self) -> str:
         if self.label:
@@ -143,6 +165,9 @@ class TaskSpec:
     #: What results and reports call it; needed when a suite runs one task twice (say, lm
     #: trained on whole windows and lm trained through a cache).
     label: str = ""
+
+    def __post_init__(self) -> None:
+        check_label(self.label, f"task {self.name!r}")
 
     def display(self) -> str:
         return self.label or self.name
