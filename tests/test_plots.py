@@ -127,3 +127,17 @@ def test_the_overview_heatmap_has_a_panel_per_headline_metric(
     texts = [[t.get_text() for t in ax.texts] for ax in panels]
     assert texts == [["0.74 (1)", "0.15 (2)"], ["not learned", "1.743 (1)"]]
     assert plots.overview_heatmap(table.iloc[0:0]) is None
+
+
+def test_a_share_s_band_stays_inside_0_and_1() -> None:
+    import pandas as pd
+
+    from posbench.report.plots import _mean_interval
+
+    rows = pd.DataFrame(
+        {"eval_len": [16, 16, 16], "metric": "exact_match", "value": [0.0, 0.0, 0.9]}
+    )
+    band = _mean_interval(rows, "eval_len").iloc[0]
+    assert band["low"] == 0.0 and band["high"] == 1.0  # the t interval is 0.3 -/+ 1.29
+    loss = rows.assign(metric="loss")
+    assert _mean_interval(loss, "eval_len").iloc[0]["low"] < 0

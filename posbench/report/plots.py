@@ -21,7 +21,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
 from posbench.report.overview import HEADLINE_METRICS
-from posbench.report.stats import mean_interval
+from posbench.report.stats import SHARE_BOUNDS, SHARE_METRICS, mean_interval
 from posbench.report.summary import CHANCE_SHOWN, RANDOM_SUFFIX, encoding_order, token_metric
 
 #: The report's look, applied per figure through rc_context: the caller's rcParams and
@@ -73,10 +73,12 @@ def to_png(fig: Figure) -> str:
 
 
 def _mean_interval(rows: pd.DataFrame, x: str) -> pd.DataFrame:
-    """Per x: the mean over seeds and its 95% t interval (NaN bounds, so no band, with one seed)."""
+    """Per x: the mean over seeds and its 95% t interval (NaN bounds, so no band, with one
+    seed), cut to 0..1 for a share."""
+    shares = "metric" in rows and rows["metric"].isin(SHARE_METRICS).all()
     out = []
     for value, group in rows.groupby(x):
-        interval = mean_interval(group["value"].values)
+        interval = mean_interval(group["value"].values, bounds=SHARE_BOUNDS if shares else None)
         out.append({x: value, "mean": interval.mean, "low": interval.low, "high": interval.high})
     return pd.DataFrame(out, columns=[x, "mean", "low", "high"]).sort_values(x)
 

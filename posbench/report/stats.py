@@ -51,6 +51,10 @@ def _no_negative_zero(value: float, digits: int) -> float:
 
 #: The range of a share (accuracy, exact match): its intervals never leave it.
 SHARE_BOUNDS = (0.0, 1.0)
+#: The stored metrics that are shares.
+SHARE_METRICS = frozenset(
+    {"exact_match", "token_accuracy", "greedy_token_accuracy", "chance_token_accuracy"}
+)
 
 
 def mean_interval(
