@@ -54,6 +54,12 @@ def test_repeated_seeds_train_once_and_negative_seeds_are_refused(tmp_path: Path
         "got [-1].",
     )
     assert not (tmp_path / "neg").exists()
+    huge = "100000000000000000000"  # passed validation, then failed inside torch's seeding
+    one_sentence_error(
+        invoke("run", "--config", str(config), "--seeds", huge, "--out", str(tmp_path / "big")),
+        "option 'seeds' must be a list of integers >= 0 and <= 2147483647",
+    )
+    assert not (tmp_path / "big").exists()
 
 
 # ---- failures keep their work and are retried ----------------------------------------------

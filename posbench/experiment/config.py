@@ -180,7 +180,7 @@ class SweepConfig:
 
     tasks: tuple[TaskSpec, ...] = tuple(TaskSpec(t) for t in DEFAULT_TASKS)
     encodings: tuple[EncodingSpec, ...] = ()  # empty: every built-in encoding
-    seeds: Annotated[tuple[int, ...], Range(ge=0)] = (0,)
+    seeds: Annotated[tuple[int, ...], Range(ge=0, le=2**31 - 1)] = (0,)
     model: ModelSize = ModelSize()
     #: The model-size axis: every task x encoding x seed at each of these sizes (empty: `model`
     #: alone; a [model] table that lists values fills it, with `model` the first size).
