@@ -31,6 +31,7 @@ from posbench.report.summary import (
     comparison_kind,
     deepmind_scores,
     learned_in_distribution,
+    task_names,
     token_accuracy_rows,
     token_metric,
 )
@@ -174,9 +175,7 @@ def kazemnejad_tasks(frame: pd.DataFrame) -> list[str]:
     """The task labels of the sweep whose registered task Kazemnejad et al. published (copy,
     its variants, reverse), in the sweep's order."""
     published = set(_kazemnejad_published()["task"])
-    rows = frame[frame["task"].notna()].drop_duplicates("task")
-    names = rows["task_name"].where(rows["task_name"].notna(), rows["task"])
-    return [t for t, n in zip(rows["task"], names) if n in published]
+    return [task for task, name in task_names(frame).items() if name in published]
 
 
 def _t5_reads(frame: pd.DataFrame, defaults: bool) -> tuple[str, str]:
@@ -263,7 +262,7 @@ class KazemnejadScope:
     def published(self, frame: pd.DataFrame) -> dict[str, float]:
         """Their unseen exact match per encoding, averaged over this scope's tasks."""
         numbers = _kazemnejad_published()
-        names = _task_names(frame)
+        names = task_names(frame)
         rows = numbers[numbers["task"].isin([names.get(t, t) for t in self.tasks])]
         return rows.groupby("encoding")["value"].mean().astype(float).to_dict()
 
@@ -323,12 +322,6 @@ class KazemnejadScope:
         return _order_evidence(
             self.per_seed(frame), [["nope", "t5", "alibi"], ["rope", "sinusoidal"]]
         )
-
-
-def _task_names(frame: pd.DataFrame) -> dict[str, str]:
-    rows = frame[frame["task"].notna()].drop_duplicates("task")
-    names = rows["task_name"].where(rows["task_name"].notna(), rows["task"])
-    return dict(zip(rows["task"], names))
 
 
 KAZEMNEJAD_SOURCE = "Kazemnejad et al. 2023, decoder-only, train <= 20, test 21..40, 3 seeds"
