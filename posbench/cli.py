@@ -439,6 +439,12 @@ def report_command(
         help="Figures (names in figures/, without .png, commas) that report.html shows from "
         "figures/ instead of embedding, for a published report whose README shows them.",
     ),
+    probe: Optional[Path] = typer.Option(
+        None,
+        "--probe",
+        help="A learning-rate probe's sweep folder (`posbench run --suite lr-probe`): the "
+        "report adds its table and checks this sweep's ranking against it.",
+    ),
 ) -> None:
     """Build results.csv, summary.csv, figures/ and a self-contained report.html from stored
     results."""
@@ -449,7 +455,7 @@ def report_command(
     report_dir = out or default_report_dir(results_dir)
     with sigterm_interrupts():
         try:
-            written = build_report(results_dir, report_dir, linked)
+            written = build_report(results_dir, report_dir, linked, probe)
         except KeyboardInterrupt as interrupt:
             _stop(
                 interrupt,

@@ -67,6 +67,7 @@ LAYERS: list[set[str]] = [
         "report.calibration",
         "report.plots",
         "report.scale",
+        "report.learning_rate",
         "report.published",
     },
     {"report.html", "report.terminal", "report.index"},

@@ -15,7 +15,7 @@ from typing import Any, Collection
 import pandas as pd
 from jinja2 import Environment, PackageLoader, select_autoescape
 
-from posbench.report import plots, published, scale
+from posbench.report import learning_rate, plots, published, scale
 from posbench.report.overview import (
     HEADLINE_METRICS,
     SAME_AS_NOTE,
@@ -573,6 +573,106 @@ def _scale_section(results: pd.DataFrame, colours: dict[str, str]) -> dict[str, 
     }
 
 
+def _learning_rate_section(
+    frame: pd.DataFrame,
+    config: dict[str, Any],
+    source: str = "",
+    suite: pd.DataFrame | None = None,
+    suite_rate: float | None = None,
+) -> dict[str, Any] | None:
+    """The learning-rate section: per task trained at several rates, each encoding's score per
+    rate, the rate validation picks, and one sentence per task on whether the order changes
+    (None where no task varies the rate). `suite` (an overview) and `suite_rate` come from the
+    suite this probe checks, when the probe is another sweep (`source`, its folder)."""
+    rates = learning_rate.task_learning_rates(config)
+    scores = learning_rate.probe_scores(frame, rates)
+    if scores.empty:
+        return None
+    default_rate = config.get("train", {}).get("lr")
+    suite_rate = suite_rate if suite_rate is not None else default_rate
+    if suite is not None and suite_rate not in set(scores["lr"]):
+        raise ResultsError(
+            f"the learning-rate probe {source} trained at "
+            f"{', '.join(f'{r:g}' for r in sorted(set(scores['lr'])))}, not at this suite's "
+            f"rate {suite_rate:g}; add a task at {suite_rate:g} to the probe and run it again."
+        )
+    if suite_rate is None or suite_rate not in set(scores["lr"]):
+        suite_rate = float(scores["lr"].mode().iloc[0])
+    groups = learning_rate.suite_groups(suite) if suite is not None else None
+    picked = learning_rate.picked_rates(scores).set_index(["task_name", "encoding_label"])
+    rate_list = sorted(scores["lr"].unique())
+    ranks = (
+        scores[scores["learned"].astype(bool)]
+        .groupby(["task_name", "lr"])["score"]
+        .rank(ascending=False, method="average")
+    )
+    scores = scores.assign(rank=ranks)
+    rows = []
+    for (task, label), group in scores.groupby(["task_name", "encoding_label"], sort=False):
+        by_rate = group.set_index("lr")
+
+        def cell(rate: float) -> str:
+            if rate not in by_rate.index:
+                return ""
+            row = by_rate.loc[rate]
+            if not bool(row["learned"]):
+                return f"not learned (validation {row['validation']:.2f})"
+            return f"{row['score']:.3g} ({row['rank']:g}), validation {row['validation']:.2f}"
+
+        rows.append(
+            {
+                "task": task,
+                "label": label,
+                "cells": [cell(rate) for rate in rate_list],
+                "picked": f"{picked.at[(task, label), 'lr']:g}"
+                if bool(picked.at[(task, label), "learned"])
+                else "none: not learned at any rate",
+            }
+        )
+    metrics = sorted(set(scores["metric"]))
+    return {
+        "source": source,
+        "suite_rate": f"{suite_rate:g}",
+        "rates": [f"{rate:g}" for rate in rate_list],
+        "scored_by": " or ".join(scale.SCORED_BY[m] for m in metrics),
+        "validated_by": " or ".join(learning_rate.VALIDATED_BY[m] for m in metrics),
+        "seeds": int(frame.loc[frame["task"].notna(), "seed"].nunique()),
+        "rows": rows,
+        "sentences": [
+            v.sentence() for v in learning_rate.rate_verdicts(scores, suite_rate, groups)
+        ],
+    }
+
+
+def _probe_section(
+    probe_dir: Path | None, suite: pd.DataFrame, config: dict[str, Any]
+) -> dict[str, Any] | None:
+    """The learning-rate section of another sweep (`posbench report --probe`), checked against
+    this suite's rank groups and learning rate."""
+    if probe_dir is None:
+        return None
+    if not Path(probe_dir).is_dir():
+        raise ResultsError(
+            f"{probe_dir} is not a folder; pass --probe the sweep folder of a learning-rate "
+            "probe (`posbench run --suite lr-probe` writes results/lr-probe)."
+        )
+    problems: list[str] = []
+    probe = sized_tasks(collect(probe_dir, problems))
+    section = _learning_rate_section(
+        probe,
+        sweep_marker(probe_dir).get("config", {}),
+        str(probe_dir),
+        suite,
+        config.get("train", {}).get("lr"),
+    )
+    if section is None:
+        raise ResultsError(
+            f"{probe_dir} holds no task trained at more than one learning rate; pass a "
+            "learning-rate probe's sweep folder (`posbench run --suite lr-probe`) to --probe."
+        )
+    return section
+
+
 #: What a report folder says about itself, for the index of published reports.
 REPORT_RECORD = "report.json"
 
@@ -766,12 +866,15 @@ def _figure_files(context: dict[str, Any], linked: Collection[str]) -> dict[str,
     return files
 
 
-def build_report(sweep_dir: Path, out_dir: Path, linked: Collection[str] = ()) -> Report:
+def build_report(
+    sweep_dir: Path, out_dir: Path, linked: Collection[str] = (), probe_dir: Path | None = None
+) -> Report:
     """Write results.csv, summary.csv, report.html and figures/ for the sweep in `sweep_dir`.
     report.html embeds every figure (one self-contained file) except those named in `linked`,
     which it shows from figures/ (a published report whose README shows a figure holds it
-    once). Everything is built before anything is written, and the files are written as one
-    set: an interrupt leaves the previous report whole."""
+    once). `probe_dir`, a learning-rate probe's sweep, adds its table, checked against this
+    sweep's ranking. Everything is built before anything is written, and the files are written
+    as one set: an interrupt leaves the previous report whole."""
     sweep_dir = Path(sweep_dir)
     if not sweep_dir.is_dir():
         raise ResultsError(
@@ -891,6 +994,8 @@ def build_report(sweep_dir: Path, out_dir: Path, linked: Collection[str] = ()) -
         "about": config.get("about", ""),
         "differences": list(config.get("differences", [])),
         "scale": _scale_section(results, colours),
+        "learning_rate": _probe_section(probe_dir, overview_table, config)
+        or _learning_rate_section(frame, config),
     }
     scale_sentences = context["scale"]["sentences"] if context["scale"] else []
     record = _report_record(sweep_dir, out_dir, frame, config, failures, missing, scale_sentences)
