@@ -10,6 +10,7 @@ import shutil
 import textwrap
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 from typer.testing import CliRunner
@@ -358,3 +359,26 @@ def test_bold_marks_only_an_encoding_separated_from_the_rest(spread: float, bold
     (table,) = _task_tables(tidy(rows), {})
     cells = {row["label"]: row["cells"]["at_2x"]["best"] for row in table["rows"]}
     assert cells == {"alibi": bold, "t5": False}
+
+
+def test_bold_follows_the_pairwise_test_and_never_marks_a_variant() -> None:
+    from posbench.report.html import _task_tables
+    from posbench.report.overview import overview
+
+    # 5 seeds, sd 0.08: the 95% intervals [0.40, 0.60] and [0.25, 0.45] overlap, yet Welch's
+    # test separates the means (p ~ 0.02), so alibi is best by the overview's rule
+    spread = 0.08 * np.array([-1.265, -0.632, 0.0, 0.632, 1.265])
+    rows = []
+    for label, at_2x, variant in (("alibi", 0.5, None), ("t5", 0.35, None), ("t5-x", 0.9, "r")):
+        for seed, offset in enumerate(spread):
+            common = {"task": "copy", "encoding": label, "encoding_label": label, "seed": seed}
+            common |= {"train_len_max": 16, "variant_of": variant}
+            for metric in ("exact_match", "greedy_token_accuracy"):
+                rows.append(common | {"metric": metric, "eval_len": 16, "value": 1.0})
+                rows.append(common | {"metric": metric, "eval_len": 32, "value": at_2x + offset})
+    frame = tidy(rows)
+    (table,) = _task_tables(frame, {})
+    cells = {row["label"]: row["cells"]["at_2x"]["best"] for row in table["rows"]}
+    assert cells == {"alibi": True, "t5": False, "t5-x": False}
+    best = overview(frame).set_index("encoding_label")["best"]
+    assert best.to_dict() == {"alibi": True, "t5": False, "t5-x": False}

@@ -34,38 +34,15 @@ def test_a_mean_that_rounds_to_zero_prints_without_a_sign() -> None:
     assert mean_interval([-0.004]).text(3) == "-0.004"
 
 
-def test_rank_groups_follow_the_intervals() -> None:
-    from posbench.report.stats import Interval, rank_groups
-
-    separated = [Interval(0.9, 0.85, 0.95, 3), Interval(0.5, 0.45, 0.55, 3)]
-    assert rank_groups(separated) == [1, 2]
-    overlapping = [Interval(0.6, 0.4, 0.8, 3), Interval(0.5, 0.3, 0.7, 3)]
-    assert rank_groups(overlapping) == [1, 1]
-    # DeBERTa's 0.25 +- 0.74 spans the others: nothing is separated from it
-    wide = [
-        Interval(0.25, -0.49, 0.99, 3),
-        Interval(0.1, 0.05, 0.15, 3),
-        Interval(0.0, 0.0, 0.0, 3),
-    ]
-    assert rank_groups(wide) == [1, 1, 1]
-    # a chain: b overlaps the leader a, c is apart from a, so c leads group 2
-    chain = [Interval(0.9, 0.8, 1.0, 3), Interval(0.75, 0.6, 0.9, 3), Interval(0.6, 0.5, 0.7, 3)]
-    assert rank_groups(chain) == [1, 1, 2]
-    one_seed = [Interval(0.9, math.nan, math.nan, 1), Interval(0.1, math.nan, math.nan, 1)]
-    assert rank_groups(one_seed) == [1, 1]
-    assert rank_groups(separated[::-1]) == [2, 1]
-    lower_first = [Interval(1.2, 1.1, 1.3, 3), Interval(2.0, 1.9, 2.1, 3)]
-    assert rank_groups(lower_first, higher_is_better=False) == [1, 2]
-    assert rank_groups([Interval(math.nan, math.nan, math.nan, 0)] + separated) == [3, 1, 2]
-
-
-def test_only_an_encoding_alone_in_group_one_is_best() -> None:
+def test_only_an_encoding_a_test_separates_from_every_other_is_best() -> None:
     from posbench.report.stats import sole_best
 
-    assert sole_best([2, 1, 3]) == 1
-    assert sole_best([1, 1, 2]) is None  # two share the lead
-    assert sole_best([1]) is None  # nothing to compare with
-    assert sole_best([]) is None
+    apart = {"a": [0.9, 0.91, 0.92], "b": [0.5, 0.51, 0.52], "c": [0.1, 0.11, 0.12]}
+    assert sole_best(apart) == "a"
+    assert sole_best({"a": [0.9, 0.91, 0.92], "b": [0.89, 0.9, 0.93], "c": [0.1, 0.1, 0.1]}) is None
+    assert sole_best({"a": [0.9, 0.91]}) is None  # nothing to compare with
+    assert sole_best({}) is None
+    assert sole_best(apart, separated={frozenset("ab")}) is None  # a and c not separated
 
 
 def test_holm_adjusts_step_down_and_skips_nan() -> None:

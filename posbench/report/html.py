@@ -10,7 +10,7 @@ import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Collection
+from typing import Any, Collection, Mapping
 
 import pandas as pd
 from jinja2 import Environment, PackageLoader, select_autoescape
@@ -43,7 +43,7 @@ from posbench.store import (
     sweep_members,
     sweep_temporary_files,
 )
-from posbench.report.stats import GENERALISES_AT, Interval, rank_groups, sole_best
+from posbench.report.stats import GENERALISES_AT, Interval, sole_best
 from posbench.report.summary import (
     EFFECTIVE_AT,
     EFFECTIVE_PENALTY,
@@ -55,9 +55,11 @@ from posbench.report.summary import (
     effective_length_text,
     effective_lengths,
     encoding_order,
+    evaluation_variants,
     family_gains,
     family_scores,
     headline,
+    headline_seeds,
     learned_in_distribution,
     lm_headline,
     multi_size_tasks,
@@ -158,20 +160,21 @@ def _reads_untrained(record: dict[str, Any], column: str) -> bool:
 
 
 def _best_accuracy(
-    group: pd.DataFrame, column: str, learned: dict[tuple[str, str], bool]
+    group: pd.DataFrame,
+    column: str,
+    ranked: Collection[str],
+    seeds: Mapping[tuple[str, str, str], Any],
 ) -> float | None:
-    """The value to bold in a task's accuracy column: the mean of the encoding that its
-    interval separates from every other learned encoding (None where nothing is separated)."""
-    rows = group[
-        [bool(learned.get((t, e), True)) for t, e in zip(group["task"], group["encoding_label"])]
-    ]
-    rows = rows[rows[column].notna()]
-    intervals = [
-        Interval(r[column], r[f"{column}_low"], r[f"{column}_high"], int(r["seeds"]))
-        for r in rows.to_dict("records")
-    ]
-    best = sole_best(rank_groups(intervals))
-    return None if best is None else intervals[best].mean
+    """The value to bold in a task's accuracy column: the mean of the encoding (among `ranked`:
+    learned, not evaluation variants) that a pairwise test over seeds separates from every
+    other, the overview's rule for "best" (None where none is)."""
+    rows = group[group["encoding_label"].isin(ranked) & group[column].notna()]
+    rows = rows.sort_values(column, ascending=False)
+    samples = {
+        label: seeds.get((task, label, column), [])
+        for task, label in zip(rows["task"], rows["encoding_label"])
+    }
+    return None if sole_best(samples) is None else float(rows[column].iloc[0])
 
 
 def _keep_informative(
@@ -192,11 +195,17 @@ def _keep_informative(
 
 
 def _answer_table(
-    task: str, group: pd.DataFrame, learned: dict[tuple[str, str], bool], unit: str
+    task: str,
+    group: pd.DataFrame,
+    learned: dict[tuple[str, str], bool],
+    unit: str,
+    ranked: Collection[str],
+    seeds: Mapping[tuple[str, str, str], Any],
 ) -> dict[str, Any]:
     """A task with answers: its accuracy columns, effective length, seeds, best seed, share
-    generalising and steps to threshold, one row per encoding."""
-    best = {c: _best_accuracy(group, c, learned) for c, _ in ANSWER_COLUMNS}
+    generalising and steps to threshold, one row per encoding. `ranked` are the labels that
+    may be bolded, `seeds` the per-seed values the test compares (summary.headline_seeds)."""
+    best = {c: _best_accuracy(group, c, ranked, seeds) for c, _ in ANSWER_COLUMNS}
     rows = []
     for record in group.to_dict("records"):
         cells: dict[str, dict[str, Any]] = {}
@@ -297,6 +306,8 @@ def _task_tables(frame: pd.DataFrame, units: dict[str, str]) -> list[dict[str, A
     answers, losses = headline(frame), lm_headline(frame)
     learned = learned_in_distribution(frame)
     comparisons = comparison_kind(frame)
+    variants = evaluation_variants(frame)
+    seeds = headline_seeds(frame)
     tables = []
     for task in sorted(frame["task"].dropna().unique()):
         loss = losses[losses["task"] == task] if not losses.empty else losses
@@ -304,7 +315,12 @@ def _task_tables(frame: pd.DataFrame, units: dict[str, str]) -> list[dict[str, A
         if not loss.empty:
             table = _loss_table(task, loss, _unit(units, task))
         elif not answer.empty and answer[[c for c, _ in ANSWER_COLUMNS]].notna().any().any():
-            table = _answer_table(task, answer, learned, _unit(units, task))
+            ranked = [
+                label
+                for label in answer["encoding_label"]
+                if learned.get((task, label), True) and label not in variants.get(task, ())
+            ]
+            table = _answer_table(task, answer, learned, _unit(units, task), ranked, seeds)
         else:
             continue
         tables.append(table | {"task": task, "comparison": comparisons.get(task, "")})

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from posbench.report.stats import Interval, letter_groups, separated_pairs
+from posbench.report.stats import Interval, letter_groups, separated_pairs, sole_best
 from posbench.report.summary import (
     comparison_kind,
     cost_columns,
@@ -126,10 +126,8 @@ def overview(frame: pd.DataFrame) -> pd.DataFrame:
         separated = separated_pairs(samples)
         letters = letter_groups(list(samples), separated)
         table.loc[ranked.index, "rank_group"] = [letters[label] for label in samples]
-        if len(samples) > 1:
-            top = next(iter(samples))
-            if all(frozenset((top, other)) in separated for other in samples if other != top):
-                table.loc[ranked.index[0], "best"] = True
+        if sole_best(samples, separated) is not None:
+            table.loc[ranked.index[0], "best"] = True
     costs = cost_columns(frame)
     table = table.merge(costs, on="encoding_label", how="left").reindex(columns=OVERVIEW_COLUMNS)
     order = encoding_order(table["encoding_label"])

@@ -102,43 +102,6 @@ def percentile_interval(
     return float(low), float(high)
 
 
-def rank_groups(intervals: Sequence[Interval], higher_is_better: bool = True) -> list[int]:
-    """Rank groups that respect the intervals, 1 for the best: the encodings in order of their
-    means, each joining the group of the one that leads it unless their intervals are apart
-    (then it leads a new group). An interval that is missing (one seed) is apart from nothing,
-    so without seeds every encoding shares group 1: nothing is separated. NaN means rank
-    last, in a group of their own."""
-    order = sorted(
-        (i for i, interval in enumerate(intervals) if not math.isnan(interval.mean)),
-        key=lambda i: -intervals[i].mean if higher_is_better else intervals[i].mean,
-    )
-    groups = [0] * len(intervals)
-    group, leader = 0, None
-    for i in order:
-        if leader is None or _apart(intervals[leader], intervals[i]):
-            group, leader = group + 1, i
-        groups[i] = group
-    for i, interval in enumerate(intervals):
-        if math.isnan(interval.mean):
-            groups[i] = group + 1
-    return groups
-
-
-def sole_best(groups: Sequence[int]) -> int | None:
-    """The index of the encoding alone in rank group 1, the only one a report may call best;
-    None where group 1 holds several or there is only one encoding to compare."""
-    if len(groups) > 1 and groups.count(1) == 1:
-        return list(groups).index(1)
-    return None
-
-
-def _apart(a: Interval, b: Interval) -> bool:
-    """Whether two intervals do not overlap (False when either is missing)."""
-    if any(math.isnan(x) for x in (a.low, a.high, b.low, b.high)):
-        return False
-    return a.high < b.low or b.high < a.low
-
-
 def kendall_tau(x: Sequence[float], y: Sequence[float]) -> float:
     """Kendall's tau-b of two scorings of the same encodings (NaN with fewer than two, or when
     either scoring is constant)."""
@@ -306,3 +269,17 @@ def separated_pairs(
     pairs = [(a, b) for k, a in enumerate(names) for b in names[k + 1 :]]
     adjusted = holm([welch_p(samples[a], samples[b]) for a, b in pairs])
     return {frozenset(pair) for pair, p in zip(pairs, adjusted) if p <= alpha}
+
+
+def sole_best(
+    samples: Mapping[Hashable, Sequence[float]], separated: set[frozenset] | None = None
+) -> Hashable | None:
+    """The entry a report may call best: the first of `samples` (listed best first) when a
+    pairwise test (`separated`, default separated_pairs(samples)) separates it from every other;
+    None where one is not, or there is nothing to compare it with."""
+    if len(samples) < 2:
+        return None
+    separated = separated_pairs(samples) if separated is None else separated
+    top = next(iter(samples))
+    return top if all(frozenset((top, o)) in separated for o in samples if o != top) else None
+

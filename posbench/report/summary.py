@@ -266,6 +266,19 @@ def headline_per_seed(frame: pd.DataFrame) -> pd.DataFrame:
     return table.reindex(columns=[*keys, "metric", "value"])
 
 
+def headline_seeds(frame: pd.DataFrame) -> dict[tuple[str, str, str], np.ndarray]:
+    """(task, encoding_label, headline column) -> each seed's value of that HEADLINE_COLUMNS
+    column, the samples headline() averages and pairwise tests compare."""
+    out = {}
+    for column, metric, which in HEADLINE_COLUMNS:
+        per_seed = _per_seed(_accuracy_rows(frame, metric), which)
+        if per_seed.empty:
+            continue
+        for (task, label), seeds in per_seed.groupby(level=[0, 1]):
+            out[(str(task), str(label), column)] = seeds.dropna().to_numpy()
+    return out
+
+
 def headline(frame: pd.DataFrame) -> pd.DataFrame:
     """One row per (task, encoding_label): each HEADLINE_COLUMNS value as the mean over seeds
     with its 95% t interval (<column>_low, <column>_high; NaN with one seed), the number of
