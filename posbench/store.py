@@ -665,6 +665,8 @@ def collect(
     raising."""
     wanted = set(run_ids) if run_ids is not None else sweep_members(sweep_dir)
     frames = []
+    # (task, encoding label, model) -> run id -> the run's configuration without its seed
+    configurations: dict[tuple, dict[str, str]] = {}
     for folder in run_folders(sweep_dir):
         if wanted is not None and folder.run_id not in wanted:
             continue
@@ -688,19 +690,44 @@ def collect(
             problems.append(str(err))
             continue
         profile = config.get("kind") == "profile"  # latency/memory rows: no task, seed or training
+        task = None if profile else task_label(config, result)
+        encoding_label = result.get("encoding_label", config["encoding"]["name"])
+        model = None if profile else ModelSize(**config["model"]).tag()
         frame.insert(0, "run_id", folder.run_id)
         frame.insert(1, "variant_of", result.get("variant_of"))  # the run that trained the model
-        frame.insert(2, "task", None if profile else task_label(config, result))
+        frame.insert(2, "task", task)
         frame.insert(3, "task_name", None if profile else config["task"]["name"])
         frame.insert(4, "encoding", config["encoding"]["name"])
-        frame.insert(5, "encoding_label", result.get("encoding_label", config["encoding"]["name"]))
+        frame.insert(5, "encoding_label", encoding_label)
         frame.insert(6, "seed", None if profile else config["seed"])
-        frame.insert(7, "model", None if profile else ModelSize(**config["model"]).tag())
+        frame.insert(7, "model", model)
         frame.insert(8, "train_len_max", None if profile else result["train_len_max"])
         frames.append(frame)
+        if not profile and not result.get("variant_of"):  # a variant's config names its run
+            seedless = config_id({k: v for k, v in config.items() if k != "seed"})
+            configurations.setdefault((task, encoding_label, model), {})[folder.run_id] = seedless
     if not frames:
         return pd.DataFrame(columns=COLUMNS)
-    return pd.concat(frames, ignore_index=True)[COLUMNS]
+    table = pd.concat(frames, ignore_index=True)[COLUMNS]
+    return _configurations_apart(table, configurations)
+
+
+def _configurations_apart(
+    table: pd.DataFrame, configurations: dict[tuple, dict[str, str]]
+) -> pd.DataFrame:
+    """Runs that share a task, encoding label and model but not their configuration (seed
+    aside), as a folder without its sweep record can hold after two `posbench run`s with other
+    settings, get the configuration's id in their encoding label ("t5 [config 3fa2c1]"), so no
+    table ever averages two configurations."""
+    for ids in configurations.values():
+        if len(set(ids.values())) < 2:
+            continue
+        for run_id, key in ids.items():
+            rows = table["run_id"] == run_id
+            table.loc[rows, "encoding_label"] = table.loc[rows, "encoding_label"] + (
+                f" [config {key[:6]}]"
+            )
+    return table
 
 
 def training_runs(sweep_dir: Path) -> dict[str, str]:

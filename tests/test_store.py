@@ -370,3 +370,27 @@ def test_runs_record_the_commit_of_the_posbench_source_not_the_working_folder(
         pytest.skip("posbench does not run from a git checkout here")
     monkeypatch.chdir(tmp_path)  # a folder outside any checkout
     assert git_commit().removesuffix("+changes") == head
+
+
+def test_runs_of_two_configurations_are_never_averaged_without_the_sweep_record(
+    tmp_path: Path,
+) -> None:
+    """Two `posbench run`s with other --steps into one folder, then sweep.json lost: each
+    configuration keeps its own label, so no table pools them."""
+    out = tmp_path / "sweep"
+    run_sweep(tiny_sweep("nope", steps=2), out)
+    run_sweep(tiny_sweep("nope", steps=3), out)
+    kept = collect(out)
+    assert set(kept["encoding_label"]) == {"nope"} and kept["run_id"].nunique() == 1
+    (out / "sweep.json").unlink()
+    apart = collect(out)
+    assert apart["run_id"].nunique() == 2
+    labels = apart.groupby("run_id")["encoding_label"].first()
+    assert len(set(labels)) == 2 and all(label.startswith("nope [config ") for label in labels)
+    from posbench.report.overview import overview
+
+    assert sorted(overview(apart)["encoding_label"]) == sorted(labels)
+    run_sweep(tiny_sweep("nope", steps=2, seeds=(1,)), tmp_path / "one")
+    run_sweep(tiny_sweep("nope", steps=2, seeds=(0,)), tmp_path / "one")
+    (tmp_path / "one" / "sweep.json").unlink()
+    assert set(collect(tmp_path / "one")["encoding_label"]) == {"nope"}  # seeds of one config
