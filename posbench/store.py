@@ -606,6 +606,20 @@ def check_overwritable(path: Path, signature: str, flag: str) -> None:
         )
 
 
+def check_report_folder(out_dir: Path, sweep_dir: Path) -> None:
+    """Refuse to write a report into another sweep's folder, where its results.csv would
+    replace that sweep's own."""
+    out_dir, sweep_dir = Path(out_dir), Path(sweep_dir)
+    if not out_dir.is_dir() or out_dir.resolve() == sweep_dir.resolve():
+        return
+    if (out_dir / SWEEP_MARKER).exists() or run_folders(out_dir):
+        raise ResultsError(
+            f"{out_dir} is another sweep's folder, and a report there would replace its "
+            f"results.csv with those of {sweep_dir}; choose another -o (a new folder, or "
+            f"{sweep_dir / 'report'})."
+        )
+
+
 def write_sweep_marker(out_dir: Path, config: dict[str, Any], members: dict[str, str]) -> None:
     """Record the sweep's configuration and its runs (id -> label). Only these runs make the
     sweep's results and report; runs of earlier configurations stay in the folder, apart."""

@@ -394,3 +394,14 @@ def test_runs_of_two_configurations_are_never_averaged_without_the_sweep_record(
     run_sweep(tiny_sweep("nope", steps=2, seeds=(0,)), tmp_path / "one")
     (tmp_path / "one" / "sweep.json").unlink()
     assert set(collect(tmp_path / "one")["encoding_label"]) == {"nope"}  # seeds of one config
+
+
+def test_a_report_never_replaces_another_sweeps_results(tmp_path: Path) -> None:
+    first, second = tmp_path / "a", tmp_path / "b"
+    run_sweep(tiny_sweep("nope", steps=2), first)
+    run_sweep(tiny_sweep("alibi", steps=2), second)
+    before = (second / "results.csv").read_bytes()
+    result = invoke("report", str(first), "-o", str(second))
+    one_sentence_error(result, f"{second} is another sweep's folder", "choose another -o")
+    assert (second / "results.csv").read_bytes() == before
+    assert invoke("report", str(first), "-o", str(first)).exit_code == 0  # its own folder

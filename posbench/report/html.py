@@ -36,6 +36,7 @@ from posbench.store import (
     RunFolder,
     atomic_write_files,
     check_overwritable,
+    check_report_folder,
     collect,
     other_runs,
     run_folders,
@@ -912,6 +913,7 @@ def build_report(
             f"{sweep_dir}` first."
         )
     results_csv, summary_csv = out_dir / RESULTS_FILE, out_dir / "summary.csv"
+    check_report_folder(out_dir, sweep_dir)
     if out_dir.is_dir():
         sweep_temporary_files(out_dir)
     for path, signature in (
