@@ -382,3 +382,18 @@ def test_bold_follows_the_pairwise_test_and_never_marks_a_variant() -> None:
     assert cells == {"alibi": True, "t5": False, "t5-x": False}
     best = overview(frame).set_index("encoding_label")["best"]
     assert best.to_dict() == {"alibi": True, "t5": False, "t5-x": False}
+
+
+def test_figures_of_labels_that_differ_in_unsafe_characters_keep_apart() -> None:
+    from posbench.report.html import _figure_files
+
+    tasks = [
+        {"name": name, "length_plot": name, "cache_plot": None, "position_plot": None}
+        for name in ("c+1", "c_1", "copy")
+    ]
+    context = {"tasks": tasks, "costs": {}, "scale": None, "diagnostics": {}}
+    files = _figure_files(context, ["accuracy_vs_length_copy"])
+    assert sorted(files.values()) == ["c+1", "c_1", "copy"]  # one file each, none overwritten
+    assert files["accuracy_vs_length_c_1"] == "c_1" and files["accuracy_vs_length_copy"] == "copy"
+    (plus,) = [name for name, png in files.items() if png == "c+1"]
+    assert re.fullmatch(r"accuracy_vs_length_c_1_[0-9a-f]{6}", plus)

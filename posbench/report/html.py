@@ -4,6 +4,7 @@ from the stored results (so it can be regenerated any time, also from a partial 
 from __future__ import annotations
 
 import base64
+import hashlib
 import dataclasses
 import json
 import math
@@ -851,6 +852,16 @@ def _failures_and_missing(sweep_dir: Path) -> tuple[list[dict[str, str]], list[s
     return failures, missing
 
 
+def _file_name(name: str) -> str:
+    """A figure's file name: its name where every character is safe in a path, else the name
+    with each other character as "_" plus a digest of the name, so labels that differ only in
+    such characters ("c+1", "c_1") never share a file."""
+    safe = "".join(ch if ch.isascii() and (ch.isalnum() or ch in "-_") else "_" for ch in name)
+    if safe == name:
+        return name
+    return f"{safe}_{hashlib.sha256(name.encode('utf-8')).hexdigest()[:6]}"
+
+
 def _figure_files(context: dict[str, Any], linked: Collection[str]) -> dict[str, str]:
     """The plots as PNG files too (figures/NAME.png, base64 here), for papers and READMEs. An
     unknown name in `linked` is one sentence listing the known ones."""
@@ -870,10 +881,7 @@ def _figure_files(context: dict[str, Any], linked: Collection[str]) -> dict[str,
         figures[f"score_vs_parameters_{plot['task']}"] = plot["png"]
     if context["diagnostics"].get("distance_plot"):
         figures["attention_distance"] = context["diagnostics"]["distance_plot"]
-    files = {
-        "".join(ch if ch.isalnum() or ch in "-_" else "_" for ch in name): png
-        for name, png in figures.items()
-    }
+    files = {_file_name(name): png for name, png in figures.items()}
     unknown = sorted(set(linked) - set(files))
     if unknown:
         raise ResultsError(
