@@ -462,7 +462,7 @@ def report_command(
                 f"{report_dir} holds its previous report or the whole new one, never a mix; run "
                 "the same command again to write the report.",
             )
-    print_overview(console, written.overview)
+    print_overview(console, written.overview, written.unranked)
     for problem in written.problems:
         err_console.print(Text(f"skipped: {problem}", style="yellow"), soft_wrap=True)
     if written.missing:

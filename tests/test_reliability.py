@@ -515,3 +515,22 @@ def test_dry_run_lists_the_runs_and_what_is_stored_and_writes_nothing(tmp_path: 
     assert "2 training run(s), 2 stored already" in again.output
     assert re.search(r"copy / nope / seed 0\s*│\s*stored", again.output), again.output
     assert sorted(p.name for p in out.rglob("*")) == before
+
+
+def test_a_task_evaluated_only_in_distribution_is_reported_with_the_reason(
+    tmp_path: Path,
+) -> None:
+    """No evaluated length reaches 2x: no headline to rank, said in one sentence, no crash."""
+    toml = TINY_TOML.replace("eval_lengths = [2, 3, 6]", "eval_lengths = [2, 3]")
+    assert toml != TINY_TOML
+    out = tmp_path / "sweep"
+    result = invoke("run", "--config", str(write_config(tmp_path, toml)), "--out", str(out))
+    assert result.exit_code == 0, result.output
+    assert "Traceback" not in result.output and "No artists" not in result.output
+    sentence = (
+        "copy is not in the overview: its headline is read at 2x the longest training length "
+        "(6), and its longest evaluated length is 3; add an evaluation length of at least 6"
+    )
+    assert sentence in " ".join(result.output.split())
+    assert sentence in (out / "report" / "report.html").read_text()
+    assert pd.read_csv(out / "report" / "summary.csv").empty

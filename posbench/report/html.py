@@ -23,6 +23,7 @@ from posbench.report.overview import (
     overview,
     overview_cells,
     overview_label,
+    unranked_tasks,
 )
 from posbench.tasks import REGISTRY as TASKS
 from posbench.errors import ResultsError
@@ -101,6 +102,7 @@ class Report:
     problems: list[str] = field(default_factory=list)
     missing: list[str] = field(default_factory=list)
     other_runs: list[dict[str, str]] = field(default_factory=list)
+    unranked: list[str] = field(default_factory=list)  # tasks the overview has no row for
 
 
 def default_report_dir(sweep_dir: Path) -> Path:
@@ -343,9 +345,12 @@ def _headline_notes(frame: pd.DataFrame) -> dict[str, str]:
     }
 
 
-def _glance(table: pd.DataFrame, units: dict[str, str]) -> dict[str, Any]:
+def _glance(
+    table: pd.DataFrame, units: dict[str, str], unranked: list[str]
+) -> dict[str, Any]:
     """The first screen: the overview heatmap and one compact table per task (headline with
-    its interval and rank group, effective length, cost at the stated length)."""
+    its interval and rank group, effective length, cost at the stated length), and why a task
+    has none (`unranked`, see overview.unranked_tasks)."""
     tasks = []
     for task, group in table.groupby("task", sort=True):
         metric = HEADLINE_METRICS[group["headline_metric"].iloc[0]]
@@ -376,7 +381,12 @@ def _glance(table: pd.DataFrame, units: dict[str, str]) -> dict[str, Any]:
             }
         )
     same_as = SAME_AS_NOTE if table["same_as"].astype(bool).any() else ""
-    return {"tasks": tasks, "heatmap": plots.overview_heatmap(table), "same_as": same_as}
+    return {
+        "tasks": tasks,
+        "heatmap": plots.overview_heatmap(table),
+        "same_as": same_as,
+        "unranked": unranked,
+    }
 
 
 def _representative_runs(frame: pd.DataFrame, colours: dict[str, str]) -> list[Any]:
@@ -937,6 +947,7 @@ def build_report(
     config = sweep_marker(sweep_dir).get("config", {})
     units = _length_units(config)
     overview_table = overview(frame)
+    unranked = unranked_tasks(frame, overview_table)
     costs = {
         "latency_fwdbwd": plots.cost_plot(
             frame,
@@ -972,7 +983,7 @@ def build_report(
         # the report's own name (reports/standard, even when built from reports/standard/runs)
         "title": f"posbench report: {sweep_dir.name if out_dir.name == 'report' else out_dir.name}",
         "sweep_dir": str(sweep_dir),
-        "glance": _glance(overview_table, units),
+        "glance": _glance(overview_table, units, unranked),
         "task_tables": _task_tables(frame, units),
         "headline_notes": _headline_notes(frame),
         "tasks": [
@@ -1058,4 +1069,5 @@ def build_report(
         problems,
         missing,
         others,
+        unranked,
     )

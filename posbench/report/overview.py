@@ -139,6 +139,24 @@ def overview(frame: pd.DataFrame) -> pd.DataFrame:
     return table
 
 
+def unranked_tasks(frame: pd.DataFrame, table: pd.DataFrame) -> list[str]:
+    """One sentence per trained task the overview has no row for: its headline is read at 2x
+    the longest training length, and no evaluated length reaches it."""
+    trained = frame[frame["task"].notna() & frame["eval_len"].notna()]
+    ranked = set(table["task"]) if not table.empty else set()
+    sentences = []
+    for task, rows in trained.groupby("task"):
+        if task in ranked:
+            continue
+        longest, trained_to = rows["eval_len"].astype(float).max(), rows["train_len_max"].max()
+        sentences.append(
+            f"{task} is not in the overview: its headline is read at 2x the longest training "
+            f"length ({2 * trained_to:g}), and its longest evaluated length is {longest:g}; add "
+            f"an evaluation length of at least {2 * trained_to:g} to rank it."
+        )
+    return sentences
+
+
 def _trained_models(frame: pd.DataFrame) -> dict[tuple[str, str], tuple]:
     """(task, label) -> its runs' final training losses by seed: equal only for labels that
     read the same trained models (an evaluation variant and its base)."""

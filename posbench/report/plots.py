@@ -303,6 +303,7 @@ def attention_distance(distances: dict[str, pd.DataFrame], colours: dict[str, st
     fig = Figure(figsize=(9, 3.0))
     axes = fig.subplots(1, 2, sharey=True)
     for ax, kind in zip(axes, kinds):
+        tokens = None
         for label in [l for l in colours if l in distances]:
             rows = distances[label][distances[label]["kind"] == kind]
             if rows.empty:
@@ -319,9 +320,11 @@ def attention_distance(distances: dict[str, pd.DataFrame], colours: dict[str, st
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.set_xlabel("key distance i - j + 1")
-        ax.set_title(f"{kind}" + (f" ({tokens} tokens)" if not rows.empty else ""), fontsize=9)
+        ax.set_title(f"{kind}" + (f" ({tokens} tokens)" if tokens is not None else ""), fontsize=9)
     axes[0].set_ylabel("attention mass")
-    axes[1].legend(fontsize=7, loc="best")
+    drawn = [ax for ax in axes if ax.get_legend_handles_labels()[0]]
+    if drawn:  # beyond the training length is empty for a task evaluated only within it
+        drawn[-1].legend(fontsize=7, loc="best")
     return to_png(fig)
 
 

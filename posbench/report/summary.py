@@ -568,10 +568,10 @@ def cross_task_ranking(frame: pd.DataFrame) -> pd.DataFrame:
             headlines.assign(value=higher, metric="headline"),
         ],
         ignore_index=True,
-    )
+    ).reindex(columns=[*keys, "value", "metric"])
     learned = learned_in_distribution(frame)
     keep = [bool(learned.get(key, True)) for key in zip(rows["task"], rows["encoding_label"])]
-    rows = rows[keep]  # a model that did not learn the task is not ranked
+    rows = rows[np.array(keep, dtype=bool)]  # a model that did not learn the task is not ranked
     metrics = ["exact_match", "headline"]
     columns = ["encoding_label"] + [
         f"mrr_{m}{suffix}" for m in metrics for suffix in ("", "_low", "_high")

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pandas as pd
 from types import TracebackType
-from typing import TextIO
+from typing import Sequence, TextIO
 
 from rich.console import Console
 from rich.progress import (
@@ -44,6 +44,7 @@ from posbench.report.overview import (
     overview,
     overview_cells,
     overview_label,
+    unranked_tasks,
 )
 from posbench.report.summary import EFFECTIVE_AT, EFFECTIVE_PENALTY, sized_tasks
 
@@ -202,7 +203,8 @@ def print_outcome(console: Console, outcome: SweepOutcome) -> None:
     damaged run set aside and problem."""
     if outcome.finished_any:
         frame = sized_tasks(collect(outcome.out_dir, []))
-        print_overview(console, overview(frame))
+        table = overview(frame)
+        print_overview(console, table, unranked_tasks(frame, table))
     took = len(outcome.took_twin_model)
     console.print(
         Text(
@@ -237,10 +239,13 @@ def print_outcome(console: Console, outcome: SweepOutcome) -> None:
         console.print(Text(f"FAILED {label}: {error}", style="bold red"), soft_wrap=True)
 
 
-def print_overview(console: Console, table: pd.DataFrame) -> None:
+def print_overview(console: Console, table: pd.DataFrame, unranked: Sequence[str] = ()) -> None:
     """The answer at a glance, as summary.csv and the report's first screen give it: per task
     and encoding, the task's headline metric (mean over seeds ± the half-width of its 95% t
-    interval), its rank group, the effective length and the cost ratios to nope."""
+    interval), its rank group, the effective length and the cost ratios to nope; then why a
+    task has no row (`unranked`, see overview.unranked_tasks)."""
+    for sentence in unranked:
+        console.print(Text(sentence, style="yellow"), soft_wrap=True)
     if table.empty:
         return
     one_seed = (table["seeds"] <= 1).all()
