@@ -170,3 +170,26 @@ def test_the_index_in_a_real_headless_browser(reports: Path, which: str, tmp_pat
         errors = [entry for entry in driver.get_log("browser") if entry["level"] == "SEVERE"]
         assert errors == [], json.dumps(errors)
         assert driver.save_screenshot(str(tmp_path / f"index-{which}.png"))
+
+
+@pytest.mark.parametrize(
+    "field, value, fragment",
+    [
+        ("mrr", 5, "mrr is 5, not a list"),
+        ("compute_seconds", "a lot", 'compute_seconds is "a lot", not a number'),
+        ("runs", 2.5, "runs is 2.5, not a whole number"),
+        ("mrr", [{"encoding": "nope", "value": "high"}], 'value = "high", not a number or null'),
+        ("effective_lengths", ["copy"], 'effective_lengths holds "copy", not a row'),
+    ],
+)
+def test_a_record_with_a_wrong_typed_field_is_one_sentence(
+    reports: Path, tmp_path: Path, field: str, value: object, fragment: str
+) -> None:
+    import shutil
+
+    copy = tmp_path / "reports"
+    shutil.copytree(reports / "tiny", copy / "tiny")
+    record = json.loads((copy / "tiny" / REPORT_RECORD).read_text())
+    (copy / "tiny" / REPORT_RECORD).write_text(json.dumps(record | {field: value}))
+    result = invoke("index", str(copy))
+    one_sentence_error(result, "is not a posbench report record", fragment, "rebuild that report")

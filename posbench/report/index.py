@@ -22,6 +22,30 @@ RECORD_FIELDS = frozenset(
     {"about", "built", "built_by", "posbench_versions", "commits", "runs", "failed", "missing"}
     | {"compute_seconds", "effective_lengths", "mrr"}
 )
+#: What a field of a report record must be: the types it may have and how to say so.
+TEXT = ((str,), "text")
+WHOLE = ((int,), "a whole number")
+NUMBER = ((int, float), "a number")
+NUMBER_OR_NULL = ((int, float, type(None)), "a number or null")
+ROWS = ((list,), "a list")
+#: The type of each field the front page reads, and of each field of the rows in a list.
+RECORD_TYPES = {
+    "about": TEXT,
+    "built": TEXT,
+    "built_by": TEXT,
+    "posbench_versions": ROWS,
+    "commits": ROWS,
+    "runs": WHOLE,
+    "failed": WHOLE,
+    "missing": WHOLE,
+    "compute_seconds": NUMBER,
+    "effective_lengths": ROWS,
+    "mrr": ROWS,
+}
+ROW_TYPES = {
+    "effective_lengths": {"task": TEXT, "encoding": TEXT, "value": NUMBER_OR_NULL},
+    "mrr": {"encoding": TEXT, "value": NUMBER_OR_NULL},
+}
 #: Encodings shown per task on the front page (by effective length, longest first).
 TOP_ENCODINGS = 3
 
@@ -92,6 +116,26 @@ def _interval(row: dict[str, Any], digits: int = 0) -> str:
     return f"{value} [{row['low']:.{digits}f}, {row['high']:.{digits}f}]"
 
 
+def _wrong_field(record: dict[str, Any]) -> str | None:
+    """The first field of a report record the front page cannot read, described; None where
+    every field is readable."""
+
+    def wrong(value: Any, kind: tuple[tuple[type, ...], str]) -> bool:
+        return isinstance(value, bool) or not isinstance(value, kind[0])
+
+    for key, kind in RECORD_TYPES.items():
+        if wrong(record[key], kind):
+            return f"{key} is {json.dumps(record[key])}, not {kind[1]}"
+    for key, fields in ROW_TYPES.items():
+        for row in record[key]:
+            if not isinstance(row, dict):
+                return f"{key} holds {json.dumps(row)}, not a row with {', '.join(fields)}"
+            for name, kind in fields.items():
+                if wrong(row.get(name), kind):
+                    return f"a row of {key} has {name} = {json.dumps(row.get(name))}, not {kind[1]}"
+    return None
+
+
 def read_reports(reports_dir: Path) -> list[IndexedReport]:
     """Every report folder in `reports_dir` (those with a report.html), with its record."""
     found = []
@@ -112,6 +156,12 @@ def read_reports(reports_dir: Path) -> list[IndexedReport]:
                     f"{record_file} is not a posbench report record (it lacks "
                     f"{', '.join(lacking)}); rebuild that report with `posbench report` and run "
                     "the same command again."
+                )
+            wrong = _wrong_field(record)
+            if wrong:
+                raise ResultsError(
+                    f"{record_file} is not a posbench report record ({wrong}); rebuild that "
+                    "report with `posbench report` and run the same command again."
                 )
         found.append(IndexedReport(folder.name, record))
     return found
