@@ -534,3 +534,15 @@ def test_a_task_evaluated_only_in_distribution_is_reported_with_the_reason(
     assert sentence in " ".join(result.output.split())
     assert sentence in (out / "report" / "report.html").read_text()
     assert pd.read_csv(out / "report" / "summary.csv").empty
+
+
+def test_a_training_batch_that_cannot_fit_is_one_sentence_before_anything_runs(
+    tmp_path: Path,
+) -> None:
+    toml = TINY_TOML.replace("batch_size = 4", "batch_size = 1000000000")
+    out = tmp_path / "sweep"
+    result = invoke("run", "--config", str(write_config(tmp_path, toml)), "--out", str(out))
+    one_sentence_error(
+        result, "in batches of 1000000000 needs about", "lower [train] batch_size"
+    )
+    assert not list(out.glob("*/config.json"))  # nothing started

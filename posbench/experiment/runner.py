@@ -51,6 +51,7 @@ from posbench.encodings import BUILTINS, check_encoding_options
 from posbench.encodings.base import Span
 from posbench.errors import ConfigError, PosbenchError, ResultsError
 from posbench.experiment.evaluation import evaluation_memory_bytes
+from posbench.experiment.training import training_memory_bytes
 from posbench.experiment.memory import (
     TRAINING_BYTES_PER_PARAMETER,
     available_bytes,
@@ -184,6 +185,15 @@ def resolve_sweep(sweep: SweepConfig) -> SweepConfig:
                     f"task {task_spec.name!r} trains on sequences of {len(longest)} tokens but "
                     f"{reason}; "
                     "shorten train_lengths or enlarge the encoding."
+                )
+            train = replace(sweep.train, **task_spec.train)
+            needed = training_memory_bytes(probe, task, train)
+            if available is not None and needed > available:
+                raise ConfigError(
+                    f"training task {task_spec.name!r} with {spec.display()!r} in batches of "
+                    f"{train.batch_size} needs about {needed / 2**30:.1f} GiB, more than the "
+                    f"{available / 2**30:.1f} GiB available; lower [train] batch_size or the "
+                    "training lengths."
                 )
             needed = evaluation_memory_bytes(probe, task, sweep.eval, longest_eval)
             if available is not None and needed > available:

@@ -11,6 +11,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
+from posbench.attention import attention_tensor_bytes
 from posbench.experiment.config import TrainConfig
 from posbench.model import Decoder
 from posbench.tasks.base import IGNORE, Batch, Task
@@ -124,3 +125,18 @@ def train(
                 losses.append((step, loss_value))
                 return TrainResult(losses, loss_value, time.perf_counter() - start_time, done, done)
     return TrainResult(losses, loss_value, time.perf_counter() - start_time, config.steps)
+
+
+def training_memory_bytes(model: Decoder, task: Task, config: TrainConfig) -> int:
+    """A rough lower estimate of the memory one training step at the longest training length
+    takes: every layer keeps its attention-side tensor (scores and weights) and activations for
+    the backward pass, plus the logits. Enough to refuse a batch that cannot fit before any
+    allocator does so with its own message."""
+    tokens = task.sequence_length(task.train_lengths[1])
+    if config.train_segment_len:
+        tokens = min(tokens, config.train_segment_len)
+    size = model.config
+    d_ff = size.d_ff or 4 * size.d_model
+    attention = attention_tensor_bytes(model.encoding, config.batch_size, tokens)
+    per_layer = 2 * attention + 4 * config.batch_size * tokens * (d_ff + 6 * size.d_model)
+    return size.n_layers * per_layer + 4 * config.batch_size * tokens * size.vocab_size
