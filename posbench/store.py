@@ -39,6 +39,10 @@ from posbench.version import __version__
 
 SWEEP_MARKER = "sweep.json"
 DAMAGED_DIR = "damaged"  # damaged runs are moved here, never deleted
+#: The advice for a damaged run, whichever command found it: only `posbench run` redoes runs.
+REDO_DAMAGED = (
+    "`posbench run` on this sweep (the same --out) sets the damaged run aside and redoes it"
+)
 LOCK_FILE = ".lock"
 RESULTS_FILE = "results.csv"
 #: A latency/memory profile's folder is this prefix and the hash of its config.
@@ -184,8 +188,7 @@ def read_json(path: Path) -> Any:
         raise ResultsError(f"{path} is missing; rerun the sweep to recreate it.") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise ResultsError(
-            f"{path} is corrupt ({err}); run the same command again: a damaged run is set aside "
-            "and redone."
+            f"{path} is corrupt ({err}); {REDO_DAMAGED}."
         ) from None
     except OSError as err:
         raise ResultsError(describe_os_error(err, path, "read")) from None
@@ -273,8 +276,7 @@ class RunFolder:
         result = read_json(file)
         if not isinstance(result, dict):
             raise ResultsError(
-                f"{file} is not a posbench result; run the same command again: the damaged run is "
-                "set aside and redone."
+                f"{file} is not a posbench result; {REDO_DAMAGED}."
             )
         return result
 
@@ -487,13 +489,11 @@ class RunFolder:
             frame = pd.read_csv(file, keep_default_na=False, na_values=[""], dtype={"note": str})
         except FileNotFoundError:
             raise ResultsError(
-                f"{file} is missing although the run is marked finished; run the same command "
-                "again "
-                "to redo it."
+                f"{file} is missing although the run is marked finished; {REDO_DAMAGED}."
             ) from None
         except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as err:
             raise ResultsError(
-                f"{file} is corrupt ({err}); run the same command again to redo it."
+                f"{file} is corrupt ({err}); {REDO_DAMAGED}."
             ) from None
         frame = current_columns(frame)
         missing = set(MEASUREMENT_COLUMNS) - set(frame.columns)
@@ -690,10 +690,7 @@ def collect(
                 continue
             damage = folder.damage()
             if damage:
-                raise ResultsError(
-                    f"{damage}; run the same command again: the damaged run is set aside and "
-                    "redone."
-                )
+                raise ResultsError(f"{damage}; {REDO_DAMAGED}.")
             if result["status"] != "ok":
                 continue
             config = folder.config()

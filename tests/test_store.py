@@ -156,7 +156,10 @@ def test_a_missing_model_file_is_named_with_a_hint_that_works(tmp_path: Path) ->
     victim = sorted(p for p in out.iterdir() if (p / "model.pt").exists())[0]
     (victim / "model.pt").unlink()
     report = invoke("report", str(out))
-    assert report.exit_code == 0 and "run the same command again" in report.output
+    assert report.exit_code == 0 and "run the same command again" not in report.output
+    assert "`posbench run` on this sweep (the same --out) sets the damaged run aside" in " ".join(
+        report.output.split()
+    )
     rerun = invoke("run", "--config", str(config), "--out", str(out))
     assert rerun.exit_code == 0 and "ran 1 run(s)" in rerun.output
     assert (out / victim.name / "model.pt").exists()
