@@ -176,8 +176,8 @@ def atomic_write_text(path: Path, text: str, flag: str = "--out") -> None:
     atomic_write_bytes(path, text.encode("utf-8"), flag)
 
 
-def atomic_write_json(path: Path, data: Any) -> None:
-    atomic_write_text(path, json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
+def atomic_write_json(path: Path, data: Any, flag: str = "--out") -> None:
+    atomic_write_text(path, json.dumps(data, indent=2, sort_keys=True, default=str) + "\n", flag)
 
 
 def read_json(path: Path) -> Any:
@@ -187,9 +187,7 @@ def read_json(path: Path) -> Any:
     except FileNotFoundError:
         raise ResultsError(f"{path} is missing; rerun the sweep to recreate it.") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise ResultsError(
-            f"{path} is corrupt ({err}); {REDO_DAMAGED}."
-        ) from None
+        raise ResultsError(f"{path} is corrupt ({err}); {REDO_DAMAGED}.") from None
     except OSError as err:
         raise ResultsError(describe_os_error(err, path, "read")) from None
 
@@ -610,6 +608,11 @@ def check_report_folder(out_dir: Path, sweep_dir: Path) -> None:
     """Refuse to write a report into another sweep's folder, where its results.csv would
     replace that sweep's own."""
     out_dir, sweep_dir = Path(out_dir), Path(sweep_dir)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise ResultsError(
+            f"{out_dir} is a file, and -o takes the folder a report is written into "
+            "(report.html, results.csv, figures/); choose a folder's path."
+        )
     if not out_dir.is_dir() or out_dir.resolve() == sweep_dir.resolve():
         return
     if (out_dir / SWEEP_MARKER).exists() or run_folders(out_dir):
@@ -807,7 +810,7 @@ def export_sweep(sweep_dir: Path, dest: Path) -> ExportSummary:
     prepare_sweep_dir(dest, "DEST")
     exported = unfinished = size = 0
     with sweep_lock(dest):
-        atomic_write_bytes(dest / SWEEP_MARKER, (sweep_dir / SWEEP_MARKER).read_bytes())
+        atomic_write_bytes(dest / SWEEP_MARKER, (sweep_dir / SWEEP_MARKER).read_bytes(), "DEST")
         for run_id in sorted(members):
             source = RunFolder(sweep_dir / run_id)
             if not source.is_finished():
@@ -815,7 +818,7 @@ def export_sweep(sweep_dir: Path, dest: Path) -> ExportSummary:
                 continue
             size += _export_run(source, RunFolder(dest / run_id))
             exported += 1
-        write_results_csv(dest)
+        write_results_csv(dest, flag="DEST")
     return ExportSummary(exported, unfinished, size)
 
 
@@ -832,17 +835,18 @@ def _export_run(source: RunFolder, target: RunFolder) -> int:
         file = source.path / name
         if file.is_file():
             data = file.read_bytes()
-            atomic_write_bytes(target.path / name, data)
+            atomic_write_bytes(target.path / name, data, "DEST")
             size += len(data)
-    atomic_write_json(target.path / RESULT_FILE, result)
+    atomic_write_json(target.path / RESULT_FILE, result, "DEST")
     return size + (target.path / RESULT_FILE).stat().st_size
 
 
-def write_results_csv(sweep_dir: Path, problems: list[str] | None = None) -> Path:
+def write_results_csv(
+    sweep_dir: Path, problems: list[str] | None = None, flag: str = "--out"
+) -> Path:
     """Rebuild sweep_dir/results.csv from the sweep's run folders (damaged runs are left out
     and described in `problems`); returns its path."""
     path = sweep_dir / RESULTS_FILE
-    atomic_write_text(
-        path, collect(sweep_dir, problems if problems is not None else []).to_csv(index=False)
-    )
+    frame = collect(sweep_dir, problems if problems is not None else [])
+    atomic_write_text(path, frame.to_csv(index=False), flag)
     return path

@@ -144,3 +144,25 @@ def test_export_command_refuses_a_file_as_its_destination(finished: Path, tmp_pa
     (tmp_path / "runs").write_text("not a folder")
     result = invoke("export", str(finished), str(tmp_path / "runs"))
     one_sentence_error(result, "DEST", "is a file, not a folder")
+
+
+@pytest.mark.parametrize("name", ["result.json", "sweep.json", "results.csv"])
+def test_export_onto_a_full_disk_names_dest_not_out(
+    finished: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str
+) -> None:
+    import errno
+
+    from helpers import fail_fsync_for
+
+    fail_fsync_for(monkeypatch, name, errno.ENOSPC)
+    result = invoke("export", str(finished), str(tmp_path / "copy"))
+    text = one_sentence_error(result, "No space left on the device", "choose another DEST")
+    assert "--out" not in text
+
+
+def test_report_onto_a_file_is_one_sentence(finished: Path, tmp_path: Path) -> None:
+    target = tmp_path / "notes.txt"
+    target.write_text("mine\n")
+    result = invoke("report", str(finished), "-o", str(target))
+    one_sentence_error(result, "is a file, and -o takes the folder a report is written into")
+    assert target.read_text() == "mine\n"
