@@ -4,13 +4,14 @@ resumes from; and evaluation-time variants evaluated as soon as their base run i
 from __future__ import annotations
 
 import dataclasses
+import errno
 import json
 import shutil
 from pathlib import Path
 
 import pandas as pd
 import pytest
-from helpers import invoke, one_sentence_error, tiny_sweep
+from helpers import fail_fsync_for, invoke, one_sentence_error, tiny_sweep
 from posbench.errors import ResultsError
 from posbench.experiment.compute import SilentReporter
 from posbench.experiment.config import expand_runs
@@ -150,10 +151,6 @@ def test_export_command_refuses_a_file_as_its_destination(finished: Path, tmp_pa
 def test_export_onto_a_full_disk_names_dest_not_out(
     finished: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str
 ) -> None:
-    import errno
-
-    from helpers import fail_fsync_for
-
     fail_fsync_for(monkeypatch, name, errno.ENOSPC)
     result = invoke("export", str(finished), str(tmp_path / "copy"))
     text = one_sentence_error(result, "No space left on the device", "choose another DEST")
