@@ -12,6 +12,7 @@ from torch import Tensor, nn
 from posbench.cache import Cache
 from posbench.encodings.base import LayerContext, PositionalEncoding, Span
 from posbench.kernels.bias_types import BandBias, RowBlockBias
+from posbench.kernels.cpu import process_environment_kept
 from posbench.kernels.row_block_attention import BLOCK_ELEMENTS
 from posbench.kernels.biased_attention import biased_attention, fused_applies, needs_gradient
 from posbench.kernels.fused_band_attention import distance_band, fused_band_attention
@@ -138,9 +139,10 @@ def attention_tensor_bytes(encoding: PositionalEncoding, batch_size: int, length
         0, lambda t: t.new_empty(H, t.shape[0], d), lambda t: t.new_empty(H, t.shape[0], d)
     )
     try:
-        on_meta = copy.deepcopy(encoding).to(meta)
-        q2, k2 = on_meta.rotate(q, q.clone(), Span(0, probe), ctx)
-        scores = on_meta.score(q2, k2, Span(0, probe), Span(0, probe), ctx)
+        with process_environment_kept():  # meta operations import torch's compiler
+            on_meta = copy.deepcopy(encoding).to(meta)
+            q2, k2 = on_meta.rotate(q, q.clone(), Span(0, probe), ctx)
+            scores = on_meta.score(q2, k2, Span(0, probe), Span(0, probe), ctx)
     except Exception:  # an encoding whose hooks cannot run on meta: assume dense scores
         return 4 * B * H * L * L
     sizes = [scores.q.numel() // probe * L, scores.k.numel() // probe * L]

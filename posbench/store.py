@@ -237,7 +237,12 @@ def git_commit() -> str | None:
     def git(*args: str) -> str | None:
         try:
             out = subprocess.run(
-                ["git", *args], cwd=source, capture_output=True, text=True, timeout=5
+                # --no-optional-locks: `git status` would otherwise refresh the checkout's index
+                ["git", "--no-optional-locks", *args],
+                cwd=source,
+                capture_output=True,
+                text=True,
+                timeout=5,
             )
         except (OSError, subprocess.SubprocessError):
             return None

@@ -74,3 +74,35 @@ def test_a_run_computes_in_float32_whatever_the_callers_default_dtype(tmp_path: 
     assert all(
         f.env()["default_dtype"] == "torch.float32" for f in run_folders(tmp_path / "float64")
     )
+
+
+TRACES = textwrap.dedent(
+    """
+    import json, os, sys, tempfile
+    from pathlib import Path
+    sys.path.insert(0, "tests")
+    environment, path = dict(os.environ), list(sys.path)
+    import posbench.report.html  # the report's modules
+    after_import = list(sys.path)
+    from helpers import tiny_sweep
+    from posbench.experiment.runner import run_sweep
+    from posbench.kernels import native
+    native.band_flash(), native.cope_flash()  # the C++ kernels, built or loaded from the cache
+    with tempfile.TemporaryDirectory() as out:
+        run_sweep(tiny_sweep("nope", "alibi", "cope"), Path(out) / "sw")
+    print(json.dumps({
+        "import": [p for p in after_import if p not in path],
+        "path": [p for p in sys.path if p not in path],
+        "environment": sorted(k for k in os.environ if os.environ[k] != environment.get(k)),
+    }))
+    """
+)
+
+
+def test_library_use_leaves_no_traces_in_the_environment_or_sys_path() -> None:
+    import json
+
+    out = subprocess.run(
+        [sys.executable, "-c", TRACES], capture_output=True, text=True, check=True
+    ).stdout.splitlines()[-1]
+    assert json.loads(out) == {"import": [], "path": [], "environment": []}

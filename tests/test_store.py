@@ -408,3 +408,24 @@ def test_a_report_never_replaces_another_sweeps_results(tmp_path: Path) -> None:
     one_sentence_error(result, f"{second} is another sweep's folder", "choose another -o")
     assert (second / "results.csv").read_bytes() == before
     assert invoke("report", str(first), "-o", str(first)).exit_code == 0  # its own folder
+
+
+def test_recording_the_commit_never_rewrites_the_checkouts_index() -> None:
+    """`git status` refreshes a stale index in place; the commit a run records is read without
+    writing anything into the checkout."""
+    import subprocess
+
+    import posbench
+    from posbench.store import git_commit
+
+    source = Path(posbench.__file__).resolve().parent
+    git_dir = subprocess.run(
+        ["git", "rev-parse", "--absolute-git-dir"], cwd=source, capture_output=True, text=True
+    ).stdout.strip()
+    if not git_dir:
+        pytest.skip("posbench does not run from a git checkout here")
+    os.utime(source / "version.py")  # a tracked file whose stat the index no longer matches
+    index = Path(git_dir) / "index"
+    before = index.stat().st_mtime_ns
+    assert git_commit()
+    assert index.stat().st_mtime_ns == before

@@ -15,8 +15,6 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Hashable, TypeVar
 
-from torch.utils import benchmark
-
 #: A measurement is repeated while other processes used more than this many cores during it.
 CONTENTION_LIMIT = 0.3
 #: How many times a contended measurement is tried in all.
@@ -28,6 +26,8 @@ T = TypeVar("T")
 
 def time_ms(fn: Callable[[], Any], threads: int, min_run_time: float) -> tuple[float, float]:
     """Median and IQR of `fn` in milliseconds (blocked autorange on `threads` threads)."""
+    from torch.utils import benchmark  # imported here: it imports the C++ extension builder
+
     timer = benchmark.Timer(stmt="fn()", globals={"fn": fn}, num_threads=threads)
     measurement = timer.blocked_autorange(min_run_time=min_run_time)
     return measurement.median * 1e3, measurement.iqr * 1e3

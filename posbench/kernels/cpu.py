@@ -166,6 +166,22 @@ def compute_settings(threads: int | None = None) -> Iterator[None]:
         torch.set_num_threads(old_threads)
 
 
+@contextmanager
+def process_environment_kept() -> Iterator[None]:
+    """os.environ and sys.path as they were after the block: torch sets TORCHINDUCTOR_CACHE_DIR
+    when it first imports its compiler (an operation on the meta device does), and importing its
+    C++ extension loader puts setuptools' vendored packages on sys.path; a library caller finds
+    neither."""
+    environment, path = dict(os.environ), list(sys.path)
+    try:
+        yield
+    finally:
+        for name in set(os.environ) - set(environment):
+            del os.environ[name]
+        os.environ.update(environment)
+        sys.path[:] = path
+
+
 def freed_memory_kept() -> bool:
     """Whether ``keep_freed_memory`` took effect in this process (recorded in env.json)."""
     return keep_freed_memory.cache_info().currsize > 0 and keep_freed_memory()

@@ -31,6 +31,7 @@ from types import ModuleType
 import torch
 
 from posbench.errors import ConfigError
+from posbench.kernels.cpu import process_environment_kept
 
 #: Set to 0 to skip the C++ kernels (no compiler, or to measure the torch kernels).
 SWITCH = "POSBENCH_NATIVE_KERNELS"
@@ -65,20 +66,18 @@ def _say_building(kernel: str) -> None:
 
 
 @contextmanager
-def _ninja_on_path() -> Iterator[None]:
-    """torch's loader runs `ninja` from PATH; the ninja wheel (a dependency) installs it beside
-    the interpreter, which PATH lacks when the venv is not activated. Put there for the build."""
-    try:
-        import ninja
-    except ImportError:
+def _build_environment() -> Iterator[None]:
+    """What torch's loader needs for the build, and nothing left behind after it: `ninja` on
+    PATH (the ninja wheel, a dependency, installs it beside the interpreter, which PATH lacks
+    when the venv is not activated), then os.environ and sys.path as they were."""
+    with process_environment_kept():
+        try:
+            import ninja
+
+            os.environ["PATH"] = os.pathsep.join([ninja.BIN_DIR, os.environ.get("PATH", "")])
+        except ImportError:
+            pass
         yield
-        return
-    before = os.environ.get("PATH", "")
-    os.environ["PATH"] = os.pathsep.join([ninja.BIN_DIR, before])
-    try:
-        yield
-    finally:
-        os.environ["PATH"] = before
 
 
 def serves(tensor: torch.Tensor) -> bool:
@@ -139,12 +138,12 @@ def _build(kernel: str) -> ModuleType | None:
     it cannot be built."""
     if not enabled():
         return None
-    from torch.utils import cpp_extension
-
     announce = threading.Timer(SLOW_LOAD_SECONDS, _say_building, (kernel,))  # cached: at once
     announce.start()
     try:
-        with _ninja_on_path():
+        with _build_environment():
+            from torch.utils import cpp_extension
+
             return cpp_extension.load(
                 name=extension_name(kernel),
                 sources=[str(SOURCES / f"{kernel}.cpp")],
