@@ -357,18 +357,24 @@ def test_a_killed_writes_temporary_files_are_swept_up_on_the_next_run(tmp_path: 
     assert not list(report.glob(".*.tmp"))
 
 
-def test_runs_record_the_commit_of_the_posbench_source_not_the_working_folder(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def _git_of_posbench(*args: str) -> str:
+    """git's answer in the folder of the posbench source that runs ('' outside a checkout)."""
     import subprocess
 
     import posbench
-    from posbench.store import git_commit
 
     source = Path(posbench.__file__).resolve().parent
-    head = subprocess.run(
-        ["git", "rev-parse", "HEAD"], cwd=source, capture_output=True, text=True
+    return subprocess.run(
+        ["git", *args], cwd=source, capture_output=True, text=True
     ).stdout.strip()
+
+
+def test_runs_record_the_commit_of_the_posbench_source_not_the_working_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from posbench.store import git_commit
+
+    head = _git_of_posbench("rev-parse", "HEAD")
     if not head:
         pytest.skip("posbench does not run from a git checkout here")
     monkeypatch.chdir(tmp_path)  # a folder outside any checkout
@@ -413,18 +419,13 @@ def test_a_report_never_replaces_another_sweeps_results(tmp_path: Path) -> None:
 def test_recording_the_commit_never_rewrites_the_checkouts_index() -> None:
     """`git status` refreshes a stale index in place; the commit a run records is read without
     writing anything into the checkout."""
-    import subprocess
-
     import posbench
     from posbench.store import git_commit
 
-    source = Path(posbench.__file__).resolve().parent
-    git_dir = subprocess.run(
-        ["git", "rev-parse", "--absolute-git-dir"], cwd=source, capture_output=True, text=True
-    ).stdout.strip()
+    git_dir = _git_of_posbench("rev-parse", "--absolute-git-dir")
     if not git_dir:
         pytest.skip("posbench does not run from a git checkout here")
-    os.utime(source / "version.py")  # a tracked file whose stat the index no longer matches
+    os.utime(Path(posbench.__file__).resolve().parent / "version.py")  # a tracked file whose stat the index no longer matches
     index = Path(git_dir) / "index"
     before = index.stat().st_mtime_ns
     assert git_commit()
