@@ -194,7 +194,9 @@ def test_ray_progress_never_waits_on_a_lost_mailbox(ray_runtime) -> None:
         send("r1", "step", (step, 1.0))
     reader(0.0)
     reader(0.25)
-    assert time.monotonic() - start < 5 and len(received) == 2
+    elapsed = time.monotonic() - start
+    assert elapsed < 5, f"100 posts to a dead mailbox took {elapsed:.1f} s; they must not wait"
+    assert len(received) == 2
 
 
 @RAY_TIMEOUT

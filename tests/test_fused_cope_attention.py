@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers import assert_close_to_scale
 
 from posbench.encodings.cope import _CopeAttention
 from posbench.kernels import native
@@ -56,8 +57,7 @@ def test_the_kernel_matches_the_torch_attention(
     reference = _torch_attention(*exact, scale, npos)
     expected = (reference, *torch.autograd.grad(reference, exact, grad.double()))
     for name, a, b in zip(["out", "q", "k", "v", "table"], ours, expected):
-        atol = 1e-11 if dtype == torch.float64 else 1e-4 * float(b.detach().abs().max())
-        torch.testing.assert_close(a.double(), b, atol=atol, rtol=0, msg=name)
+        assert_close_to_scale(a.double(), b, 1e-11 if dtype == torch.float64 else 1e-4, name)
 
 
 def test_the_kernel_applies_to_causal_square_cpu_scores_only() -> None:

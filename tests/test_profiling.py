@@ -33,8 +33,9 @@ def test_memory_probe_sees_a_large_allocation() -> None:
         block = torch.ones(64 * 2**20)  # 256 MiB of float32, touched
         del block
 
-    assert measure_peak_mb(allocate) >= 240
-    assert measure_peak_mb(lambda: None) < 16
+    seen, idle = measure_peak_mb(allocate), measure_peak_mb(lambda: None)
+    assert seen >= 240, f"the probe saw {seen:.0f} MiB of a 256 MiB allocation"
+    assert idle < 16, f"the probe saw {idle:.0f} MiB where nothing was allocated"
 
 
 @needs_clear_refs
