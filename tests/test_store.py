@@ -425,7 +425,8 @@ def test_recording_the_commit_never_rewrites_the_checkouts_index() -> None:
     git_dir = _git_of_posbench("rev-parse", "--absolute-git-dir")
     if not git_dir:
         pytest.skip("posbench does not run from a git checkout here")
-    os.utime(Path(posbench.__file__).resolve().parent / "version.py")  # a tracked file whose stat the index no longer matches
+    # a tracked file whose stat the index no longer matches
+    os.utime(Path(posbench.__file__).resolve().parent / "version.py")
     index = Path(git_dir) / "index"
     before = index.stat().st_mtime_ns
     assert git_commit()
