@@ -365,7 +365,7 @@ def bench_command(
     import torch
 
     from posbench.encodings import BUILTINS, check_encoding_options
-    from posbench.experiment.config import EncodingSpec
+    from posbench.experiment.config import EncodingSpec, check_threads
     from posbench.plugins import loaded_plugin_dirs
     from posbench.experiment.profiling import BenchConfig, bench_specs, check_bench_lengths
     from posbench.experiment.runner import run_bench
@@ -381,6 +381,7 @@ def bench_command(
             "--threads and --batch-size must be at least 1 and --min-run-time a number of seconds "
             f"above 0, got {threads}, {batch_size} and {min_run_time}."
         )
+    check_threads(threads, "--threads")
     specs = bench_specs(encodings) if encodings else tuple(EncodingSpec(n) for n in BUILTINS)
     for spec in specs:
         check_encoding_options(spec.name, spec.options, f"--encodings entry {spec.display()!r}")

@@ -401,10 +401,32 @@ def test_bench_refuses_a_nan_run_time_and_an_impossible_length(tmp_path: Path) -
     )
     one_sentence_error(
         invoke("bench", "--encodings", "alibi", "--seq-lens", "100000000", "--out", out),
-        "length 100000000 with 'alibi' needs about",
+        "length 100000000 with 'alibi' needs at least",
         "GiB available",
     )
+    # NoPE's attention never forms the scores: its activations alone are what cannot fit
+    one_sentence_error(
+        invoke("bench", "--encodings", "nope", "--seq-lens", "10000000", "--out", out),
+        "length 10000000 with 'nope' needs at least",
+        "(its attention tensor and the layer's activations)",
+    )
     assert not (tmp_path / "bench").exists()  # refused before anything was written
+
+
+def test_more_threads_than_cores_are_refused_in_one_sentence(tmp_path: Path) -> None:
+    import os
+
+    cores = os.cpu_count()
+    out = str(tmp_path / "out")
+    fragment = f"--threads = 100000 asks for more threads than this machine's {cores} cores"
+    one_sentence_error(invoke("bench", "--threads", "100000", "--out", out), fragment)
+    config = write_config(tmp_path)
+    one_sentence_error(
+        invoke("run", "--config", str(config), "--threads", "100000", "--out", out), fragment
+    )
+    toml = write_config(tmp_path, "threads = 100000\n" + TINY_TOML)
+    one_sentence_error(invoke("run", "--config", str(toml), "--out", out), "threads = 100000")
+    assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.parametrize(
@@ -546,3 +568,17 @@ def test_a_training_batch_that_cannot_fit_is_one_sentence_before_anything_runs(
         result, "in batches of 1000000000 needs about", "lower [train] batch_size"
     )
     assert not list(out.glob("*/config.json"))  # nothing started
+
+
+def test_an_encoding_too_large_to_train_is_refused_before_it_is_built(tmp_path: Path) -> None:
+    """A learned table of 10^9 positions: counted on the meta device, never allocated (the dry
+    run used to build it: minutes and gigabytes)."""
+    toml = TINY_TOML.replace(
+        '{ name = "t5", num_buckets = 8, max_distance = 16 }',
+        '{ name = "learned", max_positions = 1000000000 }',
+    )
+    config = write_config(tmp_path, toml)
+    result = invoke("run", "--config", str(config), "--dry-run", "--out", str(tmp_path / "o"))
+    one_sentence_error(
+        result, "the decoder with 'learned(max_positions=1000000000)'", "parameters, whose"
+    )

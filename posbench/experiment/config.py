@@ -9,6 +9,7 @@ import hashlib
 import itertools
 import json
 import math
+import os
 import re
 import sys
 from dataclasses import dataclass, field
@@ -260,6 +261,17 @@ class RunConfig:
             eval=_eval_from(data["eval"]),
             device=data.get("device", "cpu"),
             quick=bool(data.get("quick", False)),
+        )
+
+
+def check_threads(threads: int | None, where: str) -> None:
+    """Refuse more torch threads than this machine has cores: torch starts them all at once
+    (100000 exceeds a system's process limit), and oversubscribed threads only slow a run."""
+    cores = os.cpu_count() or 1
+    if threads is not None and threads > cores:
+        raise ConfigError(
+            f"{where} = {threads} asks for more threads than this machine's {cores} cores; use "
+            f"at most {cores}."
         )
 
 
@@ -632,6 +644,7 @@ def apply_overrides(
     if threads is not None:
         if threads < 1:
             raise ConfigError(f"--threads must be at least 1, got {threads}.")
+        check_threads(threads, "--threads")
         changes["threads"] = threads
     if profile is not None:
         changes["profile"] = profile

@@ -112,6 +112,12 @@ def bench_specs(text: str) -> tuple[EncodingSpec, ...]:
     return tuple(specs)
 
 
+#: A lower bound on the float32 tensors of shape (batch, length, d_model) that forward+backward
+#: of one attention layer holds at once (inputs, projections, outputs and their gradients):
+#: NoPE's measured peak at L = 256 is about 10 of them.
+ACTIVATION_COPIES = 8
+
+
 def check_bench_lengths(specs: tuple[EncodingSpec, ...], config: BenchConfig) -> None:
     """Refuse, in one sentence and before anything is written, a sequence length whose largest
     attention tensor alone would not fit in the memory available now."""
@@ -119,16 +125,19 @@ def check_bench_lengths(specs: tuple[EncodingSpec, ...], config: BenchConfig) ->
     if free is None:
         return
     longest = max(config.seq_lens + config.window_lens)
+    d_model = config.n_heads * config.d_head
     for spec in specs:
         encoding = create_encoding(
             spec.name, config.n_heads, config.d_head, True, 1, **dict(spec.options)
         )
-        needed = attention_tensor_bytes(encoding, config.batch_size, longest)
+        activations = ACTIVATION_COPIES * 4 * config.batch_size * longest * d_model
+        needed = attention_tensor_bytes(encoding, config.batch_size, longest) + activations
         if needed > MEMORY_HEADROOM * free:
             raise ConfigError(
-                f"length {longest} with {spec.display()!r} needs about {needed / 2**30:.1f} GiB "
-                f"for one attention tensor, more than the {free / 2**30:.1f} GiB available; lower "
-                "--seq-lens / --window-lens or --batch-size."
+                f"length {longest} with {spec.display()!r} needs at least {needed / 2**30:.1f} "
+                f"GiB (its attention tensor and the layer's activations), more than the "
+                f"{free / 2**30:.1f} GiB available; lower --seq-lens / --window-lens or "
+                "--batch-size."
             )
 
 

@@ -31,6 +31,7 @@ from posbench.experiment.config import (
     RunConfig,
     SweepConfig,
     TrainConfig,
+    check_threads,
     expand_runs,
     longest_training_sequence,
     model_sizes,
@@ -100,6 +101,7 @@ def resolve_sweep(sweep: SweepConfig) -> SweepConfig:
             f"sweep {section}",
         )
     check_dataclass(SweepConfig, {"seeds": tuple(sweep.seeds), "threads": sweep.threads}, "sweep")
+    check_threads(sweep.threads, "threads")
     sweep = replace(sweep, seeds=tuple(dict.fromkeys(sweep.seeds)))  # --seeds 0,0 trains once
     for kind, labels in (
         ("task", [t.display() for t in sweep.tasks]),
@@ -167,6 +169,7 @@ def resolve_sweep(sweep: SweepConfig) -> SweepConfig:
                     f"evaluation variant {variant_label(spec, variant)!r}",
                 )
         for size, spec in itertools.product(model_sizes(sweep), specs):
+            _check_encoding_fits(size, spec, task, available)
             try:
                 probe = decoder_for(size, spec, task)
             except PosbenchError:
@@ -219,6 +222,29 @@ def _check_model_fits(size: ModelSize, vocab_size: int, available: int | None) -
             f"d_ff={size.d_ff or 4 * size.d_model} has about {count:.3g} parameters, whose "
             f"training state takes about {needed / 2**30:.3g} GiB, more than the "
             f"{available / 2**30:.1f} GiB available; lower the [model] sizes."
+        )
+
+
+def _check_encoding_fits(
+    size: ModelSize, spec: EncodingSpec, task: Any, available: int | None
+) -> None:
+    """Refuse a model whose training state, the encoding's own parameters included (a learned
+    table of 10^7 positions), would not fit, counted on the meta device before anything is
+    allocated. An encoding that cannot be built on the meta device is checked when it is built."""
+    if available is None:
+        return
+    try:
+        with torch.device("meta"):
+            count = sum(p.numel() for p in decoder_for(size, spec, task).parameters())
+    except Exception:  # a plugin that allocates on a named device: built and checked below
+        return
+    needed = TRAINING_BYTES_PER_PARAMETER * count
+    if needed > available:
+        raise ConfigError(
+            f"the decoder with {spec.display()!r} at d_model={size.d_model}, "
+            f"n_layers={size.n_layers} has {count:.3g} parameters, whose training state takes "
+            f"about {needed / 2**30:.3g} GiB, more than the {available / 2**30:.1f} GiB "
+            "available; lower the encoding's options or the [model] sizes."
         )
 
 
