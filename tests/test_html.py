@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+import torch
 from typer.testing import CliRunner
 
 from posbench.cli import app
@@ -397,3 +398,20 @@ def test_figures_of_labels_that_differ_in_unsafe_characters_keep_apart() -> None
     assert files["accuracy_vs_length_c_1"] == "c_1" and files["accuracy_vs_length_copy"] == "copy"
     (plus,) = [name for name, png in files.items() if png == "c+1"]
     assert re.fullmatch(r"accuracy_vs_length_c_1_[0-9a-f]{6}", plus)
+
+
+def test_the_environment_table_shows_every_distinct_value_with_its_run_count(
+    tmp_path: Path,
+) -> None:
+    from posbench.experiment.runner import run_sweep
+    from posbench.report.html import build_report
+    from posbench.version import __version__
+
+    out = tmp_path / "sweep"
+    run_sweep(tiny_sweep("nope", "alibi", steps=2), out)
+    older = sorted(out.glob("*/env.json"))[0]
+    older.write_text(json.dumps(json.loads(older.read_text()) | {"posbench": "0.1.9"}))
+    html = build_report(out, tmp_path / "report").html.read_text()
+    counts = {f"{__version__} (1 run)", "0.1.9 (1 run)"}
+    assert any(f"<td class=\"name\">{a}; {b}</td>" in html for a in counts for b in counts)
+    assert f"<td class=\"name\">{torch.__version__}</td>" in html  # one value: shown once
