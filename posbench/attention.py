@@ -11,6 +11,7 @@ from torch import Tensor, nn
 
 from posbench.cache import Cache
 from posbench.encodings.base import LayerContext, PositionalEncoding, Span
+from posbench.kernels import served
 from posbench.kernels.bias_types import BandBias, RowBlockBias
 from posbench.kernels.cpu import process_environment_kept
 from posbench.kernels.row_block_attention import BLOCK_ELEMENTS
@@ -67,6 +68,7 @@ class SelfAttention(nn.Module):
             values = encoding.distance_bias(lo, hi, context, q.device)  # (H, hi - lo + 1)
             if values is not None:  # a bias of (head, i - j) alone: flex reads it per distance
                 try:
+                    served.note(served.FLEX)
                     y = flex_distance_attention(
                         q,
                         k,
@@ -103,10 +105,12 @@ class SelfAttention(nn.Module):
                 no_bias = scores.q.new_empty(1, scores.q.shape[1], 1, 0)
                 y = fused_band_attention(scores.q, scores.k, v, no_bias, scores.scale)
             elif self.causal and q_len == k_len:  # the fused causal fast path
+                served.note(served.TORCH_SDPA)
                 y = F.scaled_dot_product_attention(
                     scores.q, scores.k, v, is_causal=True, scale=scores.scale
                 )
             else:
+                served.note(served.TORCH_SDPA)
                 y = F.scaled_dot_product_attention(
                     scores.q, scores.k, v, attn_mask=mask, scale=scores.scale
                 )

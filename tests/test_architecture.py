@@ -21,6 +21,7 @@ LAYERS: list[set[str]] = [
         "kernels.cpu",
         "kernels.flash_ops",
         "kernels.native",
+        "kernels.served",
         "kernels.masks",
         "kernels.bias_types",
         "kernels.softmax_backward",

@@ -51,7 +51,9 @@ def test_sweep_writes_tidy_results_and_run_folders(tmp_path: Path) -> None:
         assert env["torch"] == torch.__version__
         assert env["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
         assert env["cpu_model"] == cpu_model() and "last_level_cache_mib" in env
-        assert env["native_kernels"] is (native.band_flash() is not None)
+        assert env["native_kernels_allowed"] is native.enabled()
+        served = result["attention_kernels"]  # what computed the numbers, counted per call
+        assert served and all(n > 0 for n in served.values()), served
 
 
 def test_rerun_skips_and_reproduces_results(tmp_path: Path) -> None:
@@ -180,3 +182,21 @@ def test_a_dry_run_names_the_twin_a_fixed_budget_run_may_take_its_model_from(
     line = next(line for line in result.output.splitlines() if "copy-fixed / rope / seed 0" in line)
     assert "or copy / rope / seed 0's model if that never stops early" in line
     assert not (tmp_path / "s").exists()
+
+
+@pytest.mark.skipif(native.cope_flash() is None, reason="CoPE's C++ kernel cannot be built here")
+def test_each_run_records_the_kernels_that_served_its_attention(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """CoPE's C++ kernel unavailable while the band kernel works: the run says CoPE ran in
+    torch (env.json's old flag said the C++ kernels ran)."""
+    from posbench.kernels import served
+
+    first = run_sweep(tiny_sweep("cope", steps=2), tmp_path / "native")
+    (used,) = [read_json(tmp_path / "native" / r / "result.json") for r in first.ran]
+    assert served.CPP_COPE in used["attention_kernels"], used["attention_kernels"]
+    monkeypatch.setattr(native, "cope_flash", lambda: None)
+    second = run_sweep(tiny_sweep("cope", steps=2), tmp_path / "torch")
+    (used,) = [read_json(tmp_path / "torch" / r / "result.json") for r in second.ran]
+    kernels = used["attention_kernels"]
+    assert served.TORCH_COPE in kernels and served.CPP_COPE not in kernels, kernels

@@ -11,6 +11,7 @@ from torch import Tensor, nn
 
 from posbench.encodings.base import AttentionShape, LayerContext, PositionalEncoding, Span
 from posbench.encodings.registry import register_encoding
+from posbench.kernels import served
 from posbench.kernels.bias_types import RowBlockBias, Scores
 from posbench.kernels.fused_cope_attention import cope_fused_applies, fused_cope_attention
 from posbench.kernels.row_block_attention import row_blocks
@@ -67,6 +68,7 @@ class CoPE(PositionalEncoding):
             if square and cope_fused_applies(q, k, v, self.causal):
                 return fused_cope_attention(q, k, v, table, scale)
             q, k, v = q.contiguous(), k.contiguous(), v.contiguous()  # blocks view (B * H)
+            served.note(served.TORCH_COPE)
             return _CopeAttention.apply(
                 q, k, v, table, causal_mask, self.causal, scale, self.npos_max
             )

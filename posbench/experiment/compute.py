@@ -26,6 +26,7 @@ from posbench.experiment.config import (
     ModelSize,
     RunConfig,
 )
+from posbench.kernels import served
 from posbench.kernels.cpu import compute_settings
 from posbench.experiment.evaluation import iter_evaluate, validation_exact_match, validation_excess
 from posbench.model import Decoder, ModelConfig, model_from_config
@@ -193,7 +194,10 @@ def compute_run(
     if plugin_dirs:
         load_worker_plugins(plugin_dirs)
     with compute_settings(threads), torch.random.fork_rng(devices=rng_devices(job.run.device)):
-        return _compute(job, progress or (lambda *_: None))
+        with served.recording() as kernels:
+            output = _compute(job, progress or (lambda *_: None))
+        output.result["attention_kernels"] = dict(sorted(kernels.items()))
+        return output
 
 
 def _compute(job: RunJob, progress: ProgressSink) -> RunOutput:

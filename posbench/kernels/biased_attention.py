@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from posbench.kernels import flash_ops, native
+from posbench.kernels import flash_ops, native, served
 from posbench.kernels.band_attention import band_attention
 from posbench.kernels.bias_types import (
     BandBias,
@@ -247,6 +247,7 @@ def biased_attention(
         if fused:
             return _fused_band_bias(q, k, v, bias, scale)
         if flash and fused_causal:
+            served.note(served.TORCH_FLASH)
             return band_attention(q, k, v, bias.full_band().to(q.dtype), scale)
         bias = bias.dense(q_len)
     if isinstance(bias, DistanceTableBias) and bias.by_key is not None and not fused:
@@ -261,6 +262,7 @@ def biased_attention(
                 q, k, v, no_band, scale, positions, table_bias=(bias.a, table, by_distance)
             )
         if flash and causal_mask is not None and q_len <= k_len:  # queries: the last keys
+            served.note(served.TORCH_FLASH)
             if by_distance:
                 return rel_shift_attention(q, k, v, bias.a, table, scale, positions)
             return key_table_attention(q, k, v, bias.a, table, scale)
@@ -271,6 +273,7 @@ def biased_attention(
             return fused_band_attention(q, k, v, band, scale)
         kernel_masks = causal_mask is None or fused_causal  # nothing left to mask in the bias
         if flash and kernel_masks and torch.is_grad_enabled() and bias.values.requires_grad:
+            served.note(served.TORCH_FLASH)
             return _FlashBiasedAttention.apply(
                 q.contiguous(),
                 k.contiguous(),
@@ -288,7 +291,9 @@ def biased_attention(
     if causal_mask is not None and not (flash and fused_causal):
         bias = bias.masked_fill(~causal_mask, float("-inf"))
     if not flash:
+        served.note(served.TORCH_SDPA)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=scale)
+    served.note(served.TORCH_FLASH)
     q, k, v, bias = q.contiguous(), k.contiguous(), v.contiguous(), bias.contiguous()
     if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, bias)):
         return _FlashBiasedAttention.apply(

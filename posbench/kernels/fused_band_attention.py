@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from posbench.kernels import native
+from posbench.kernels import native, served
 from posbench.kernels.bias_types import BandProduct
 
 
@@ -98,6 +98,7 @@ def fused_band_attention(
     T >= table_rows(positions). With ``by_key``,
     band is a dense bias (B|1, H|1, L, L) read at [b, h, i, j] itself (FIRE's), at plain
     positions. Needs ``native.band_flash()``."""
+    served.note(served.CPP_BAND)
     B, H, L, _ = q.shape
     if positions is None:
         band = band[..., -L:]  # columns W - L .. W - 1: distances L - 1 .. 0 (by key: all)

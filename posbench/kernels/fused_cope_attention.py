@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from posbench.kernels import native
+from posbench.kernels import native, served
 
 
 class _FusedCopeAttention(torch.autograd.Function):
@@ -35,6 +35,7 @@ def fused_cope_attention(q: Tensor, k: Tensor, v: Tensor, table: Tensor, scale: 
     """CoPE's causal attention for q, k, v (B, H, L, d), each query at the last of its keys,
     with the position table (d, npos) shared by the heads, on the CPU. Needs
     ``native.cope_flash()``."""
+    served.note(served.CPP_COPE)
     return _FusedCopeAttention.apply(
         q.contiguous(), k.contiguous(), v.contiguous(), table.contiguous(), scale
     )

@@ -832,9 +832,12 @@ def _environment(sweep_dir: Path, run_ids: Collection[str]) -> dict[str, str]:
     values: dict[str, Counter[str]] = {}
     for run_id in sorted(run_ids):
         try:
-            env = RunFolder(sweep_dir / run_id).env() or {}
+            folder = RunFolder(sweep_dir / run_id)
+            env, result = folder.env() or {}, folder.result() or {}
         except ResultsError:
             continue
+        if "attention_kernels" in result:  # which kernels served its attention calls
+            env = env | {"attention kernels": ", ".join(result["attention_kernels"]) or "none"}
         for key, value in env.items():
             text = value if isinstance(value, str) else json.dumps(value, sort_keys=True)
             values.setdefault(key, Counter())[text] += 1

@@ -1,0 +1,38 @@
+"""Which attention kernel served each call: counted per thread while a run records, so a run's
+result says what computed its numbers (posbench's C++ kernels or torch's), not only what was
+available when it started. The C++ and torch kernels agree to float round-off, not bit for bit."""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from contextlib import contextmanager
+from typing import Iterator
+
+#: The kernels a call can be served by, as results name them.
+CPP_BAND = "C++ band kernel"
+CPP_COPE = "C++ CoPE kernel"
+TORCH_FLASH = "posbench's flash kernel in torch"
+TORCH_COPE = "CoPE in torch, blocks of rows"
+TORCH_SDPA = "torch scaled_dot_product_attention"
+FLEX = "torch flex_attention"
+
+_local = threading.local()
+
+
+def note(kernel: str) -> None:
+    """Count one attention call served by `kernel` (nothing while no run records)."""
+    counts = getattr(_local, "counts", None)
+    if counts is not None:
+        counts[kernel] += 1
+
+
+@contextmanager
+def recording() -> Iterator[Counter[str]]:
+    """Count the attention calls this thread makes inside the block, by kernel."""
+    outer = getattr(_local, "counts", None)
+    _local.counts = Counter()
+    try:
+        yield _local.counts
+    finally:
+        _local.counts = outer
