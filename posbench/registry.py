@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import difflib
 import fnmatch
+import hashlib
 import inspect
+import sys
+from pathlib import Path
 from typing import Callable, Generic, Iterable, Sequence, TypeVar
 
 from posbench.errors import OptionError, UnknownNameError
@@ -42,6 +45,20 @@ class Registry(Generic[T]):
             return obj
 
         return decorator
+
+    def code_digest(self, name: str) -> str | None:
+        """A digest of the source file that defines `name`'s entry when a plugin defines it
+        (None for posbench's own, which runs record by version and commit): a run stores it, so
+        editing a plugin's code makes its runs a new configuration, never pooled with old ones."""
+        entry = self.get(name)
+        module_name = getattr(entry, "__module__", "")
+        if module_name.split(".")[0] == "posbench":
+            return None
+        try:
+            source = Path(sys.modules[module_name].__file__ or "").read_bytes()
+        except (AttributeError, KeyError, OSError):  # no file holds it (exec): its name does
+            source = f"{module_name}.{getattr(entry, '__qualname__', name)}".encode("utf-8")
+        return hashlib.sha256(source).hexdigest()[:12]
 
     def names(self, pattern: str | None = None) -> list[str]:
         """Registered names, sorted, optionally filtered by a shell-style wildcard."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import errno
+import json
 import re
 import signal
 from pathlib import Path
@@ -582,3 +583,47 @@ def test_an_encoding_too_large_to_train_is_refused_before_it_is_built(tmp_path: 
     one_sentence_error(
         result, "the decoder with 'learned(max_positions=1000000000)'", "parameters, whose"
     )
+
+
+PLUGIN = '''
+import torch
+from posbench import PositionalEncoding, register_encoding
+
+
+@register_encoding("test_edited")
+class Edited(PositionalEncoding):
+    """A distance bias whose slope a user edits between runs."""
+
+    relative = True
+
+    def position_bias(self, q_span, k_span, layer, device):
+        distance = q_span.arange(device)[:, None] - k_span.arange(device)[None, :]
+        return SLOPE * distance.float().expand(self.n_heads, -1, -1)
+'''
+
+
+def test_editing_a_plugins_code_makes_its_runs_a_new_configuration(tmp_path: Path) -> None:
+    """Seed 0 on the old code, then seeds 0 and 1 on the edited code: the edited sweep holds
+    only runs of the new code, and both codes' runs stay stored apart."""
+    import subprocess
+    import sys
+
+    plugins, out = tmp_path / "plugins", tmp_path / "sweep"
+    plugins.mkdir()
+    config = write_config(tmp_path, TINY_TOML.replace('"nope", ', '"test_edited", '))
+
+    def run(slope: str, seeds: str) -> None:
+        (plugins / "edited.py").write_text(PLUGIN.replace("SLOPE", slope))
+        command = [sys.executable, "-m", "posbench.cli", "--plugins", str(plugins), "run"]
+        command += ["--config", str(config), "--encodings", "test_edited", "--seeds", seeds]
+        done = subprocess.run(command + ["--out", str(out), "--no-report"], capture_output=True)
+        assert done.returncode == 0, done.stderr.decode()
+
+    run("-0.1", "0")
+    old = {p.parent.name for p in out.glob("*/result.json")}
+    run("-0.5", "0,1")
+    frame = pd.read_csv(out / "results.csv")
+    assert frame["run_id"].nunique() == 2 and not old & set(frame["run_id"])  # seed 0 redone
+    configs = [json.loads(p.read_text()) for p in out.glob("*/config.json")]
+    digests = {c["plugin_code"]["encoding"] for c in configs}
+    assert len(configs) == 3 and len(digests) == 2  # the old run kept, apart

@@ -217,12 +217,17 @@ class RunConfig:
     eval: EvalConfig
     device: str = "cpu"
     quick: bool = False
+    #: Digests of the plugin source that defines the task and the encoding ("encoding": ...,
+    #: "task": ...), where a plugin does; empty for posbench's own, so their ids never change.
+    plugin_code: Mapping[str, str] = field(default_factory=dict)
     #: Whether labels name the model size (a sweep with a size axis); not stored, not hashed.
     show_size: bool = field(default=False, compare=False)
 
     def to_dict(self) -> dict[str, Any]:
         data = to_jsonable(dataclasses.asdict(self))
         del data["show_size"]
+        if not data["plugin_code"]:
+            del data["plugin_code"]
         return data
 
     @property
@@ -261,6 +266,7 @@ class RunConfig:
             eval=_eval_from(data["eval"]),
             device=data.get("device", "cpu"),
             quick=bool(data.get("quick", False)),
+            plugin_code=dict(data.get("plugin_code", {})),
         )
 
 
@@ -383,6 +389,24 @@ def model_sizes(sweep: SweepConfig) -> tuple[ModelSize, ...]:
     return sweep.sizes or (sweep.model,)
 
 
+def plugin_code(task: str, encoding: str) -> dict[str, str]:
+    """The digests of the plugin source files that define `task` and `encoding`, for those a
+    plugin defines (see Registry.code_digest); unknown names are left to the checks that name
+    them."""
+    from posbench.encodings import REGISTRY as ENCODINGS
+    from posbench.tasks import REGISTRY as TASKS
+
+    digests = {}
+    for part, registry, name in (("encoding", ENCODINGS, encoding), ("task", TASKS, task)):
+        try:
+            digest = registry.code_digest(name)
+        except UnknownNameError:
+            continue
+        if digest is not None:
+            digests[part] = digest
+    return digests
+
+
 def expand_runs(sweep: SweepConfig) -> list[RunConfig]:
     """The grid: every task x model size x encoding x seed, in that nesting order, with options
     tied to the training length resolved per task."""
@@ -402,6 +426,7 @@ def expand_runs(sweep: SweepConfig) -> list[RunConfig]:
                             sweep.eval,
                             sweep.device,
                             sweep.quick,
+                            plugin_code(task.name, enc.name),
                             show_size=len(model_sizes(sweep)) > 1,
                         )
                     )
