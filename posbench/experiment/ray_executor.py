@@ -23,7 +23,7 @@ from posbench.experiment.compute import (
     posting_sink,
     relay,
 )
-from posbench.experiment.reaper import start_reaper
+from posbench.reaper import start_reaper
 from posbench.kernels.cpu import keep_freed_memory
 
 

@@ -1,6 +1,7 @@
-"""A watchdog for a local Ray runtime: when the driver that started it dies outright (kill -9,
-the OOM killer), it ends the processes the driver left, which Ray's own agents otherwise keep
-alive for about a minute. Run as `python -m posbench.experiment.reaper DRIVER_PID`."""
+"""A watchdog for the processes a posbench command starts: when the command dies outright
+(kill -9, the OOM killer), it ends the processes the command left: a local Ray runtime, which
+Ray's own agents otherwise keep alive for about a minute, or the compiler building a C++ kernel.
+Run as `python -m posbench.reaper DRIVER_PID`."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ def start_reaper(driver_pid: int) -> subprocess.Popen:
     """Start the watchdog for `driver_pid` in its own session, so Ctrl-C at a terminal, meant
     for the driver, does not reach it."""
     return subprocess.Popen(
-        [sys.executable, "-m", "posbench.experiment.reaper", str(driver_pid)],
+        [sys.executable, "-m", "posbench.reaper", str(driver_pid)],
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
