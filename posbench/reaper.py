@@ -1,7 +1,7 @@
 """A watchdog for the processes a posbench command starts: when the command dies outright
 (kill -9, the OOM killer), it ends the processes the command left: a local Ray runtime, which
 Ray's own agents otherwise keep alive for about a minute, or the compiler building a C++ kernel.
-Run as `python -m posbench.reaper DRIVER_PID`."""
+Run as `python posbench/reaper.py DRIVER_PID`."""
 
 from __future__ import annotations
 
@@ -21,7 +21,9 @@ def start_reaper(driver_pid: int) -> subprocess.Popen:
     """Start the watchdog for `driver_pid` in its own session, so Ctrl-C at a terminal, meant
     for the driver, does not reach it."""
     return subprocess.Popen(
-        [sys.executable, "-m", "posbench.reaper", str(driver_pid)],
+        # by its path, not -m: importing the posbench package (and torch) takes seconds, and
+        # a driver killed in those seconds would leave its processes unseen
+        [sys.executable, os.path.abspath(__file__), str(driver_pid)],
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,

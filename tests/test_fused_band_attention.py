@@ -278,7 +278,7 @@ def test_a_failed_build_says_why_and_how_to_fix_it(monkeypatch: pytest.MonkeyPat
         native.band_flash.cache_clear()
     (warning,) = caught
     text = str(warning.message)
-    assert "Ninja is required" in text and "Install g++ and ninja" in text
+    assert "Ninja is required" in text and "To build it, install g++ and ninja" in text
     assert f"{native.SWITCH}=0" in text
 
 

@@ -16,10 +16,13 @@ takes its torch kernels: the same numbers, slower."""
 
 from __future__ import annotations
 
+import fcntl
 import functools
 import hashlib
+import json
 import os
 import re
+import shutil
 import sys
 import threading
 import warnings
@@ -27,11 +30,13 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import torch
 
 from posbench.errors import ConfigError
 from posbench.kernels.cpu import process_environment_kept
+from posbench.reaper import start_reaper
 
 #: Set to 0 to skip the C++ kernels (no compiler, or to measure the torch kernels).
 SWITCH = "POSBENCH_NATIVE_KERNELS"
@@ -133,32 +138,152 @@ def cope_flash() -> ModuleType | None:
     return _build("cope_flash")
 
 
+def build_directory(kernel: str) -> Path:
+    """Where `kernel`'s build lives: a folder named after the build (extension_name) under
+    torch's extension root (``$TORCH_EXTENSIONS_DIR``, else ~/.cache/torch_extensions/...)."""
+    from torch.utils import cpp_extension
+
+    root = os.environ.get("TORCH_EXTENSIONS_DIR") or cpp_extension.get_default_build_root()
+    return Path(root) / extension_name(kernel)
+
+
+#: The record posbench writes beside a finished build: the library's size and SHA-256.
+BUILD_RECORD = "posbench_build.json"
+#: posbench's own lock on a build folder (an flock, released when its holder dies).
+BUILD_LOCK = "posbench_build.lock"
+
+
+def _library(directory: Path) -> Path:
+    return directory / f"{directory.name}.so"
+
+
+def _recorded(directory: Path) -> dict[str, Any] | None:
+    try:
+        record = json.loads((directory / BUILD_RECORD).read_text())
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def _verified(directory: Path) -> bool:
+    """Whether the folder holds a whole build: its library matches the size and digest
+    recorded when it was built (loading a truncated library kills the process with SIGBUS)."""
+    record, library = _recorded(directory), _library(directory)
+    if record is None or not library.is_file() or library.stat().st_size != record.get("bytes"):
+        return False
+    return hashlib.sha256(library.read_bytes()).hexdigest() == record.get("sha256")
+
+
+def _record_build(directory: Path) -> None:
+    library = _library(directory).read_bytes()
+    record = {"bytes": len(library), "sha256": hashlib.sha256(library).hexdigest()}
+    temporary = directory / f".{BUILD_RECORD}.{os.getpid()}"
+    temporary.write_text(json.dumps(record))
+    temporary.replace(directory / BUILD_RECORD)
+
+
+@contextmanager
+def _build_lock(directory: Path) -> Iterator[None]:
+    """Hold posbench's lock on the build folder. Every posbench build takes it first, so a lock
+    file torch's loader left behind (its holder killed mid-build) is stale once this is held."""
+    directory.mkdir(parents=True, exist_ok=True)
+    with open(directory / BUILD_LOCK, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)  # waits for a live build by another process
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _clear(directory: Path) -> None:
+    """Remove an unverified build (torn, truncated, or from before records were kept) and the
+    lock torch's loader may have left, so the loader builds afresh."""
+    for path in directory.iterdir():
+        if path.name == BUILD_LOCK:
+            continue
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+
+
 def _build(kernel: str) -> ModuleType | None:
-    """Compile (or load the cached build of) csrc/<kernel>.cpp; None, with one warning, where
-    it cannot be built."""
+    """Compile (or load the verified cached build of) csrc/<kernel>.cpp; None, with one
+    warning, where it cannot be built. A build killed midway leaves nothing that blocks or
+    breaks the next: posbench's lock dies with its holder, a build without a matching record is
+    cleared and redone, and a watchdog ends the compiler if posbench is killed while it runs."""
     if not enabled():
         return None
     announce = threading.Timer(SLOW_LOAD_SECONDS, _say_building, (kernel,))  # cached: at once
     announce.start()
+    directory = build_directory(kernel)
     try:
-        with _build_environment():
+        with _build_environment(), _build_lock(directory):
             from torch.utils import cpp_extension
 
-            return cpp_extension.load(
-                name=extension_name(kernel),
-                sources=[str(SOURCES / f"{kernel}.cpp")],
-                extra_cflags=compile_flags(torch.backends.cpu.get_cpu_capability()),
-                extra_ldflags=["-fopenmp"],
-                verbose=False,
-            )
-    except Exception as error:  # no compiler, a torch without MKL's BLAS, ...
-        reason = " ".join(f"{type(error).__name__}: {error}".split())[:200]
-        warnings.warn(
-            f"posbench could not build its C++ attention kernel ({reason}); attention uses its "
-            f"torch kernels instead, the same numbers more slowly. Install g++ and ninja to "
-            f"build it, or set {SWITCH}=0 to skip the attempt.",
-            RuntimeWarning,
-        )
+            fresh = not _verified(directory)
+            if fresh:
+                _clear(directory)
+            watchdog = start_reaper(os.getpid()) if fresh else None
+            try:
+                module = cpp_extension.load(
+                    name=extension_name(kernel),
+                    sources=[str(SOURCES / f"{kernel}.cpp")],
+                    extra_cflags=compile_flags(torch.backends.cpu.get_cpu_capability()),
+                    extra_ldflags=["-fopenmp"],
+                    build_directory=str(directory),
+                    verbose=False,
+                )
+            finally:
+                if watchdog is not None:
+                    watchdog.kill()
+                    watchdog.wait()
+            if fresh:
+                _record_build(directory)
+            return module
+    except Exception as error:  # no compiler, no disk space, a torch without MKL's BLAS, ...
+        warnings.warn(build_failure(error, directory), RuntimeWarning)
         return None
     finally:
         announce.cancel()
+
+
+#: What a failed build's message says, and the fix for it, first match wins.
+_BUILD_FIXES = (
+    (("No space left",), "free disk space there"),
+    (
+        ("Permission denied", "Read-only file system"),
+        "make that folder writable, or set TORCH_EXTENSIONS_DIR to a writable folder",
+    ),
+    (
+        (
+            "not found",
+            "No such file or directory: 'c++'",
+            "No such file or directory: 'ninja'",
+            "Ninja is required",
+        ),
+        "install g++ and ninja",
+    ),
+)
+
+
+#: The lines of a failed build's output that say what went wrong.
+TELLING = re.compile(r"error|not found|No space|denied|Read-only", re.IGNORECASE)
+
+
+def build_failure(error: BaseException, directory: Path) -> str:
+    """One warning for a failed build: the lines of the compiler's output that say what went
+    wrong (never cut short), and the fix that fits them."""
+    text = f"{type(error).__name__}: {error}"
+    lines = [" ".join(line.split()) for line in text.splitlines() if line.strip()]
+    telling = [line for line in lines if TELLING.search(line)]
+    reason = "; ".join(dict.fromkeys(telling[-3:] or lines[-3:]))
+    fix = next(
+        (fix for needles, fix in _BUILD_FIXES if any(n in text for n in needles)),
+        f"delete {directory} (a damaged build is redone) and run again",
+    )
+    return (
+        f"posbench could not build its C++ attention kernel in {directory} ({reason}); "
+        f"attention uses its torch kernels instead, the same numbers more slowly. To build it, "
+        f"{fix}; or set {SWITCH}=0 to skip the attempt."
+    )
