@@ -100,3 +100,24 @@ def test_a_failed_build_names_its_cause_in_full_and_the_fix_that_fits(
     text = native.build_failure(error, tmp_path / "build")
     assert shown in text and fix in text.split("To build it, ")[1], text
     assert f"{native.SWITCH}=0" in text and "\n" not in text
+
+
+def test_a_failed_build_warns_once_per_sweep_not_once_per_worker(tmp_path: Path) -> None:
+    from helpers import TINY_TOML, write_config
+
+    blocked = tmp_path / "not-a-folder"
+    blocked.write_text("a file where the extensions folder should be\n")
+    config = write_config(tmp_path, TINY_TOML.replace("seeds = [0]", "seeds = [0, 1, 2]"))
+    command = [sys.executable, "-m", "posbench.cli", "run", "--config", str(config), "--out"]
+    command += [str(tmp_path / "out"), "--executor", "processes", "--jobs", "2", "--no-report"]
+    done = subprocess.run(
+        command,
+        env=os.environ | {"TORCH_EXTENSIONS_DIR": str(blocked)},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr
+    output = done.stdout + done.stderr
+    assert output.count("could not build its C++ attention kernel") == 1, output
+    assert "set TORCH_EXTENSIONS_DIR to a writable folder" in output

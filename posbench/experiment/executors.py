@@ -30,6 +30,7 @@ from posbench.experiment.compute import (
     relay,
 )
 from posbench.errors import ConfigError
+from posbench.kernels import native
 from posbench.kernels.cpu import keep_freed_memory
 from posbench.warning_lines import show_warnings_as_lines
 
@@ -92,6 +93,7 @@ def _worker_init(parent_pid: int, events: Any) -> None:
     global _events
     die_with_parent(parent_pid)
     show_warnings_as_lines()
+    native.quiet_workers()
     keep_freed_memory()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's to handle
     _events = events

@@ -24,6 +24,7 @@ from posbench.experiment.compute import (
     relay,
 )
 from posbench.reaper import start_reaper
+from posbench.kernels import native
 from posbench.kernels.cpu import keep_freed_memory
 
 
@@ -73,6 +74,7 @@ def _compute_on_ray(
     job: RunJob, threads: int, plugin_dirs: tuple[str, ...], mailbox: Any
 ) -> RunOutput:
     keep_freed_memory()  # once per worker process, as posbench's own workers do
+    native.quiet_workers()
     return compute_run(job, threads, posting_sink(mailbox.post.remote), plugin_dirs)
 
 

@@ -47,6 +47,7 @@ from posbench.experiment.variants import (
     variant_jobs,
     variant_label,
 )
+from posbench.kernels import native
 from posbench.kernels.cpu import compute_settings
 from posbench.encodings import BUILTINS, check_encoding_options
 from posbench.encodings.base import Span
@@ -373,6 +374,8 @@ def _run_sweep(
         jobs = [_job(RunFolder(out_dir / run.run_id), run, force) for run in runs]
         pending = [job for job in jobs if job is not None]
         outcome.skipped = [run.run_id for run, job in zip(runs, jobs) if job is None]
+        if pending and sweep.device == "cpu":  # built here once, not raced by every worker
+            native.build_for({job.run.encoding.name for job in pending})
         reporter.sweep_started(len(runs), len(pending))
         by_id = {job.run.run_id: job.run for job in pending}
         waiting = {job.run.run_id for job in pending}

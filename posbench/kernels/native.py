@@ -26,7 +26,7 @@ import shutil
 import sys
 import threading
 import warnings
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from types import ModuleType
@@ -138,6 +138,24 @@ def cope_flash() -> ModuleType | None:
     return _build("cope_flash")
 
 
+class KernelBuildWarning(RuntimeWarning):
+    """A C++ kernel could not be built: attention takes torch's kernels."""
+
+
+def build_for(encodings: Collection[str]) -> None:
+    """Build (or load) the kernels runs of these encodings use, in the driver before its workers
+    start: a failure warns here once, and workers, which build or load them again, stay quiet
+    about it (see quiet_workers)."""
+    band_flash()
+    if "cope" in encodings:
+        cope_flash()
+
+
+def quiet_workers() -> None:
+    """In a worker process: leave kernel build failures to the driver, which warned once."""
+    warnings.simplefilter("ignore", KernelBuildWarning)
+
+
 def build_directory(kernel: str) -> Path:
     """Where `kernel`'s build lives: a folder named after the build (extension_name) under
     torch's extension root (``$TORCH_EXTENSIONS_DIR``, else ~/.cache/torch_extensions/...)."""
@@ -242,7 +260,7 @@ def _build(kernel: str) -> ModuleType | None:
                 _record_build(directory)
             return module
     except Exception as error:  # no compiler, no disk space, a torch without MKL's BLAS, ...
-        warnings.warn(build_failure(error, directory), RuntimeWarning)
+        warnings.warn(build_failure(error, directory), KernelBuildWarning)
         return None
     finally:
         announce.cancel()
@@ -252,7 +270,7 @@ def _build(kernel: str) -> ModuleType | None:
 _BUILD_FIXES = (
     (("No space left",), "free disk space there"),
     (
-        ("Permission denied", "Read-only file system"),
+        ("Permission denied", "Read-only file system", "Not a directory", "File exists"),
         "make that folder writable, or set TORCH_EXTENSIONS_DIR to a writable folder",
     ),
     (
@@ -268,7 +286,9 @@ _BUILD_FIXES = (
 
 
 #: The lines of a failed build's output that say what went wrong.
-TELLING = re.compile(r"error|not found|No space|denied|Read-only", re.IGNORECASE)
+TELLING = re.compile(
+    r"error|not found|No space|denied|Read-only|Not a directory|File exists", re.IGNORECASE
+)
 
 
 def build_failure(error: BaseException, directory: Path) -> str:
