@@ -459,7 +459,9 @@ class RunFolder:
         model_state: bytes | None = None,
         artifacts: dict[str, bytes] | None = None,
     ) -> None:
-        """Write a run's files atomically, result.json last with the checksums of the others."""
+        """Write a run's files atomically, result.json last with the checksums of the others and,
+        where the result has a time split, the seconds storing took."""
+        started = time.perf_counter()
         try:
             self.path.mkdir(parents=True, exist_ok=True)
         except OSError as err:
@@ -484,6 +486,9 @@ class RunFolder:
         for name, data in (artifacts or {}).items():
             atomic_write_bytes(self.path / name, data)
             files[name] = {"sha256": hashlib.sha256(data).hexdigest()}
+        if "time_split" in result:
+            storing = round(time.perf_counter() - started, 3)
+            result = dict(result, time_split=dict(result["time_split"], storing=storing))
         atomic_write_json(self.path / RESULT_FILE, dict(result, files=files))
 
     def measurements(self) -> pd.DataFrame:

@@ -200,3 +200,19 @@ def test_each_run_records_the_kernels_that_served_its_attention(
     (used,) = [read_json(tmp_path / "torch" / r / "result.json") for r in second.ran]
     kernels = used["attention_kernels"]
     assert served.TORCH_COPE in kernels and served.CPP_COPE not in kernels, kernels
+
+
+def test_each_run_records_where_its_time_went_and_the_report_shows_it(tmp_path: Path) -> None:
+    from posbench.report.html import build_report
+
+    outcome = run_sweep(tiny_sweep("nope", steps=2), tmp_path / "sw")
+    (run_id,) = outcome.ran
+    result = read_json(tmp_path / "sw" / run_id / "result.json")
+    split = result["time_split"]
+    assert {"setup", "training", "evaluation, full context", "diagnostics", "storing"} <= set(split)
+    assert "evaluation, free-running decoding" in split and "evaluation, caches" in split
+    assert all(seconds >= 0 for seconds in split.values())
+    computed = sum(v for part, v in split.items() if part != "storing")
+    assert computed == pytest.approx(result["seconds"], abs=0.01 + 1e-3 * len(split)), split
+    html = build_report(tmp_path / "sw", tmp_path / "report").html.read_text()
+    assert "Where the time went" in html and "<td class=\"name\">training</td>" in html

@@ -28,7 +28,12 @@ from posbench.experiment.config import (
 )
 from posbench.kernels import served
 from posbench.kernels.cpu import compute_settings
-from posbench.experiment.evaluation import iter_evaluate, validation_exact_match, validation_excess
+from posbench.experiment.evaluation import (
+    POSITION_METRICS,
+    iter_evaluate,
+    validation_exact_match,
+    validation_excess,
+)
 from posbench.model import Decoder, ModelConfig, model_from_config
 from posbench.plugins import load_worker_plugins
 from posbench.store import (
@@ -50,6 +55,21 @@ POLL_SECONDS = 0.25
 
 #: (run id, event, payload): ("started", steps), ("step", (step, loss)), ("evaluating", None).
 ProgressSink = Callable[[str, str, Any], None]
+#: The parts of result.json's time_split besides setup, training and diagnostics: evaluation
+#: by kind (full context includes judging the run; free-running decoding is counted apart from
+#: the full-context pass it belongs to), then "storing", added by the store.
+FREE_RUNNING = "evaluation, free-running decoding"
+
+
+def _evaluation_part(measurement: Any) -> str:
+    """Which part of the time split computed a measurement."""
+    if measurement.mem_len is not None:
+        return "evaluation, caches"
+    if measurement.metric in POSITION_METRICS:
+        return "evaluation, loss by position"
+    return "evaluation, full context"
+
+
 #: A worker sends a training-step event at most this often (seconds); the last step always.
 STEP_EVENT_INTERVAL = 0.5
 #: What a result keeps of training, so a retry after a failed evaluation can skip training.
@@ -219,6 +239,15 @@ def _compute(job: RunJob, progress: ProgressSink) -> RunOutput:
     state: bytes | None = None
     stage = "setup"
     start, cpu_start = time.perf_counter(), time.process_time()
+    times: dict[str, float] = {}  # TIME_SPLIT: seconds by what the run spent them on
+    lap = start
+
+    def clock(part: str) -> None:  # the seconds since the last call go to `part`
+        nonlocal lap
+        now = time.perf_counter()
+        times[part] = times.get(part, 0.0) + now - lap
+        lap = now
+
     try:
         task = create_task(run.task.name, **run.task.options)
         result["train_len_max"] = task.train_lengths[1]
@@ -232,6 +261,7 @@ def _compute(job: RunJob, progress: ProgressSink) -> RunOutput:
         reach, reach_rows, result["unreached"] = _reachability(model, task, run)
         for message in result["unreached"]:
             note(message)
+        clock("setup")
         if not reach.empty:
             artifacts[REACHABILITY_FILE] = reach.to_csv(index=False).encode()
         probes: list[dict[str, Any]] = []
@@ -248,18 +278,25 @@ def _compute(job: RunJob, progress: ProgressSink) -> RunOutput:
             stage = "training"
             result.update(_train(model, task, run, progress, note, probes))
             state = state_to_bytes(model)
+        clock("training")
         stage = "evaluation"
         progress(run.run_id, "evaluating", None)
         by_position: list[dict[str, float]] = []
-        for m in iter_evaluate(model, task, run.eval, run.device, by_position):
+        decoding = {FREE_RUNNING: 0.0}  # iter_evaluate adds the seconds of greedy decoding
+        for m in iter_evaluate(model, task, run.eval, run.device, by_position, decoding):
             measurements.append(m.__dict__ | {"seq_len": None})
+            lap += decoding[FREE_RUNNING] - times.get(FREE_RUNNING, 0.0)  # counted apart
+            times[FREE_RUNNING] = decoding[FREE_RUNNING]
+            clock(_evaluation_part(m))
         if by_position:
             artifacts[ANSWER_POSITIONS_FILE] = (
                 pd.DataFrame(by_position).to_csv(index=False).encode()
             )
         measurements += reach_rows + _training_rows(result, run)
         result.update(_learned(measurements, task, note))
+        clock("evaluation, full context")
         _draw_pictures(model, task, run, probes, result, artifacts, note)
+        clock("diagnostics")
         result["status"] = "ok"
     except Diverged as err:
         result["status"], result["error"] = "diverged", f"diverged: {err}"
@@ -277,7 +314,9 @@ def _compute(job: RunJob, progress: ProgressSink) -> RunOutput:
                 "kept; "
                 "the next run of the same command evaluates again without retraining"
             )
+    clock(stage if result.get("status") != "ok" else "diagnostics")
     result["seconds"] = time.perf_counter() - start
+    result["time_split"] = {part: round(seconds, 3) for part, seconds in times.items()}
     # CPU time of all the process's threads: unlike the wall time, it leaves out a pause (SIGSTOP)
     # or a wait for a busy core, so runs measured under load stay comparable
     result["cpu_seconds"] = time.process_time() - cpu_start

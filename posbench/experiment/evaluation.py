@@ -9,6 +9,7 @@ teacher forcing, and its rows say so."""
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -183,13 +184,15 @@ def _accuracy(
     seed: int = HELD_OUT_SEED,
     free_running: bool = False,
     by_position: list[dict[str, float]] | None = None,
+    decoding: dict[str, float] | None = None,
 ) -> dict[str, float]:
     """Exact match, teacher-forced token accuracy and loss on the held-out sample of `length`;
     with `free_running`, also greedy token accuracy (the model reads its own answers), the mean
     correct-prefix length in answer tokens, and the chance level (always answering each answer
     position's most frequent token of an independent sample: see chance_hits); `by_position`, when
     given, receives one row per answer position (counted from the first answer token) with its
-    teacher-forced and greedy accuracy."""
+    teacher-forced and greedy accuracy; `decoding`'s one entry receives the seconds spent on
+    free-running decoding."""
     exact = correct = answers = sequences = greedy = prefix = 0
     loss_sum = 0.0
     counts: dict[int, torch.Tensor] = {}
@@ -208,11 +211,15 @@ def _accuracy(
             sequences += batch.tokens.shape[0]
             loss_sum += float(F.cross_entropy(logits[mask], batch.targets[mask], reduction="sum"))
             if free_running:
+                started = time.perf_counter()
                 free_hit = (
                     (greedy_predictions(model, batch.tokens, mask) == batch.targets) & mask
                     if task.answers_fed_back
                     else hit  # the model never reads its answers: free running is teacher forcing
                 )
+                if decoding is not None:
+                    (part,) = decoding
+                    decoding[part] += time.perf_counter() - started
                 greedy += int(free_hit.sum())
                 prefix += int(correct_prefix(free_hit, mask).sum())
                 for column in mask.any(dim=0).nonzero().flatten().tolist():
@@ -329,12 +336,14 @@ def iter_evaluate(
     config: EvalConfig,
     device: torch.device | str = "cpu",
     by_position: list[dict[str, float]] | None = None,
+    decoding: dict[str, float] | None = None,
 ) -> Iterator[Measurement]:
     """Every measurement of a trained model, one length at a time (so a failure at a long
     length keeps the shorter ones): full context at each evaluation length, then through
     caches of each memory size at the cache-evaluation lengths. `by_position` receives the
-    full-context accuracy by answer position (see _accuracy). A bidirectional model (a task's
-    encoder form) is evaluated at full context only."""
+    full-context accuracy by answer position (see _accuracy); `decoding`'s one entry receives
+    the seconds spent on free-running decoding. A bidirectional model (a task's encoder form) is
+    evaluated at full context only."""
     model.eval()
     for length in task.eval_lengths:
         reason = model.encoding.supports(Span(0, task.sequence_length(length)))
@@ -349,6 +358,7 @@ def iter_evaluate(
             device,
             free_running=task.exact_match_meaningful,
             by_position=by_position,
+            decoding=decoding,
         )
         for k, v in scores.items():
             read_back = k in ("greedy_token_accuracy", "correct_prefix")

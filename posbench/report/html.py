@@ -825,11 +825,17 @@ def _finite(value: float) -> float | None:
     return None if math.isnan(value) else float(value)
 
 
-def _environment(sweep_dir: Path, run_ids: Collection[str]) -> dict[str, str]:
-    """Each environment field of the runs the report holds: its value where every run recorded
-    the same, else every distinct value with its run count ("2.13.0 (12 runs); 2.12.1 (3
-    runs)"), so a sweep that mixed machines, versions or kernels shows all of them."""
+def _provenance(
+    sweep_dir: Path, run_ids: Collection[str]
+) -> tuple[dict[str, str], list[dict[str, str]]]:
+    """What the runs the report holds ran on, and where their time went. Each environment
+    field: its value where every run recorded the same, else every distinct value with its run
+    count ("2.13.0 (12 runs); 2.12.1 (3 runs)"), so a sweep that mixed machines, versions or
+    kernels shows all of them. The time split: each part's seconds summed over the runs that
+    recorded one (result.json's time_split), its share, and how many runs that is."""
     values: dict[str, Counter[str]] = {}
+    seconds: Counter[str] = Counter()
+    timed = 0
     for run_id in sorted(run_ids):
         try:
             folder = RunFolder(sweep_dir / run_id)
@@ -841,7 +847,10 @@ def _environment(sweep_dir: Path, run_ids: Collection[str]) -> dict[str, str]:
         for key, value in env.items():
             text = value if isinstance(value, str) else json.dumps(value, sort_keys=True)
             values.setdefault(key, Counter())[text] += 1
-    return {
+        if isinstance(result.get("time_split"), dict):
+            timed += 1
+            seconds.update({k: float(v) for k, v in result["time_split"].items()})
+    environment = {
         key: next(iter(counts))
         if len(counts) == 1
         else "; ".join(
@@ -849,6 +858,12 @@ def _environment(sweep_dir: Path, run_ids: Collection[str]) -> dict[str, str]:
         )
         for key, counts in values.items()
     }
+    total = sum(seconds.values())
+    split = [
+        {"part": part, "seconds": f"{value:.0f}", "share": f"{value / total:.0%}", "runs": timed}
+        for part, value in seconds.most_common()
+    ]
+    return environment, split
 
 
 def _failures_and_missing(sweep_dir: Path) -> tuple[list[dict[str, str]], list[str]]:
@@ -994,6 +1009,7 @@ def build_report(
     }
     failures, missing = _failures_and_missing(sweep_dir)
     others = other_runs(sweep_dir)
+    environment, time_split = _provenance(sweep_dir, set(frame["run_id"].dropna()))
     context = {
         # the report's own name (reports/standard, even when built from reports/standard/runs)
         "title": f"posbench report: {sweep_dir.name if out_dir.name == 'report' else out_dir.name}",
@@ -1037,7 +1053,8 @@ def build_report(
         else {"terms": [], "distance_plot": None},
         "config": json.dumps(config, indent=2, sort_keys=True),
         "config_rows": _config_rows(config),
-        "environment": _environment(sweep_dir, set(frame["run_id"].dropna())),
+        "environment": environment,
+        "time_split": time_split,
         "failures": failures,
         "missing": missing,
         "problems": problems,
