@@ -683,13 +683,76 @@ def sweep_lock(out_dir: Path) -> Iterator[None]:
         handle.close()  # closing releases the lock
 
 
+@dataclass
+class _CollectedRun:
+    """One stored run as collect() read it, with the stamp of its result.json then."""
+
+    stamp: tuple[int, int, int]  # result.json's inode, size and modification time
+    frame: pd.DataFrame | None  # its rows with the run's columns; None: finished, not ok
+    labels: tuple | None = None  # (task, encoding label, model): the configuration check's key
+    seedless: str | None = None  # the run's configuration without its seed
+
+
+class RunCache:
+    """The runs a sweep has read and checked already, each kept while its result.json stays the
+    one that was read: rebuilding results.csv after every run then reads and hashes each run
+    once per sweep, not once per rebuild (which grew with the square of the runs)."""
+
+    def __init__(self) -> None:
+        self.runs: dict[str, _CollectedRun] = {}
+
+
+def _stamp(path: Path) -> tuple[int, int, int] | None:
+    try:
+        stat = path.stat()
+    except OSError:
+        return None
+    return (stat.st_ino, stat.st_size, stat.st_mtime_ns)
+
+
+def _collect_run(folder: RunFolder, stamp: tuple[int, int, int]) -> _CollectedRun | None:
+    """Read and check one run (None: not finished); a damaged one raises ResultsError."""
+    result = folder.result()
+    if result is None:
+        return None
+    damage = folder.damage()
+    if damage:
+        raise ResultsError(f"{damage}; {REDO_DAMAGED}.")
+    if result["status"] != "ok":
+        return _CollectedRun(stamp, None)
+    config = folder.config()
+    frame = folder.measurements()
+    profile = config.get("kind") == "profile"  # latency/memory rows: no task, seed or training
+    task = None if profile else task_label(config, result)
+    encoding_label = result.get("encoding_label", config["encoding"]["name"])
+    model = None if profile else ModelSize(**config["model"]).tag()
+    frame.insert(0, "run_id", folder.run_id)
+    frame.insert(1, "variant_of", result.get("variant_of"))  # the run that trained the model
+    frame.insert(2, "task", task)
+    frame.insert(3, "task_name", None if profile else config["task"]["name"])
+    frame.insert(4, "encoding", config["encoding"]["name"])
+    frame.insert(5, "encoding_label", encoding_label)
+    frame.insert(6, "seed", None if profile else config["seed"])
+    frame.insert(7, "model", model)
+    frame.insert(8, "train_len_max", None if profile else result["train_len_max"])
+    collected = _CollectedRun(stamp, frame)
+    if not profile and not result.get("variant_of"):  # a variant's config names its run
+        collected.labels = (task, encoding_label, model)
+        collected.seedless = config_id({k: v for k, v in config.items() if k != "seed"})
+    return collected
+
+
 def collect(
-    sweep_dir: Path, problems: list[str] | None = None, run_ids: Iterable[str] | None = None
+    sweep_dir: Path,
+    problems: list[str] | None = None,
+    run_ids: Iterable[str] | None = None,
+    cache: RunCache | None = None,
 ) -> pd.DataFrame:
     """All measurements of the sweep's finished runs as one tidy frame with the COLUMNS: the
     runs its record names (or `run_ids`), every run folder when it has none. With a
     `problems` list, damaged or unreadable runs are skipped and described there instead of
-    raising."""
+    raising. With a `cache`, a run read before whose result.json is unchanged is not read
+    again."""
     wanted = set(run_ids) if run_ids is not None else sweep_members(sweep_dir)
     frames = []
     # (task, encoding label, model) -> run id -> the run's configuration without its seed
@@ -697,39 +760,27 @@ def collect(
     for folder in run_folders(sweep_dir):
         if wanted is not None and folder.run_id not in wanted:
             continue
-        try:
-            result = folder.result()
-            if result is None:
-                continue
-            damage = folder.damage()
-            if damage:
-                raise ResultsError(f"{damage}; {REDO_DAMAGED}.")
-            if result["status"] != "ok":
-                continue
-            config = folder.config()
-            frame = folder.measurements()
-        except ResultsError as err:
-            if problems is None:
-                raise
-            problems.append(str(err))
+        stamp = _stamp(folder.path / RESULT_FILE)
+        if stamp is None:
             continue
-        profile = config.get("kind") == "profile"  # latency/memory rows: no task, seed or training
-        task = None if profile else task_label(config, result)
-        encoding_label = result.get("encoding_label", config["encoding"]["name"])
-        model = None if profile else ModelSize(**config["model"]).tag()
-        frame.insert(0, "run_id", folder.run_id)
-        frame.insert(1, "variant_of", result.get("variant_of"))  # the run that trained the model
-        frame.insert(2, "task", task)
-        frame.insert(3, "task_name", None if profile else config["task"]["name"])
-        frame.insert(4, "encoding", config["encoding"]["name"])
-        frame.insert(5, "encoding_label", encoding_label)
-        frame.insert(6, "seed", None if profile else config["seed"])
-        frame.insert(7, "model", model)
-        frame.insert(8, "train_len_max", None if profile else result["train_len_max"])
-        frames.append(frame)
-        if not profile and not result.get("variant_of"):  # a variant's config names its run
-            seedless = config_id({k: v for k, v in config.items() if k != "seed"})
-            configurations.setdefault((task, encoding_label, model), {})[folder.run_id] = seedless
+        collected = cache.runs.get(folder.run_id) if cache is not None else None
+        if collected is None or collected.stamp != stamp:
+            try:
+                collected = _collect_run(folder, stamp)
+            except ResultsError as err:
+                if problems is None:
+                    raise
+                problems.append(str(err))
+                continue
+            if collected is None:
+                continue
+            if cache is not None:
+                cache.runs[folder.run_id] = collected
+        if collected.frame is None:
+            continue
+        frames.append(collected.frame)
+        if collected.labels is not None and collected.seedless is not None:
+            configurations.setdefault(collected.labels, {})[folder.run_id] = collected.seedless
     if not frames:
         return pd.DataFrame(columns=COLUMNS)
     table = pd.concat(frames, ignore_index=True)[COLUMNS]
@@ -852,11 +903,14 @@ def _export_run(source: RunFolder, target: RunFolder) -> int:
 
 
 def write_results_csv(
-    sweep_dir: Path, problems: list[str] | None = None, flag: str = "--out"
+    sweep_dir: Path,
+    problems: list[str] | None = None,
+    flag: str = "--out",
+    cache: RunCache | None = None,
 ) -> Path:
     """Rebuild sweep_dir/results.csv from the sweep's run folders (damaged runs are left out
-    and described in `problems`); returns its path."""
+    and described in `problems`; `cache`: see collect); returns its path."""
     path = sweep_dir / RESULTS_FILE
-    frame = collect(sweep_dir, problems if problems is not None else [])
+    frame = collect(sweep_dir, problems if problems is not None else [], cache=cache)
     atomic_write_text(path, frame.to_csv(index=False), flag)
     return path

@@ -431,3 +431,35 @@ def test_recording_the_commit_never_rewrites_the_checkouts_index() -> None:
     before = index.stat().st_mtime_ns
     assert git_commit()
     assert index.stat().st_mtime_ns == before
+
+
+@pytest.mark.parametrize("seeds", [2, 8])
+def test_a_sweep_reads_each_stored_run_a_bounded_number_of_times(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, seeds: int
+) -> None:
+    """results.csv is rebuilt after every run; a run read and checked once is not read and
+    hashed again while its result.json is unchanged (the rebuilds grew with the square of the
+    runs)."""
+    from collections import Counter
+
+    reads: Counter[str] = Counter()
+    measurements, damage = RunFolder.measurements, RunFolder.damage
+
+    def counted_measurements(self: RunFolder) -> pd.DataFrame:
+        reads[self.run_id] += 1
+        return measurements(self)
+
+    def counted_damage(self: RunFolder) -> str | None:
+        reads[f"hash {self.run_id}"] += 1
+        return damage(self)
+
+    monkeypatch.setattr(RunFolder, "measurements", counted_measurements)
+    monkeypatch.setattr(RunFolder, "damage", counted_damage)
+    outcome = run_sweep(tiny_sweep("nope", steps=2, seeds=tuple(range(seeds))), tmp_path / "s")
+    assert len(outcome.ran) == seeds
+    per_run = [reads[run_id] for run_id in outcome.ran]
+    hashed = [reads[f"hash {run_id}"] for run_id in outcome.ran]
+    # a constant whatever the number of runs: once for the rebuilds during the sweep, once for
+    # the final check; hashed also when the sweep looks for damaged and finished runs
+    assert max(per_run) <= 2, reads
+    assert max(hashed) <= 4, reads

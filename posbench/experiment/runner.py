@@ -65,6 +65,7 @@ from posbench.plugins import loaded_plugin_dirs
 from posbench.store import (
     RESULTS_FILE,
     TERMS_FILE,
+    RunCache,
     RunFolder,
     check_sweep_dir,
     prepare_sweep_dir,
@@ -364,6 +365,7 @@ def _run_sweep(
         members |= {job.run_id: job.label for job in profiles}
         write_sweep_marker(out_dir, to_jsonable(dataclasses.asdict(sweep)), members)
         outcome = SweepOutcome(out_dir, out_dir / RESULTS_FILE)
+        stored = RunCache()  # each run read and checked once for the rebuilds after each run
         for run_id, label in members.items():
             folder = RunFolder(out_dir / run_id)
             damage = folder.damage()
@@ -399,7 +401,7 @@ def _run_sweep(
                     threads = 1 if waiting else sweep.threads
                     mine = [job for job in variants if job.base.run_id == output.run_id]
                     _evaluate_variants(mine, waiting, out_dir, force, threads, reporter, outcome)
-                    write_results_csv(out_dir, outcome.problems)
+                    write_results_csv(out_dir, outcome.problems, cache=stored)
 
         # A fixed-budget run whose early-stopping twin is still to train waits for it, so it can
         # take the twin's model if the twin never stopped (training it again would repeat it).
@@ -564,10 +566,11 @@ def run_bench(
             {"bench": jobs[0].to_dict()["bench"] if jobs else {}},
             {job.run_id: job.label for job in jobs},
         )
+        stored = RunCache()
         for job in jobs:
             on_profile(job.label)
             run_profile(job, out_dir, force)
-            write_results_csv(out_dir)
+            write_results_csv(out_dir, cache=stored)
     return [job.run_id for job in jobs]
 
 
