@@ -49,12 +49,12 @@ def test_rates_come_from_each_task_else_the_sweep() -> None:
     assert task_learning_rates(config) == {"copy-fast": 0.01, "lm": 0.003}
 
 
-def test_validation_picks_a_learned_rate_then_the_best_score_then_the_fewest_steps() -> None:
+def test_validation_picks_a_learned_rate_then_the_fewest_steps_then_the_best_score() -> None:
     frame = _rows(
         {
-            "copy-slow": {"a": (0.99, 0.5, 900), "b": (0.95, 0.2, 500), "c": (0.2, 0.1, None)},
-            "copy-mid": {"a": (0.99, 0.6, 400), "b": (0.99, 0.3, 800), "c": (0.5, 0.9, None)},
-            "copy-fast": {"a": (0.1, 0.9, None), "b": (0.97, 0.4, 300), "c": (0.95, 0.2, 1000)},
+            "copy-slow": {"a": (0.99, 0.5, 900), "b": (0.95, 0.2, None), "c": (0.2, 0.1, None)},
+            "copy-mid": {"a": (0.98, 0.6, 400), "b": (0.99, 0.3, None), "c": (0.5, 0.9, None)},
+            "copy-fast": {"a": (0.1, 0.9, None), "b": (0.97, 0.4, None), "c": (0.95, 0.2, 1000)},
         }
     )
     scores = probe_scores(frame, RATES)
@@ -62,8 +62,9 @@ def test_validation_picks_a_learned_rate_then_the_best_score_then_the_fewest_ste
     learned = scores.set_index(["encoding_label", "lr"])["learned"]
     assert not learned[("a", 1e-2)] and learned[("a", 1e-3)] and not learned[("c", 3e-3)]
     picked = picked_rates(scores).set_index("encoding_label")["lr"]
-    # a: 0.99 at two rates, 400 steps beat 900; b: the best validation, not the fewest steps;
-    # c: the only rate it learned at, though another scores higher beyond the training length
+    # a: 400 steps to the threshold beat 900, though validation reads 0.99 there; b: no rate
+    # stopped early, so the best validation; c: the only rate it learned at, though another
+    # scores higher beyond the training length
     assert picked.to_dict() == {"a": 3e-3, "b": 3e-3, "c": 1e-2}
 
 

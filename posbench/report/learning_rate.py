@@ -102,14 +102,16 @@ def probe_scores(frame: pd.DataFrame, rates: Mapping[str, float]) -> pd.DataFram
 def picked_rates(scores: pd.DataFrame) -> pd.DataFrame:
     """Per (task_name, encoding label): the row of the rate in-distribution validation picks, as
     Deletang et al. and Ruoss et al. pick the best of three: a rate at which the model learned the
-    task first, then the best validation score, then the fewest steps to the threshold (the
-    early-stopped runs all end near the threshold, so speed breaks their ties). An encoding that
-    learned the task at no rate keeps a row, with learned False."""
+    task first; then, where training stops at a validation threshold, the fewest steps to it
+    (every early-stopped run ends just past the threshold, so their validation scores differ by
+    sampling noise alone); then the best validation score (what decides at equal compute, where
+    no run stops early). An encoding that learned the task at no rate keeps a row, with learned
+    False."""
     ordered = scores.assign(
         unlearned=~scores["learned"].astype(bool),
-        minus_validation=-scores["validation"].round(3),
         steps=scores["steps_to_threshold"].fillna(math.inf),
-    ).sort_values(["unlearned", "minus_validation", "steps", "lr"])
+        minus_validation=-scores["validation"],
+    ).sort_values(["unlearned", "steps", "minus_validation", "lr"])
     picked = ordered.groupby(["task_name", "encoding_label"], sort=False).head(1)
     return picked.reindex(columns=SCORE_COLUMNS).sort_values(["task_name", "encoding_label"])
 
