@@ -256,8 +256,8 @@ def _build(kernel: str) -> ModuleType | None:
                 if watchdog is not None:
                     watchdog.kill()
                     watchdog.wait()
-            if fresh:
-                _record_build(directory)
+            if not _verified(directory):  # built now (torch's loader rebuilds on its own
+                _record_build(directory)  # when the sources' path or flags changed)
             return module
     except Exception as error:  # no compiler, no disk space, a torch without MKL's BLAS, ...
         warnings.warn(build_failure(error, directory), KernelBuildWarning)
