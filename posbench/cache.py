@@ -63,6 +63,7 @@ class Cache:
             raise ValueError(
                 f"mem_len must be a whole number >= 0, or math.inf for a memory that keeps every "
                 f"position, got {mem_len}"
+                + (" (before posbench 0.2 None kept every position)" if mem_len is None else "")
             )
         self.mem_len = mem_len
         self.positions = positions  # (stream length,) or None: positions are token indices

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import signal
 import sys
+import warnings
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator, List, NoReturn, Optional, TypeVar
@@ -348,6 +349,9 @@ def bench_command(
     window_lens: Optional[str] = typer.Option(
         None, help="Sequence lengths for segment-with-cache vs sliding-window evaluation."
     ),
+    cache_lens: Optional[str] = typer.Option(
+        None, "--cache-lens", hidden=True, help="Deprecated spelling of --mem-lens."
+    ),
     batch_size: int = typer.Option(8, help="Batch size B."),
     device: str = typer.Option("cpu", help="cpu or cuda."),
     threads: int = typer.Option(2, help="torch threads (fixed and recorded)."),
@@ -364,6 +368,7 @@ def bench_command(
 
     import torch
 
+    from posbench.deprecation import warn_renamed
     from posbench.encodings import BUILTINS, check_encoding_options
     from posbench.experiment.config import EncodingSpec, check_threads
     from posbench.plugins import loaded_plugin_dirs
@@ -372,6 +377,13 @@ def bench_command(
     from posbench.report.terminal import print_bench
     from posbench.store import RunFolder
 
+    if cache_lens is not None:
+        if mem_lens is not None:
+            raise ConfigError(
+                "--cache-lens is the old spelling of --mem-lens; give --mem-lens only."
+            )
+        warn_renamed("the flag --cache-lens", "--mem-lens", stacklevel=2)
+        mem_lens = cache_lens
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise ConfigError(
             f"--device {device} was asked for but CUDA is not available here; use --device cpu."
@@ -546,6 +558,11 @@ def main() -> None:
     from posbench.warning_lines import show_warnings_as_lines
 
     show_warnings_as_lines()
+    # Old spellings of posbench's names, on the command line or in a plugin, are the user's to
+    # hear about (Python shows a DeprecationWarning only where __main__ triggers it).
+    warnings.filterwarnings(
+        "default", message=r".* will be removed in posbench", category=DeprecationWarning
+    )
     keep_freed_memory()
     app(prog_name="posbench")
 

@@ -10,6 +10,7 @@ from torch import Tensor, nn
 
 from posbench.attention import SelfAttention
 from posbench.cache import Cache
+from posbench.deprecation import renamed_keywords, warn_renamed
 from posbench.encodings import create_encoding
 from posbench.encodings.base import PositionalEncoding, Span
 
@@ -76,6 +77,9 @@ class Decoder(nn.Module):
         """An empty memory keeping the newest `mem_len` positions (math.inf: all), for a stream of
         `length` tokens. The length is needed only when the encoding draws positions (they
         spread over their whole range, so the stream's are drawn up front)."""
+        if mem_len is None:  # before 0.2, None kept every position
+            warn_renamed("new_cache(None) (keep every position)", "new_cache(math.inf)")
+            mem_len = math.inf
         return Cache.for_stream(self.config.n_layers, mem_len, self.encoding, length)
 
     def forward(self, tokens: Tensor, cache: Cache | None = None) -> Tensor:
@@ -122,6 +126,7 @@ def _init_linear(module: nn.Module) -> None:
             nn.init.zeros_(module.bias)
 
 
+@renamed_keywords
 def build_model(
     encoding_name: str = "nope",
     vocab_size: int = 16,

@@ -23,6 +23,7 @@ LAYERS: list[set[str]] = [
         "kernels.native",
         "kernels.served",
         "reaper",
+        "deprecation",
         "kernels.masks",
         "kernels.bias_types",
         "kernels.softmax_backward",
