@@ -280,3 +280,37 @@ def test_the_effective_length_threshold_is_measured_from_chance() -> None:
     assert bits == pytest.approx(8 + (1.0 - 0.95) / (1.0 - 0.95 + 0.95 - 0.93) * 8)
     none = effective_lengths(tidy(rows(0.0))).iloc[0]["effective_length"]
     assert none == pytest.approx(16 + 0.03 / 0.43 * 8)
+
+
+def test_an_evaluation_variant_is_not_ranked_across_tasks() -> None:
+    """A variant (rows with variant_of) reads its trained model again under other evaluation
+    options: it gets no reciprocal rank and takes none from the encodings. Here the variant
+    x-restart leads task a, which must leave x first there."""
+    scores = {
+        ("a", "x"): 0.6,
+        ("a", "y"): 0.4,
+        ("a", "x-restart"): 0.9,
+        ("b", "x"): 0.2,
+        ("b", "y"): 0.8,
+        ("b", "x-restart"): 0.1,
+    }
+    rows = [
+        {
+            "task": t,
+            "encoding_label": e,
+            "seed": s,
+            "variant_of": "run-x" if e.endswith("-restart") else math.nan,
+            "metric": "greedy_token_accuracy",
+            "mem_len": math.nan,
+            "eval_len": length,
+            "train_len_max": 8,
+            "value": v if length > 8 else 1.0,
+        }
+        for (t, e), v in scores.items()
+        for s in (0, 1)
+        for length in (8, 16)
+    ]
+    table = cross_task_ranking(tidy(rows)).set_index("encoding_label")
+    assert "x-restart" not in table.index
+    assert table.loc["x", "mrr_headline"] == pytest.approx((1 + 1 / 2) / 2)
+    assert table.loc["y", "mrr_headline"] == pytest.approx((1 / 2 + 1) / 2)

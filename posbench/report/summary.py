@@ -551,7 +551,8 @@ def cross_task_ranking(frame: pd.DataFrame) -> pd.DataFrame:
     encoding ran, with the 2.5-97.5 percentiles of a bootstrap over seeds (NaN with one seed).
     A task run under several protocols (copy and copy-fixed share `task_name`) counts once: its
     protocols' reciprocal ranks are averaged first. Runs of an encoding that did not learn a
-    task in distribution are left out of that task's ranking. Empty with fewer than two tasks."""
+    task in distribution are left out of that task's ranking, and evaluation variants of any
+    (they read a trained model again: shown, never ranked). Empty with fewer than two tasks."""
     exact = frame[
         frame["task"].notna()
         & (frame["metric"] == "exact_match")
@@ -571,7 +572,12 @@ def cross_task_ranking(frame: pd.DataFrame) -> pd.DataFrame:
     ).reindex(columns=[*keys, "value", "metric"])
     learned = learned_in_distribution(frame)
     keep = [bool(learned.get(key, True)) for key in zip(rows["task"], rows["encoding_label"])]
-    rows = rows[np.array(keep, dtype=bool)]  # a model that did not learn the task is not ranked
+    variants = evaluation_variants(frame)
+    keep = [
+        learned_it and label not in variants.get(task, ())
+        for learned_it, task, label in zip(keep, rows["task"], rows["encoding_label"])
+    ]
+    rows = rows[np.array(keep, dtype=bool)]  # unlearned models and variants are not ranked
     metrics = ["exact_match", "headline"]
     columns = ["encoding_label"] + [
         f"mrr_{m}{suffix}" for m in metrics for suffix in ("", "_low", "_high")
