@@ -500,12 +500,20 @@ def index_command(
     reports_dir: Path = typer.Argument(
         Path("reports"), help="The folder that holds report folders (each with a report.html)."
     ),
+    readme: Optional[Path] = typer.Option(
+        None,
+        help="Also write the reports' headline table (encodings x reports) into this Markdown "
+        "file, between its lines <!-- headline:start --> and <!-- headline:end -->.",
+    ),
 ) -> None:
     """Write REPORTS_DIR/index.html: one self-contained page linking every report there with
     its purpose, headline, date, code and compute."""
-    from posbench.report.index import build_index
+    from posbench.report.index import build_index, write_headline
 
     console.print(Text(f"index: {build_index(reports_dir)}"), soft_wrap=True)
+    if readme is not None:
+        write_headline(reports_dir, readme)
+        console.print(Text(f"headline table: {readme}"), soft_wrap=True)
 
 
 @app.command("export")

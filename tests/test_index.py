@@ -20,7 +20,14 @@ from helpers import (
 from posbench.errors import ResultsError
 from posbench.experiment.runner import run_sweep
 from posbench.report.html import REPORT_RECORD, _report_record, build_report
-from posbench.report.index import build_index, read_reports
+from posbench.report.index import (
+    HEADLINE_END,
+    HEADLINE_START,
+    build_index,
+    headline_markdown,
+    headline_table,
+    read_reports,
+)
 from posbench.version import __version__
 
 
@@ -59,7 +66,8 @@ def _front_page_record(reports: Path, name: str, **fields: object) -> tuple[Path
     folder = reports / name
     folder.mkdir(parents=True)
     (folder / "report.html").write_text("<title>posbench report</title>")
-    record = dict.fromkeys(("about", "built", "built_by", "runs", "failed", "missing"), "")
+    record: dict = dict.fromkeys(("about", "built", "built_by"), "")
+    record |= dict.fromkeys(("runs", "failed", "missing"), 0)
     record |= {"posbench_versions": [], "commits": [], "compute_seconds": 1.0}
     record |= {"effective_lengths": [], "mrr": []} | fields
     (folder / REPORT_RECORD).write_text(json.dumps(record))
@@ -193,3 +201,65 @@ def test_a_record_with_a_wrong_typed_field_is_one_sentence(
     (copy / "tiny" / REPORT_RECORD).write_text(json.dumps(record | {field: value}))
     result = invoke("index", str(copy))
     one_sentence_error(result, "is not a posbench report record", fragment, "rebuild that report")
+
+
+def test_the_headline_table_rows_are_configurations_across_reports(tmp_path: Path) -> None:
+    """Two reports label the same configuration differently (T5 fitted is `t5` in one and
+    `t5-fitted` in the other; T5 at its defaults is `t5-paper` and `t5`): one row each. An
+    encoding run but ranked on no task shows "-", one not run is blank."""
+    fitted = {"name": "t5", "options": {"max_distance": "train/4", "num_buckets": "train/4"}}
+    paper = {"name": "t5", "options": {}}
+    row = {"value": 0.5, "low": 0.4, "high": 0.6, "tasks": 2}
+    _front_page_record(
+        tmp_path / "reports",
+        "a",
+        encodings=[fitted | {"label": "t5"}, paper | {"label": "t5-paper"}],
+        mrr=[row | {"encoding": "t5"}, row | {"encoding": "t5-paper", "value": 0.25}],
+    )
+    _front_page_record(
+        tmp_path / "reports",
+        "b",
+        encodings=[paper | {"label": "t5"}, fitted | {"label": "t5-fitted"}]
+        + [{"name": "alibi", "options": {}, "label": "alibi"}],
+        mrr=[row | {"encoding": "t5-fitted", "value": 0.75}, row | {"encoding": "t5"}],
+    )
+    table = headline_table(read_reports(tmp_path / "reports"))
+    assert table.reports == ["a", "b"]
+    assert dict(table.rows) == {
+        "t5": ["0.25 [0.40, 0.60] (2)", "0.50 [0.40, 0.60] (2)"],
+        "t5 (max_distance=train/4, num_buckets=train/4)": [
+            "0.50 [0.40, 0.60] (2)",
+            "0.75 [0.40, 0.60] (2)",
+        ],
+        "alibi": ["", "-"],
+    }
+    page = build_index(tmp_path / "reports").read_text()
+    assert "<th>t5 (max_distance=train/4, num_buckets=train/4)</th>" in page
+
+
+def test_index_writes_the_headline_table_into_a_readme(tmp_path: Path) -> None:
+    mrr = [{"encoding": "t5", "value": 0.5, "low": None, "tasks": 2}]
+    _front_page_record(tmp_path / "reports", "suite", mrr=mrr)
+    readme = tmp_path / "README.md"
+    readme.write_text("# title\n<!-- headline:start -->\nold\n<!-- headline:end -->\nafter\n")
+    result = invoke("index", str(tmp_path / "reports"), "--readme", str(readme))
+    assert result.exit_code == 0, result.output
+    assert readme.read_text() == (
+        "# title\n<!-- headline:start -->\n"
+        "| encoding | [suite](reports/suite/README.md) |\n| --- | ---: |\n| `t5` | 0.50 (2) |\n"
+        "<!-- headline:end -->\nafter\n"
+    )
+    readme.write_text("no markers\n")
+    bad = invoke("index", str(tmp_path / "reports"), "--readme", str(readme))
+    one_sentence_error(bad, "has no lines <!-- headline:start -->", "add them")
+    assert readme.read_text() == "no markers\n"
+
+
+def test_the_readme_headline_table_is_the_published_reports() -> None:
+    """README's cross-suite table is what `posbench index reports --readme README.md` writes
+    from the committed report records, so it cannot drift from them."""
+    root = Path(__file__).resolve().parents[1]
+    text = (root / "README.md").read_text(encoding="utf-8")
+    block = text[text.index(HEADLINE_START) + len(HEADLINE_START) : text.index(HEADLINE_END)]
+    expected = headline_markdown(headline_table(read_reports(root / "reports")))
+    assert block == "\n" + expected

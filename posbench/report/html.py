@@ -29,7 +29,7 @@ from posbench.report.overview import (
 from posbench.tasks import REGISTRY as TASKS
 from posbench.errors import ResultsError
 from posbench.experiment.memory import MEMORY_METHOD
-from posbench.experiment.config import UNLEARNED_EXCESS
+from posbench.experiment.config import UNLEARNED_EXCESS, EncodingSpec, to_jsonable
 from posbench.report.calibration import calibrate
 from posbench.report.literature import check_findings
 from posbench.store import (
@@ -781,6 +781,13 @@ def _report_record(
             for r in cross_task_ranking(frame).to_dict("records")
         ],
         "scale": scale_sentences,
+        "encodings": [
+            {"label": spec.display(), "name": spec.name, "options": to_jsonable(spec.options)}
+            for spec in (
+                EncodingSpec(e["name"], e.get("options", {}), e.get("label", ""))
+                for e in config.get("encodings", [])
+            )
+        ],
     }
 
 

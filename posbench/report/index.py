@@ -136,6 +136,77 @@ def _wrong_field(record: dict[str, Any]) -> str | None:
     return None
 
 
+@dataclass(frozen=True)
+class HeadlineTable:
+    """Encodings x reports: each cell the report's mean reciprocal rank of that encoding with
+    its interval and the number of tasks it was ranked on; "-" where the report ran the
+    encoding but it learned none of its tasks, "" where the report did not run it. Rows are
+    configurations (name and options), so an entry two reports label differently is one row."""
+
+    reports: list[str]
+    rows: list[tuple[str, list[str]]]  # (configuration, one cell per report)
+
+
+def headline_table(reports: list[IndexedReport]) -> HeadlineTable:
+    """The headline table of the reports whose record ranks encodings across tasks."""
+    ranked = [r for r in reports if r.record.get("mrr")]
+    cells: dict[str, dict[str, str]] = {}
+    for report in ranked:
+        entries = {e["label"]: _configuration(e) for e in report.record.get("encodings", [])}
+        for entry in entries.values():
+            cells.setdefault(entry, {})[report.folder] = "-"
+        for row in report.record["mrr"]:
+            if row["value"] is not None:
+                entry = entries.get(row["encoding"], row["encoding"])
+                cells.setdefault(entry, {})[report.folder] = (
+                    f"{_interval(row, 2)} ({row.get('tasks', '?')})"
+                )
+    order = sorted(cells, key=lambda e: (-sum(c != "-" for c in cells[e].values()), e))
+    return HeadlineTable(
+        [r.folder for r in ranked],
+        [(entry, [cells[entry].get(r.folder, "") for r in ranked]) for entry in order],
+    )
+
+
+def _configuration(entry: dict[str, Any]) -> str:
+    """An encoding entry as its registered name and options: `t5 (max_distance=train/4)`."""
+    options = entry.get("options") or {}
+    if not options:
+        return entry["name"]
+    return f"{entry['name']} ({', '.join(f'{k}={v}' for k, v in sorted(options.items()))})"
+
+
+def headline_markdown(table: HeadlineTable, page: str = "reports/{report}/README.md") -> str:
+    """The headline table in Markdown, each report's column linking `page`."""
+    header = ["encoding", *(f"[{r}]({page.format(report=r)})" for r in table.reports)]
+    lines = [
+        "| " + " | ".join(header) + " |",
+        "| --- |" + " ---: |" * len(table.reports),
+        *("| " + " | ".join([f"`{entry}`", *cells]) + " |" for entry, cells in table.rows),
+    ]
+    return "\n".join(lines) + "\n"
+
+
+#: The markers between which `posbench index --readme FILE` writes the headline table.
+HEADLINE_START, HEADLINE_END = "<!-- headline:start -->", "<!-- headline:end -->"
+
+
+def write_headline(reports_dir: Path, readme: Path) -> None:
+    """Write the headline table of the reports in `reports_dir` between the markers of
+    `readme`, leaving the rest of the file as it is."""
+    text = readme.read_text(encoding="utf-8") if readme.is_file() else ""
+    start, end = text.find(HEADLINE_START), text.find(HEADLINE_END)
+    if start < 0 or end < start:
+        raise ResultsError(
+            f"{readme} has no lines {HEADLINE_START} and {HEADLINE_END}; add them where the "
+            "headline table belongs and run the same command again."
+        )
+    table = headline_markdown(headline_table(read_reports(reports_dir)))
+    atomic_write_text(
+        readme, text[: start + len(HEADLINE_START)] + "\n" + table + text[end:], "--readme"
+    )
+
+
 def read_reports(reports_dir: Path) -> list[IndexedReport]:
     """Every report folder in `reports_dir` (those with a report.html), with its record."""
     found = []
@@ -187,6 +258,8 @@ def build_index(reports_dir: Path) -> Path:
         loader=PackageLoader("posbench.report", "templates"),
         autoescape=select_autoescape(["html", "j2"]),
     )
-    html = env.get_template("index.html.j2").render(reports=reports, top=TOP_ENCODINGS)
+    html = env.get_template("index.html.j2").render(
+        reports=reports, top=TOP_ENCODINGS, headline=headline_table(reports)
+    )
     atomic_write_text(path, html)
     return path
