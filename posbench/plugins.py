@@ -12,6 +12,7 @@ import hashlib
 import importlib.util
 import sys
 import warnings
+from collections.abc import Iterable
 from importlib.metadata import entry_points
 from pathlib import Path
 
@@ -122,10 +123,11 @@ def _register_loaded_class(group: str, name: str, obj: object) -> None:
         registry.register(name)(obj)
 
 
-def load_plugins(extra_dirs: list[Path] | None = None) -> None:
-    """Load entry-point plugins, the configured plugin folders and any extra folders."""
+def load_plugins(extra_dirs: Iterable[Path | str] | None = None) -> None:
+    """Load entry-point plugins, the configured plugin folders and any extra folders (paths or
+    strings)."""
     load_entry_point_plugins()
-    for directory in configured_plugin_dirs() + list(extra_dirs or []):
+    for directory in configured_plugin_dirs() + [Path(d) for d in extra_dirs or []]:
         load_plugin_dir(directory)
 
 

@@ -296,8 +296,9 @@ def test_linked_figures_are_shown_from_files_and_embedded_nowhere(
 
 
 def test_published_reports_commit_each_figure_once() -> None:
-    """Every committed PNG of reports/ is one README.md shows, and its report.html refers to it
-    instead of embedding it; every image README.md shows is committed."""
+    """Every committed PNG of reports/ is one README.md or a suite's page (reports/*/README.md)
+    shows, and its report.html refers to it instead of embedding it; every image those pages
+    show is committed."""
     import base64
     import re
     import subprocess
@@ -306,6 +307,11 @@ def test_published_reports_commit_each_figure_once() -> None:
         ["git", "ls-files", "reports/*/figures/*.png"], capture_output=True, text=True, check=True
     ).stdout.split()
     shown = set(re.findall(r"reports/[\w-]+/figures/[\w.-]+\.png", Path("README.md").read_text()))
+    for page in Path("reports").glob("*/README.md"):
+        shown |= {
+            f"reports/{page.parent.name}/figures/{name}"
+            for name in re.findall(r"\]\(figures/([\w.-]+\.png)\)", page.read_text())
+        }
     assert set(committed) == shown
     for png in map(Path, committed):
         html = (png.parent.parent / "report.html").read_text()

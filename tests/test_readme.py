@@ -24,3 +24,22 @@ def test_local_plugin_folders_are_not_packages() -> None:
     # a package named `encodings` would shadow Python's codec package
     assert not (ROOT / "encodings" / "__init__.py").exists()
     assert not (ROOT / "tasks" / "__init__.py").exists()
+
+
+def test_readme_stays_short_and_its_pages_link_to_files_that_exist() -> None:
+    """README.md is a five-minute read (at most 250 lines); it and the pages the findings and
+    usage moved to (docs/, reports/*/README.md, CHANGELOG.md) link only to files that exist."""
+    import re
+
+    readme = ROOT / "README.md"
+    assert len(readme.read_text(encoding="utf-8").splitlines()) <= 250
+    pages = [readme, ROOT / "CHANGELOG.md", *ROOT.glob("docs/**/*.md")]
+    pages += list(ROOT.glob("reports/*/README.md")) + [ROOT / "reports" / "README.md"]
+    broken = [
+        f"{page.relative_to(ROOT)}: {target}"
+        for page in pages
+        for target in re.findall(r"\]\(([^)\s]+)\)", page.read_text(encoding="utf-8"))
+        if not target.startswith(("http://", "https://", "mailto:", "#"))
+        and not (page.parent / target.partition("#")[0]).exists()
+    ]
+    assert not broken, broken

@@ -203,3 +203,26 @@ def test_plugin_options_declare_their_types_and_ranges() -> None:
         OptionError, match=r"option 'mode' must be one of 'log', 'power', got 'linear'"
     ):
         check_options(Declared, {"mode": "linear"}, "encoding 'declared'")
+
+
+def test_load_plugins_takes_folders_as_strings_as_readme_shows(tmp_path: Path) -> None:
+    folder = tmp_path / "my_plugins"
+    folder.mkdir()
+    (folder / "str_folder_bias.py").write_text(
+        textwrap.dedent(
+            """
+            from posbench import PositionalEncoding, register_encoding
+
+            @register_encoding("str_folder_bias")
+            class StrFolderBias(PositionalEncoding):
+                '''A plugin loaded from a folder given as a string.'''
+            """
+        )
+    )
+    code = (
+        f"import posbench; posbench.load_plugins([{str(folder)!r}]); "
+        "print('str_folder_bias' in posbench.list_encodings())"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "True"
