@@ -209,6 +209,13 @@ def run_command(
     ),
     cpus_per_run: float = typer.Option(1.0, help="CPUs each Ray task asks for."),
     gpus_per_run: float = typer.Option(0.0, help="GPUs each Ray task asks for."),
+    from_runs: Optional[Path] = typer.Option(
+        None,
+        "--from",
+        help="A sweep folder or archive (a published suite's reports/<suite>/runs.tar.xz) whose "
+        "finished runs of this sweep are copied into --out first, so only the runs it lacks "
+        "train: rank your encoding against a published suite without retraining it.",
+    ),
     eval_variants: Optional[str] = typer.Option(
         None,
         "--eval-variants",
@@ -249,6 +256,21 @@ def run_command(
     from posbench.experiment.runner import run_sweep
 
     chosen = make_executor(executor, jobs, ray_address, cpus_per_run, gpus_per_run)
+    if from_runs is not None:
+        from posbench.experiment.runner import plan_sweep
+        from posbench.store import import_runs
+
+        plan = plan_sweep(sweep, out_dir)
+        # training runs and their evaluation variants; profiles time this machine, so rerun
+        planned = [job.run_id for job in [*plan.runs, *plan.variants]]
+        copied = import_runs(from_runs, out_dir, planned, dry_run=dry_run)
+        console.print(
+            Text(
+                f"{'would take' if dry_run else 'took'} {copied} finished run(s) of this sweep "
+                f"from {from_runs}"
+            ),
+            soft_wrap=True,
+        )
     if dry_run:
         from posbench.experiment.runner import (
             early_stopping_twins,
@@ -437,14 +459,16 @@ def bench_command(
 @user_errors
 def report_command(
     results_dir: Path = typer.Argument(
-        ..., help="A sweep folder written by `posbench run` or `posbench bench`."
+        ...,
+        help="A sweep folder written by `posbench run` or `posbench bench`, or a sweep archive "
+        "(.tar.xz) written by `posbench export`.",
     ),
     out: Optional[Path] = typer.Option(
         None,
         "-o",
         "--out",
-        help="Report folder. Default: reports/<name> for results/<name>, "
-        "else <sweep folder>/report.",
+        help="Report folder. Default: reports/<name> for results/<name>, the archive's folder "
+        "for an archive, else <sweep folder>/report.",
     ),
     link_figures: Optional[str] = typer.Option(
         None,
@@ -461,14 +485,21 @@ def report_command(
 ) -> None:
     """Build results.csv, summary.csv, figures/ and a self-contained report.html from stored
     results."""
+    from contextlib import ExitStack
+
     from posbench.report.terminal import print_overview
     from posbench.report.html import build_report, default_report_dir
+    from posbench.store import opened_sweep
 
     linked = [name.strip() for name in (link_figures or "").split(",") if name.strip()]
     report_dir = out or default_report_dir(results_dir)
-    with sigterm_interrupts():
+    with sigterm_interrupts(), ExitStack() as opened:
+        sweep_dir = opened.enter_context(opened_sweep(results_dir))
+        probe_dir = None if probe is None else opened.enter_context(opened_sweep(probe, "--probe"))
         try:
-            written = build_report(results_dir, report_dir, linked, probe)
+            written = build_report(
+                sweep_dir, report_dir, linked, probe_dir, source=results_dir, probe_source=probe
+            )
         except KeyboardInterrupt as interrupt:
             _stop(
                 interrupt,

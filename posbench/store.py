@@ -13,6 +13,8 @@ import platform
 import re
 import signal
 import subprocess
+import tarfile
+import tempfile
 import threading
 import time
 import uuid
@@ -841,6 +843,94 @@ def task_label(config: dict[str, Any], result: dict[str, Any]) -> str:
     return result.get("task_label") or task.get("label") or task.get("name", "?")
 
 
+#: A sweep folder kept as one xz-compressed tar file (how a published suite keeps its runs in
+#: git: a few MB where the folder is thousands of files); its members sit under ARCHIVE_ROOT.
+ARCHIVE_SUFFIX = ".tar.xz"
+ARCHIVE_ROOT = "runs"
+
+
+def is_archive(path: Path) -> bool:
+    """Whether `path` names a sweep archive (by its suffix; it need not exist yet)."""
+    return Path(path).name.endswith(ARCHIVE_SUFFIX)
+
+
+@contextmanager
+def opened_sweep(path: Path, flag: str = "RESULTS_DIR") -> Iterator[Path]:
+    """A sweep folder to read: `path` itself, or a sweep archive unpacked into a temporary
+    folder that is removed afterwards."""
+    path = Path(path)
+    if not is_archive(path):
+        yield path
+        return
+    if not path.is_file():
+        raise ResultsError(
+            f"{flag} {path} does not exist; give a sweep folder or a sweep archive that "
+            f"`posbench export SWEEP {path.name}` wrote."
+        )
+    with tempfile.TemporaryDirectory(prefix="posbench-sweep-") as staging:
+        _unpack(path, Path(staging))
+        yield Path(staging) / ARCHIVE_ROOT
+
+
+def _unpack(archive: Path, into: Path) -> None:
+    """Unpack a sweep archive, refusing members that are not plain files or folders under
+    ARCHIVE_ROOT (a link, a device, an absolute path or '..' could write outside `into`)."""
+    try:
+        with tarfile.open(archive, "r:xz") as tar:
+            members = tar.getmembers()
+            for member in members:
+                parts = Path(member.name).parts
+                if (
+                    not (member.isfile() or member.isdir())
+                    or not parts
+                    or parts[0] != ARCHIVE_ROOT
+                    or ".." in parts
+                    or Path(member.name).is_absolute()
+                ):
+                    raise ResultsError(
+                        f"{archive} holds {member.name!r}, which is not a file of a sweep "
+                        f"archive; export the sweep again with `posbench export SWEEP {archive}`."
+                    )
+            if hasattr(tarfile, "data_filter"):
+                tar.extractall(into, members=members, filter="data")
+            else:  # Python before 3.10.12: the members were checked above
+                tar.extractall(into, members=members)
+    except (tarfile.TarError, EOFError, OSError) as err:
+        if isinstance(err, OSError) and not isinstance(err, tarfile.TarError):
+            if err.errno in (errno.ENOSPC, errno.EACCES, errno.EROFS):
+                raise ResultsError(describe_os_error(err, into, "unpack into")) from None
+        raise ResultsError(
+            f"{archive} is not a readable sweep archive ({err}); export the sweep again with "
+            f"`posbench export SWEEP {archive}`."
+        ) from None
+    if not (into / ARCHIVE_ROOT).is_dir():
+        raise ResultsError(
+            f"{archive} holds no {ARCHIVE_ROOT}/ folder, so it is not a sweep archive; export "
+            f"the sweep again with `posbench export SWEEP {archive}`."
+        )
+
+
+def write_archive(folder: Path, dest: Path, flag: str = "DEST") -> None:
+    """Pack the sweep folder `folder` into the archive `dest`, atomically and reproducibly:
+    members sorted, with fixed times, owners and modes, so the same runs give the same bytes
+    (a re-export changes git's copy only where a run changed)."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:xz", preset=6) as tar:
+        for path in [folder, *sorted(folder.rglob("*"))]:
+            if path.name == LOCK_FILE or not (path.is_file() or path.is_dir()):
+                continue
+            name = Path(ARCHIVE_ROOT, path.relative_to(folder)).as_posix()
+            info = tar.gettarinfo(str(path), arcname=name)
+            info.mtime, info.uid, info.gid, info.uname, info.gname = 0, 0, 0, "", ""
+            info.mode = 0o755 if path.is_dir() else 0o644
+            if path.is_file():
+                with path.open("rb") as data:
+                    tar.addfile(info, data)
+            else:
+                tar.addfile(info)
+    atomic_write_bytes(dest, buffer.getvalue(), flag)
+
+
 @dataclass
 class ExportSummary:
     """What `export_sweep` copied: runs written, and the sweep's runs left out unfinished."""
@@ -852,20 +942,40 @@ class ExportSummary:
 
 def export_sweep(sweep_dir: Path, dest: Path) -> ExportSummary:
     """Copy the finished runs of a sweep folder, without their trained weights, into `dest`
-    as a sweep folder of its own: what a published report needs to be checked, and what a
-    suite needs to resume on another machine (`posbench run --out` on a copy of it redoes only
-    the runs it lacks). Each exported result.json keeps model.pt's checksum under
-    MODEL_NOT_KEPT. Runs already in `dest` that `sweep_dir` lacks are kept."""
+    as a sweep folder of its own, or as a sweep archive where `dest` ends in .tar.xz: what a
+    published report needs to be checked, and what a suite needs to resume on another machine
+    (`posbench run --from` it trains only the runs it lacks). Each exported result.json keeps
+    model.pt's checksum under MODEL_NOT_KEPT. Runs already in `dest` that `sweep_dir` lacks are
+    kept. `sweep_dir` may be an archive too."""
     sweep_dir, dest = Path(sweep_dir), Path(dest)
-    if not (sweep_dir / SWEEP_MARKER).is_file():
-        raise ResultsError(
-            f"{sweep_dir} is not a posbench sweep folder (it has no {SWEEP_MARKER}); give the "
-            "--out folder of a `posbench run`."
-        )
     if dest.resolve() == sweep_dir.resolve():
         raise ResultsError(
             f"{dest} is the sweep folder itself; export into another folder (the sweep keeps "
             "its trained weights)."
+        )
+    if is_archive(dest) and dest.is_dir():
+        raise ResultsError(
+            f"DEST {dest} is a folder, but its name ends in {ARCHIVE_SUFFIX}, an archive's; "
+            "choose another DEST."
+        )
+    with opened_sweep(sweep_dir, "SWEEP") as source:
+        if not is_archive(dest):
+            return _export_into(source, dest)
+        with tempfile.TemporaryDirectory(prefix="posbench-export-") as staging:
+            folder = Path(staging) / ARCHIVE_ROOT
+            if dest.is_file():
+                _unpack(dest, Path(staging))
+            summary = _export_into(source, folder)
+            write_archive(folder, dest)
+            return summary
+
+
+def _export_into(sweep_dir: Path, dest: Path) -> ExportSummary:
+    """export_sweep into a folder."""
+    if not (sweep_dir / SWEEP_MARKER).is_file():
+        raise ResultsError(
+            f"{sweep_dir} is not a posbench sweep folder (it has no {SWEEP_MARKER}); give the "
+            "--out folder of a `posbench run`."
         )
     members = sweep_members(sweep_dir) or {}
     prepare_sweep_dir(dest, "DEST")
@@ -881,6 +991,44 @@ def export_sweep(sweep_dir: Path, dest: Path) -> ExportSummary:
             exported += 1
         write_results_csv(dest, flag="DEST")
     return ExportSummary(exported, unfinished, size)
+
+
+def import_runs(source: Path, out_dir: Path, run_ids: Iterable[str], dry_run: bool = False) -> int:
+    """Copy into `out_dir` the finished runs of `source` (a sweep folder or archive, such as a
+    published suite's) that are among `run_ids` and not finished there, without trained
+    weights; returns how many (with `dry_run`, how many it would copy, writing nothing). A run
+    id is a digest of the run's whole configuration, so a copied run is one this sweep would
+    train. Refuses a source that holds none of them (another protocol or configuration made
+    its runs) or runs another minor version of posbench made (its numbers may differ)."""
+    out_dir, run_ids = Path(out_dir), list(run_ids)
+    with opened_sweep(source, "--from") as folder:
+        available = {f.path.name: f for f in run_folders(folder) if f.is_finished()}
+        wanted = [run_id for run_id in run_ids if run_id in available]
+        if not wanted:
+            raise ResultsError(
+                f"--from {source} holds none of this sweep's {len(run_ids)} run(s): its runs were "
+                "made under another protocol or configuration (a run id is a digest of all of "
+                "it); choose the suite and options it was run with, or drop --from."
+            )
+        minor = __version__.rsplit(".", 1)[0]
+        made_by = {(available[run_id].env() or {}).get("posbench") for run_id in wanted}
+        other = sorted(str(v) for v in made_by if str(v).rsplit(".", 1)[0] != minor)
+        if other:
+            raise ResultsError(
+                f"--from {source} holds runs made by posbench {', '.join(other)}, and this is "
+                f"posbench {__version__}, whose numbers may differ; train those runs here (drop "
+                "--from) or rank against them with that version."
+            )
+        todo = [
+            run_id for run_id in wanted if not RunFolder(out_dir / run_id).is_finished()
+        ]
+        if dry_run or not todo:
+            return len(todo)
+        prepare_sweep_dir(out_dir)
+        with sweep_lock(out_dir):
+            for run_id in todo:
+                _export_run(available[run_id], RunFolder(out_dir / run_id))
+        return len(todo)
 
 
 def _export_run(source: RunFolder, target: RunFolder) -> int:

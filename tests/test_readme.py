@@ -43,3 +43,15 @@ def test_readme_stays_short_and_its_pages_link_to_files_that_exist() -> None:
         and not (page.parent / target.partition("#")[0]).exists()
     ]
     assert not broken, broken
+
+
+def test_the_published_reports_keep_the_clone_light() -> None:
+    """reports/ in a checkout: at most 500 files and 30 MB (a suite's runs are one archive)."""
+    import subprocess
+
+    tracked = subprocess.run(
+        ["git", "ls-files", "reports"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.split()
+    assert len(tracked) <= 500, len(tracked)
+    size = sum((ROOT / name).stat().st_size for name in tracked if (ROOT / name).is_file())
+    assert size <= 30 * 2**20, f"reports/ holds {size / 2**20:.1f} MB in git"

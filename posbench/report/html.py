@@ -33,6 +33,7 @@ from posbench.experiment.config import UNLEARNED_EXCESS, EncodingSpec, to_jsonab
 from posbench.report.calibration import calibrate
 from posbench.report.literature import check_findings
 from posbench.store import (
+    is_archive,
     DISTANCE_FILE,
     RESULTS_FILE,
     TERMS_FILE,
@@ -108,8 +109,11 @@ class Report:
 
 def default_report_dir(sweep_dir: Path) -> Path:
     """Where a sweep's report goes: reports/NAME for a sweep in ./results/NAME (the documented
-    layout), else a report/ folder inside the sweep folder, so reports never collide."""
+    layout), the archive's own folder for a sweep archive (a published suite keeps its runs
+    beside its report), else a report/ folder inside the sweep folder, so reports never collide."""
     sweep_dir = Path(sweep_dir)
+    if is_archive(sweep_dir):  # a published suite's runs.tar.xz sits in its report folder
+        return sweep_dir.parent
     if sweep_dir.resolve().parent == (Path.cwd() / "results").resolve():
         return Path("reports") / sweep_dir.name
     return sweep_dir / "report"
@@ -674,10 +678,11 @@ def _learning_rate_section(
 
 
 def _probe_section(
-    probe_dir: Path | None, suite: pd.DataFrame, config: dict[str, Any]
+    probe_dir: Path | None, suite: pd.DataFrame, config: dict[str, Any], shown: Path | None
 ) -> dict[str, Any] | None:
     """The learning-rate section of another sweep (`posbench report --probe`), checked against
-    this suite's rank groups and learning rate."""
+    this suite's rank groups and learning rate; `shown` is the name the report gives the probe
+    (the archive it was unpacked from; default `probe_dir`)."""
     if probe_dir is None:
         return None
     if not Path(probe_dir).is_dir():
@@ -690,7 +695,7 @@ def _probe_section(
     section = _learning_rate_section(
         probe,
         sweep_marker(probe_dir).get("config", {}),
-        str(probe_dir),
+        str(shown or probe_dir),
         suite,
         config.get("train", {}).get("lr"),
     )
@@ -939,14 +944,21 @@ def _figure_files(context: dict[str, Any], linked: Collection[str]) -> dict[str,
 
 
 def build_report(
-    sweep_dir: Path, out_dir: Path, linked: Collection[str] = (), probe_dir: Path | None = None
+    sweep_dir: Path,
+    out_dir: Path,
+    linked: Collection[str] = (),
+    probe_dir: Path | None = None,
+    source: Path | None = None,
+    probe_source: Path | None = None,
 ) -> Report:
     """Write results.csv, summary.csv, report.html and figures/ for the sweep in `sweep_dir`.
     report.html embeds every figure (one self-contained file) except those named in `linked`,
     which it shows from figures/ (a published report whose README shows a figure holds it
     once). `probe_dir`, a learning-rate probe's sweep, adds its table, checked against this
     sweep's ranking. Everything is built before anything is written, and the files are written
-    as one set: an interrupt leaves the previous report whole."""
+    as one set: an interrupt leaves the previous report whole. `source` is what the report
+    names as its results (the archive `sweep_dir` was unpacked from; default `sweep_dir`), and
+    `probe_source` the same for `probe_dir`."""
     sweep_dir = Path(sweep_dir)
     if not sweep_dir.is_dir():
         raise ResultsError(
@@ -1020,7 +1032,7 @@ def build_report(
     context = {
         # the report's own name (reports/standard, even when built from reports/standard/runs)
         "title": f"posbench report: {sweep_dir.name if out_dir.name == 'report' else out_dir.name}",
-        "sweep_dir": str(sweep_dir),
+        "sweep_dir": str(source or sweep_dir),
         "glance": _glance(overview_table, units, unranked),
         "task_tables": _task_tables(frame, units),
         "headline_notes": _headline_notes(frame),
@@ -1070,7 +1082,7 @@ def build_report(
         "about": config.get("about", ""),
         "differences": list(config.get("differences", [])),
         "scale": _scale_section(results, colours),
-        "learning_rate": _probe_section(probe_dir, overview_table, config)
+        "learning_rate": _probe_section(probe_dir, overview_table, config, probe_source)
         or _learning_rate_section(frame, config),
     }
     scale_sentences = context["scale"]["sentences"] if context["scale"] else []
