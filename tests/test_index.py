@@ -82,11 +82,26 @@ def test_the_index_lists_only_encodings_that_learned_the_task(tmp_path: Path) ->
     lengths = [length("alibi", 512, False), length("txl", 256, True)]
     folder, record = _front_page_record(tmp_path / "reports", "lm", effective_lengths=lengths)
     (task,) = read_reports(tmp_path / "reports")[0].best_by_task
-    assert task == {"task": "lm", "best": "txl 256"}
+    assert task == {"task": "lm", "best": "effective length: txl 256"}
     record["effective_lengths"] = [length("alibi", 512, False)]
     (folder / REPORT_RECORD).write_text(json.dumps(record))
     (task,) = read_reports(tmp_path / "reports")[0].best_by_task
     assert task["best"] == "no encoding learned the task in distribution"
+
+
+def test_tasks_no_encoding_learned_take_one_line(tmp_path: Path) -> None:
+    """A suite mostly not learned says so in one line, not one per task."""
+    rows = [
+        {"task": task, "encoding": "txl", "value": 9.0, "low": None, "high": None}
+        | {"learned": task == "a"}
+        for task in ("a", "b", "c", "d")
+    ]
+    _front_page_record(tmp_path / "reports", "suite", effective_lengths=rows)
+    lines = read_reports(tmp_path / "reports")[0].best_by_task
+    assert lines == [
+        {"task": "a", "best": "effective length: txl 9"},
+        {"task": "3 of 4 tasks", "best": "no encoding learned the task in distribution: b, c, d"},
+    ]
 
 
 def test_the_mrr_row_says_a_sweep_of_sizes_averages_each_tasks_sizes(tmp_path: Path) -> None:

@@ -46,6 +46,7 @@ ROW_TYPES = {
     "effective_lengths": {"task": TEXT, "encoding": TEXT, "value": NUMBER_OR_NULL},
     "mrr": {"encoding": TEXT, "value": NUMBER_OR_NULL},
 }
+NOT_LEARNED = "no encoding learned the task in distribution"
 #: Encodings shown per task on the front page (by effective length, longest first).
 TOP_ENCODINGS = 3
 
@@ -67,17 +68,29 @@ class IndexedReport:
             rows = by_task.setdefault(row["task"], [])
             if row["value"] is not None and row.get("learned", True):
                 rows.append(row)
-        return [
+        learned = {task: rows for task, rows in by_task.items() if rows}
+        lines = [
             {
                 "task": task,
-                "best": ", ".join(
+                "best": "effective length: "
+                + ", ".join(
                     f"{row['encoding']} {_interval(row)}"
                     for row in sorted(rows, key=lambda r: -r["value"])[:TOP_ENCODINGS]
-                )
-                or "no encoding learned the task in distribution",
+                ),
             }
-            for task, rows in sorted(by_task.items())
+            for task, rows in sorted(learned.items())
         ]
+        unlearned = sorted(set(by_task) - set(learned))
+        if len(unlearned) == 1:
+            lines.append({"task": unlearned[0], "best": NOT_LEARNED})
+        elif unlearned:  # one line, however many: a suite mostly not learned says so once
+            lines.append(
+                {
+                    "task": f"{len(unlearned)} of {len(by_task)} tasks",
+                    "best": f"{NOT_LEARNED}: {', '.join(unlearned)}",
+                }
+            )
+        return lines
 
     @property
     def mrr_scope(self) -> str:
