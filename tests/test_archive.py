@@ -108,7 +108,8 @@ def test_run_from_a_published_archive_trains_only_the_runs_it_lacks(tmp_path: Pa
     archive = tmp_path / "reports" / "tiny" / "runs.tar.xz"
     assert invoke("export", str(published), str(archive)).exit_code == 0
     mine = tmp_path / "mine"
-    args = (*run, "--encodings", "*,alibi", "--out", str(mine))
+    plugin = ("--plugins", "tests/plugins")  # a plugin encoding, ranked against the published
+    args = (*plugin, *run, "--encodings", "*,test_distance_table", "--out", str(mine))
     dry = invoke(*args, "--from", str(archive), "--dry-run")
     assert dry.exit_code == 0 and "would take 3 finished run(s)" in dry.output
     assert not mine.exists()
@@ -116,10 +117,11 @@ def test_run_from_a_published_archive_trains_only_the_runs_it_lacks(tmp_path: Pa
     assert result.exit_code == 0, result.output  # the variant was taken, not redone unweighted
     assert "took 3 finished run(s)" in result.output
     trained = {f.label() for f in map(RunFolder, mine.iterdir()) if (f.path / MODEL_FILE).exists()}
-    assert trained == {"copy / alibi / seed 0"}
+    assert trained == {"copy / test_distance_table / seed 0"}
     frame = pd.read_csv(mine / "report" / "results.csv")  # the report ranks all three
     t5 = "t5(max_distance=16,num_buckets=8)"
-    assert set(frame["encoding_label"]) == {"nope", t5, f"{t5} [eval max_distance=32]", "alibi"}
+    labels = {"nope", t5, f"{t5} [eval max_distance=32]", "test_distance_table"}
+    assert set(frame["encoding_label"]) == labels
 
 
 def test_run_from_runs_of_another_protocol_or_version_is_refused(
