@@ -9,10 +9,8 @@ import hashlib
 import io
 import json
 import os
-import platform
 import re
 import signal
-import subprocess
 import tarfile
 import tempfile
 import threading
@@ -21,21 +19,12 @@ import uuid
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterable, Iterator, Mapping
 
 import numpy as np
 import pandas as pd
 import torch
 
-from posbench.experiment.config import ModelSize, config_id, run_label
-from posbench.experiment.evaluation import POSITION_METRICS
-from posbench.kernels import native
-from posbench.kernels.cpu import (
-    cpu_model,
-    denormals_flushed,
-    freed_memory_kept,
-    last_level_cache_mib,
-)
 from posbench.errors import ResultsError
 from posbench.version import __version__
 
@@ -79,6 +68,9 @@ RUN_FILES = (
 #: or tokens for lm); position: a loss-by-position row's token position; mem_len: the memory
 #: length, positions kept in the cache (blank: no cache, the whole sequence at once; inf: an
 #: unbounded cache); seq_len: a profile's sequence length in tokens.
+#: The loss-by-position metrics as posbench 0.1 stored them (positions in eval_len): a frozen
+#: literal, so the migration reads 0.1 stores whatever later versions call their metrics.
+POSITION_METRICS_0_1 = ("lm_loss", "lm_loss_window", "lm_penalty")
 COLUMNS = [
     "run_id", "variant_of", "task", "task_name", "encoding", "encoding_label", "seed", "model",
     "train_len_max", "eval_len", "position", "mem_len", "seq_len", "metric", "value", "note",
@@ -202,59 +194,37 @@ def sha256_of(path: Path) -> str:
     return digest.hexdigest()
 
 
-def environment(device: str) -> dict[str, Any]:
-    """Versions, device and machine, for reproducing a run."""
-    env: dict[str, Any] = {
-        "posbench": __version__,
-        "torch": torch.__version__,
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "processor": platform.processor() or platform.machine(),
-        # the SIMD kernels torch picked (AVX2, AVX512, ...): results are bit-for-bit only within one
-        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-        "cpu_model": cpu_model(),
-        "last_level_cache_mib": last_level_cache_mib(),
-        "cpu_count": os.cpu_count(),
-        "torch_threads": torch.get_num_threads(),
-        "flush_denormals": denormals_flushed(),
-        "freed_memory_kept": freed_memory_kept(),
-        "default_dtype": str(torch.get_default_dtype()),
-        # whether POSBENCH_NATIVE_KERNELS lets posbench's C++ kernels serve CPU attention; which
-        # kernel served each call is counted in result.json's attention_kernels
-        "native_kernels_allowed": device.startswith("cpu") and native.enabled(),
-        "device": device,
-        "git_commit": git_commit(),
-    }
-    if device.startswith("cuda") and torch.cuda.is_available():
-        env["gpu"] = torch.cuda.get_device_name(torch.device(device))
-    return env
+def config_id(data: dict[str, Any]) -> str:
+    """The 12-hex-digit id of a stored run config, the name of its folder: a hash of everything
+    in it that changes the numbers, the encoding's and the task's display labels left out."""
+    data = dict(
+        data,
+        **{
+            part: {k: v for k, v in data[part].items() if k != "label"}
+            for part in ("encoding", "task")
+            if isinstance(data.get(part), Mapping)
+        },
+    )
+    blob = json.dumps(data, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
-def git_commit() -> str | None:
-    """The commit of the posbench source that runs, when it is a git checkout (an editable
-    install; None for an installed wheel), with ``+changes`` when its tracked files differ from
-    that commit: what a run must be reproduced from, whatever folder it was started in."""
-    source = Path(__file__).resolve().parent
+def run_label(task: str | None, encoding: str, seed: int | None = None) -> str:
+    """The one name of a run shown to people: ``task / encoding / seed N`` for a trained run
+    (task and encoding by their labels), ``profile / encoding`` for a latency/memory profile
+    (task None)."""
+    if task is None:
+        return f"profile / {encoding}"
+    return f"{task} / {encoding} / seed {seed if seed is not None else '-'}"
 
-    def git(*args: str) -> str | None:
-        try:
-            out = subprocess.run(
-                # --no-optional-locks: `git status` would otherwise refresh the checkout's index
-                ["git", "--no-optional-locks", *args],
-                cwd=source,
-                capture_output=True,
-                text=True,
-                timeout=5,
-            )
-        except (OSError, subprocess.SubprocessError):
-            return None
-        return out.stdout.strip() if out.returncode == 0 else None
 
-    commit = git("rev-parse", "HEAD")
-    if not commit:
-        return None
-    changed = git("status", "--porcelain", "--untracked-files=no", "--", ".")
-    return f"{commit}+changes" if changed else commit
+def model_tag(model: Mapping[str, Any]) -> str:
+    """A model size in a few characters, as results' `model` column and labels show it:
+    ``d64 L4 H4`` (d_model, layers, heads; `` F256`` when d_ff is set), from a stored config's
+    `model` section."""
+    d_ff = model.get("d_ff")
+    ff = f" F{d_ff}" if d_ff is not None else ""
+    return f"d{model['d_model']} L{model['n_layers']} H{model['n_heads']}{ff}"
 
 
 class RunFolder:
@@ -529,7 +499,7 @@ def current_columns(frame: pd.DataFrame) -> pd.DataFrame:
             frame["mem_len"].astype(float).fillna(frame.pop("cache_len").astype(float))
         )
     if "position" not in frame:
-        by_position = frame["metric"].isin(POSITION_METRICS)
+        by_position = frame["metric"].isin(POSITION_METRICS_0_1)
         frame.insert(
             frame.columns.get_loc("eval_len") + 1, "position", frame["eval_len"].where(by_position)
         )
@@ -727,7 +697,7 @@ def _collect_run(folder: RunFolder, stamp: tuple[int, int, int]) -> _CollectedRu
     profile = config.get("kind") == "profile"  # latency/memory rows: no task, seed or training
     task = None if profile else task_label(config, result)
     encoding_label = result.get("encoding_label", config["encoding"]["name"])
-    model = None if profile else ModelSize(**config["model"]).tag()
+    model = None if profile else model_tag(config["model"])
     frame.insert(0, "run_id", folder.run_id)
     frame.insert(1, "variant_of", result.get("variant_of"))  # the run that trained the model
     frame.insert(2, "task", task)

@@ -24,6 +24,7 @@ LAYERS: list[set[str]] = [
         "kernels.served",
         "reaper",
         "deprecation",
+        "store",
         "kernels.masks",
         "kernels.bias_types",
         "kernels.softmax_backward",
@@ -47,6 +48,7 @@ LAYERS: list[set[str]] = [
     {
         "experiment",
         "experiment.config",
+        "experiment.environment",
         "experiment.training",
         "experiment.evaluation",
         "experiment.diagnostics",
@@ -56,7 +58,6 @@ LAYERS: list[set[str]] = [
         "experiment.timing",
         "testing",
     },
-    {"store"},
     {"experiment.compute", "experiment.profiling"},
     {"experiment.executors", "experiment.ray_executor", "experiment.variants"},
     {"experiment.runner"},
@@ -126,6 +127,23 @@ def test_every_import_goes_to_the_same_layer_or_below() -> None:
         if _layer(d) > _layer(m)
     ]
     assert not upward, "\n".join(upward)
+
+
+def _reached(graph: dict[str, set[str]], start: str) -> set[str]:
+    """Every posbench module `start` imports, directly or through the modules it imports."""
+    seen: set[str] = set()
+    todo = [start]
+    while todo:
+        for dependency in graph[todo.pop()] - seen:
+            seen.add(dependency)
+            todo.append(dependency)
+    return seen
+
+
+def test_the_store_reaches_nothing_of_posbench_but_errors_and_version() -> None:
+    """Followed transitively: whatever reads a run folder (the report, inspect, export) gets no
+    model, kernel or experiment code through the store."""
+    assert _reached(_modules(), "store") <= {"errors", "version"}
 
 
 def test_no_import_cycles() -> None:

@@ -378,7 +378,7 @@ def _git_of_posbench(*args: str) -> str:
 def test_runs_record_the_commit_of_the_posbench_source_not_the_working_folder(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from posbench.store import git_commit
+    from posbench.experiment.environment import git_commit
 
     head = _git_of_posbench("rev-parse", "HEAD")
     if not head:
@@ -426,7 +426,7 @@ def test_recording_the_commit_never_rewrites_the_checkouts_index() -> None:
     """`git status` refreshes a stale index in place; the commit a run records is read without
     writing anything into the checkout."""
     import posbench
-    from posbench.store import git_commit
+    from posbench.experiment.environment import git_commit
 
     git_dir = _git_of_posbench("rev-parse", "--absolute-git-dir")
     if not git_dir:

@@ -42,10 +42,10 @@ from posbench.store import (
     DISTANCE_FILE,
     REACHABILITY_FILE,
     TERMS_FILE,
-    environment,
     state_from_bytes,
     state_to_bytes,
 )
+from posbench.experiment.environment import environment
 from posbench.tasks import create_task
 from posbench.tasks.base import Task
 from posbench.experiment.training import Diverged, train

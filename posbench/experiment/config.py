@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import fnmatch
-import hashlib
 import itertools
-import json
 import math
 import os
 import re
@@ -18,6 +16,7 @@ from typing import Annotated, Any, Callable, Mapping
 
 from posbench.errors import ConfigError, UnknownNameError
 from posbench.model import D_MODEL, N_HEADS, N_LAYERS
+from posbench.store import config_id, model_tag, run_label
 from posbench.validation import Range, check_dataclass
 
 if sys.version_info >= (3, 11):
@@ -48,8 +47,7 @@ class ModelSize:
     def tag(self) -> str:
         """The size in a few characters, as results' `model` column and labels show it:
         ``d64 L4 H4`` (d_model, layers, heads; `` F256`` when d_ff is set)."""
-        ff = f" F{self.d_ff}" if self.d_ff is not None else ""
-        return f"d{self.d_model} L{self.n_layers} H{self.n_heads}{ff}"
+        return model_tag(dataclasses.asdict(self))
 
 
 def size_axis(section: Mapping[str, Any], where: str) -> tuple[ModelSize, ...]:
@@ -281,15 +279,6 @@ def check_threads(threads: int | None, where: str) -> None:
         )
 
 
-def run_label(task: str | None, encoding: str, seed: int | None = None) -> str:
-    """The one name of a run shown to people: ``task / encoding / seed N`` for a trained run
-    (task and encoding by their labels), ``profile / encoding`` for a latency/memory profile
-    (task None)."""
-    if task is None:
-        return f"profile / {encoding}"
-    return f"{task} / {encoding} / seed {seed if seed is not None else '-'}"
-
-
 def _eval_values(data: Mapping[str, Any]) -> dict[str, Any]:
     """[eval] values as EvalConfig takes them: lists as tuples, "inf" or -1 as an unbounded
     cache."""
@@ -329,21 +318,6 @@ def training_key(run: RunConfig) -> str:
     data["train"] = {k: v for k, v in data["train"].items() if k not in STOPPING_FIELDS}
     del data["eval"]
     return config_id(data)
-
-
-def config_id(data: dict[str, Any]) -> str:
-    """The 12-hex-digit id of a stored run config: a hash of everything in it that changes
-    the numbers, the encoding's and the task's display labels left out."""
-    data = dict(
-        data,
-        **{
-            part: {k: v for k, v in data[part].items() if k != "label"}
-            for part in ("encoding", "task")
-            if isinstance(data.get(part), Mapping)
-        },
-    )
-    blob = json.dumps(data, sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
 def to_jsonable(value: Any) -> Any:

@@ -33,7 +33,8 @@ from posbench.model import run_layers
 from posbench.encodings import REGISTRY as ENCODINGS, create_encoding
 from posbench.errors import ConfigError
 from posbench.encodings.base import Span
-from posbench.store import PROFILE_PREFIX, RunFolder, environment
+from posbench.experiment.environment import environment
+from posbench.store import PROFILE_PREFIX, RunFolder
 from posbench.experiment.memory import (
     MEMORY_HEADROOM,
     MEMORY_METHOD,
