@@ -25,6 +25,7 @@ from posbench.tasks import (  # noqa: E402,F401
     mqar,
     passkey,
     reverse,
+    shakespeare,
 )
 from posbench.tasks import counting, flip_flop, selective_copy  # noqa: E402,F401
 from posbench.tasks import (  # noqa: E402,F401

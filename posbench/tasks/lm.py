@@ -28,7 +28,8 @@ BURN_IN = 64
 
 @register_task("lm")
 class LanguageModel(Task):
-    """Next-token prediction on a stationary synthetic language, or on a text file by character.
+    """Next-token prediction on a synthetic fixed-offset retrieval language (a diagnostic, not
+    language), or on a text file by character.
 
     The synthetic language mixes two rules, both position-free: with probability ``p_copy``
     the next token repeats the token ``copy_distance`` back (a fixed *relative* offset the
