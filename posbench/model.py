@@ -35,6 +35,9 @@ class ModelConfig:
     #: buckets, ALiBi's symmetric bias); posbench's tasks are next-token tasks and train causal
     #: models, so this is for library use. A cache continues causal attention only.
     causal: bool = True
+    #: The output head reads the token embedding's weights (GPT-2, nanoGPT); both then start
+    #: N(0, 0.02).
+    tie_embeddings: bool = False
 
 
 class Block(nn.Module):
@@ -72,6 +75,9 @@ class Decoder(nn.Module):
         self.ln_f = nn.LayerNorm(config.d_model)
         self.head = nn.Linear(config.d_model, config.vocab_size, bias=False)
         self.apply(_init_linear)
+        if config.tie_embeddings:
+            nn.init.normal_(self.tok_emb.weight, std=0.02)
+            self.head.weight = self.tok_emb.weight  # (V, d_model), one parameter
 
     def new_cache(self, mem_len: float = math.inf, length: int | None = None) -> Cache:
         """An empty memory keeping the newest `mem_len` positions (math.inf: all), for a stream of
@@ -136,6 +142,7 @@ def build_model(
     d_ff: int | None = None,
     encoding_options: dict[str, Any] | None = None,
     causal: bool = True,
+    tie_embeddings: bool = False,
 ) -> Decoder:
     """Build a decoder with the encoding registered as `encoding_name` and its options."""
     config = ModelConfig(
@@ -147,6 +154,7 @@ def build_model(
         encoding_name,
         dict(encoding_options or {}),
         causal,
+        tie_embeddings,
     )
     return model_from_config(config)
 

@@ -220,11 +220,12 @@ def run_label(task: str | None, encoding: str, seed: int | None = None) -> str:
 
 def model_tag(model: Mapping[str, Any]) -> str:
     """A model size in a few characters, as results' `model` column and labels show it:
-    ``d64 L4 H4`` (d_model, layers, heads; `` F256`` when d_ff is set), from a stored config's
-    `model` section."""
+    ``d64 L4 H4`` (d_model, layers, heads; `` F256`` when d_ff is set, `` tied`` when the head
+    reads the token embedding), from a stored config's `model` section."""
     d_ff = model.get("d_ff")
     ff = f" F{d_ff}" if d_ff is not None else ""
-    return f"d{model['d_model']} L{model['n_layers']} H{model['n_heads']}{ff}"
+    tied = " tied" if model.get("tie_embeddings") else ""
+    return f"d{model['d_model']} L{model['n_layers']} H{model['n_heads']}{ff}{tied}"
 
 
 class RunFolder:

@@ -20,13 +20,14 @@ from posbench.errors import OptionError
 
 @dataclass(frozen=True)
 class Range:
-    """Bounds on a number (or on each number of a list): ge/le inclusive, gt exclusive; inf is
-    out of range unless `infinite` allows it (a memory factor's "unbounded")."""
+    """Bounds on a number (or on each number of a list): ge/le inclusive, gt/lt exclusive; inf
+    is out of range unless `infinite` allows it (a memory factor's "unbounded")."""
 
     ge: float | None = None
     gt: float | None = None
     le: float | None = None
     infinite: bool = False
+    lt: float | None = None
 
     def holds(self, value: float) -> bool:
         return not (
@@ -34,6 +35,7 @@ class Range:
             or (self.ge is not None and value < self.ge)
             or (self.gt is not None and value <= self.gt)
             or (self.le is not None and value > self.le)
+            or (self.lt is not None and value >= self.lt)
         )
 
     def describe(self) -> str:
@@ -44,6 +46,8 @@ class Range:
             parts.append(f"> {_number(self.gt)}")
         if self.le is not None:
             parts.append(f"<= {_number(self.le)}")
+        if self.lt is not None:
+            parts.append(f"< {_number(self.lt)}")
         return " and ".join(parts)
 
 

@@ -117,3 +117,79 @@ def test_a_run_records_steps_to_threshold_or_why_not(tmp_path, monkeypatch) -> N
     )
     row = frame[frame["metric"] == "steps_to_threshold"].iloc[0]
     assert math.isnan(row["value"]) and row["note"] == "not reached within 30 steps"
+
+
+def test_nanogpt_settings_cosine_to_min_lr_beta2_and_decay_groups() -> None:
+    """The optimiser can be nanoGPT's: cosine decay to min_lr, AdamW's beta2, and weight decay
+    on weights only (biases and LayerNorm gains undecayed)."""
+    from posbench.experiment.training import parameter_groups
+
+    config = TrainConfig(steps=100, lr=1e-3, min_lr=1e-4, warmup_steps=10)
+    assert learning_rate(99, config) == pytest.approx(1e-4, rel=0.01)  # the last step
+    assert learning_rate(10, config) == pytest.approx(1e-3)
+    model = posbench.build_model("learned", vocab_size=8, d_model=16, n_layers=1, n_heads=2)
+    decayed, undecayed = parameter_groups(model, TrainConfig(decay_matrices_only=True))
+    names = {id(p): n for n, p in model.named_parameters()}
+    assert all(p.dim() >= 2 for p in decayed["params"]) and decayed["weight_decay"] == 0.01
+    assert undecayed["weight_decay"] == 0.0
+    assert {names[id(p)] for p in undecayed["params"]} >= {"ln_f.weight", "ln_f.bias"}
+    assert len(decayed["params"]) + len(undecayed["params"]) == len(list(model.parameters()))
+    (one,) = parameter_groups(model, TrainConfig())  # the default: one group, as before
+    assert len(one["params"]) == len(list(model.parameters()))
+    from posbench.errors import OptionError
+    from posbench.validation import check_dataclass
+
+    with pytest.raises(OptionError, match="beta2.*< 1"):
+        check_dataclass(TrainConfig, {"beta2": 1.0}, "[train]")
+
+
+def test_tied_embeddings_share_one_parameter() -> None:
+    model = posbench.build_model("nope", vocab_size=8, d_model=16, n_layers=1, tie_embeddings=True)
+    assert model.head.weight is model.tok_emb.weight
+    assert float(model.tok_emb.weight.std()) == pytest.approx(0.02, rel=0.3)
+    untied = posbench.build_model("nope", vocab_size=8, d_model=16, n_layers=1)
+    assert sum(p.numel() for p in untied.parameters()) - sum(
+        p.numel() for p in model.parameters()
+    ) == 8 * 16
+
+
+def test_settings_added_later_leave_stored_run_ids_unchanged() -> None:
+    """A run id is a digest of the run's config: the settings added after runs were stored
+    stay out of it at their defaults (so published runs keep their ids) and enter it otherwise."""
+    import dataclasses
+
+    from posbench.experiment.config import ADDED_AFTER_RUNS_WERE_STORED, expand_runs
+    from helpers import tiny_sweep
+
+    (run, _) = expand_runs(tiny_sweep())
+    data = run.to_dict()
+    for section, defaults in ADDED_AFTER_RUNS_WERE_STORED.items():
+        assert not set(defaults) & set(data[section])
+    nanogpt = dataclasses.replace(run, train=dataclasses.replace(run.train, beta2=0.99))
+    assert nanogpt.to_dict()["train"]["beta2"] == 0.99 and nanogpt.run_id != run.run_id
+    tied = dataclasses.replace(run, model=dataclasses.replace(run.model, tie_embeddings=True))
+    assert tied.run_id != run.run_id and tied.model.tag().endswith(" tied")
+    assert type(run).from_dict(nanogpt.to_dict()) == nanogpt
+
+
+def test_the_published_standard_runs_keep_the_ids_the_planner_computes(tmp_path) -> None:
+    """Every training run the standard suite plans today is one its published archive holds:
+    no setting added since changed a stored run's id."""
+    import json
+
+    from posbench.experiment.config import load_config_file
+    from posbench.experiment.runner import plan_sweep
+    from posbench.store import opened_sweep
+    from posbench.suites import suite_file
+
+    sweep, _ = load_config_file(suite_file("standard"))
+    planned = {run.run_id for run in plan_sweep(sweep, tmp_path / "plan").runs}
+    with opened_sweep(posbench_root() / "reports" / "standard" / "runs.tar.xz") as folder:
+        stored = set(json.loads((folder / "sweep.json").read_text())["runs"])
+    assert planned and planned <= stored, sorted(planned - stored)[:5]
+
+
+def posbench_root():
+    from pathlib import Path
+
+    return Path(__file__).resolve().parents[1]

@@ -191,6 +191,7 @@ def decoder_for(size: ModelSize, spec: EncodingSpec, task: Task) -> Decoder:
         spec.name,
         dict(spec.options),
         task.causal,
+        size.tie_embeddings,
     )
     return model_from_config(config)
 

@@ -43,6 +43,9 @@ class ModelSize:
     n_layers: Annotated[int, Range(ge=1)] = N_LAYERS
     n_heads: Annotated[int, Range(ge=1)] = N_HEADS
     d_ff: Annotated[int | None, Range(ge=1)] = None
+    #: The output head reads the token embedding's weights (GPT-2, nanoGPT), which are then
+    #: initialised N(0, 0.02) as theirs are.
+    tie_embeddings: bool = False
 
     def tag(self) -> str:
         """The size in a few characters, as results' `model` column and labels show it:
@@ -77,6 +80,12 @@ class TrainConfig:
     lr: Annotated[float, Range(gt=0)] = 3e-3
     warmup_steps: Annotated[int, Range(ge=0)] = 100
     weight_decay: Annotated[float, Range(ge=0)] = 0.01
+    #: Decay weights only, not biases and LayerNorm gains (nanoGPT's two parameter groups).
+    decay_matrices_only: bool = False
+    #: AdamW's second-moment decay (torch's default 0.999; nanoGPT's character model 0.99).
+    beta2: Annotated[float, Range(gt=0, lt=1)] = 0.999
+    #: Where the cosine decay ends (nanoGPT: a tenth of lr).
+    min_lr: Annotated[float, Range(ge=0)] = 0.0
     grad_clip: Annotated[float, Range(gt=0)] = 1.0
     #: Transformer-XL recurrence: feed each sequence in segments through a cache of this many
     #: positions, gradients stopped at the memory. None trains on whole sequences.
@@ -203,6 +212,15 @@ class SweepConfig:
     eval_variants: tuple[EncodingSpec, ...] = ()
 
 
+#: Settings added after runs were stored, by config section: a run's config leaves each out
+#: while it holds this default, so the ids of runs stored before it existed stay the same (a
+#: run id is a digest of the config).
+ADDED_AFTER_RUNS_WERE_STORED: dict[str, dict[str, Any]] = {
+    "model": {"tie_embeddings": False},
+    "train": {"decay_matrices_only": False, "beta2": 0.999, "min_lr": 0.0},
+}
+
+
 @dataclass(frozen=True)
 class RunConfig:
     """One run: a task, an encoding with its options, a seed and the training/eval settings."""
@@ -226,6 +244,10 @@ class RunConfig:
         del data["show_size"]
         if not data["plugin_code"]:
             del data["plugin_code"]
+        for section, defaults in ADDED_AFTER_RUNS_WERE_STORED.items():
+            for key, default in defaults.items():
+                if data[section].get(key) == default:
+                    del data[section][key]
         return data
 
     @property

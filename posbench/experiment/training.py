@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
@@ -42,11 +42,23 @@ class TrainResult:
 
 
 def learning_rate(step: int, config: TrainConfig) -> float:
-    """Linear warmup over warmup_steps, then cosine decay to 0 at the last step."""
+    """Linear warmup over warmup_steps, then cosine decay to min_lr at the last step."""
     if step < config.warmup_steps:
         return config.lr * (step + 1) / config.warmup_steps
     progress = (step - config.warmup_steps) / max(1, config.steps - config.warmup_steps)
-    return config.lr * 0.5 * (1.0 + math.cos(math.pi * progress))
+    return config.min_lr + (config.lr - config.min_lr) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def parameter_groups(model: torch.nn.Module, config: TrainConfig) -> list[dict[str, Any]]:
+    """AdamW's parameter groups: one, or with decay_matrices_only the weights (two or more
+    dimensions) decayed and the biases and LayerNorm gains not."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    if not config.decay_matrices_only:
+        return [{"params": params, "weight_decay": config.weight_decay}]
+    return [
+        {"params": [p for p in params if p.dim() >= 2], "weight_decay": config.weight_decay},
+        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+    ]
 
 
 def sequence_loss(model: Decoder, batch: Batch) -> torch.Tensor:
@@ -86,9 +98,9 @@ def train(
     config.check_every steps) says so; raises Diverged on a non-finite loss."""
     model.to(device).train()
     optimizer = torch.optim.AdamW(
-        model.parameters(),
+        parameter_groups(model, config),
         lr=config.lr,
-        weight_decay=config.weight_decay,
+        betas=(0.9, config.beta2),
         fused=torch.device(device).type in FUSED_ADAMW_DEVICES,
     )
     generator = torch.Generator().manual_seed(seed)
