@@ -39,6 +39,10 @@ def test_evaluation_rows_and_not_applicable_lengths() -> None:
         (r.eval_len, r.mem_len) for r in rows if r.mem_len is not None and r.metric == "exact_match"
     }
     assert cached == {(e, m) for e in (2, 4, 8) for m in (0, 2, 4, 8, math.inf)}
+    only = EvalConfig(n_samples=8, batch_size=4, segment_len=4, cache_eval_lengths=(4,))
+    assert {r.eval_len for r in evaluate(model, task, only) if r.mem_len is not None} == {4}
+    none = EvalConfig(n_samples=8, batch_size=4, segment_len=4, cache_eval_lengths=())
+    assert not [r for r in evaluate(model, task, none) if r.mem_len is not None]  # none, not all
 
 
 def test_unbounded_cache_equals_full_context() -> None:

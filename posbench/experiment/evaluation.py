@@ -370,7 +370,8 @@ def iter_evaluate(
             yield Measurement(length, None, "excess_loss", scores["loss"] - floor)
     segment = default_segment_len(task, config)
     # a cache continues causal attention only: a bidirectional model reads whole sequences
-    cache_lengths = (config.cache_eval_lengths or task.eval_lengths) if model.config.causal else ()
+    chosen = task.eval_lengths if config.cache_eval_lengths is None else config.cache_eval_lengths
+    cache_lengths = chosen if model.config.causal else ()  # () from the config: no cache reads
     for length in cache_lengths:
         reason = model.encoding.supports(Span(0, task.sequence_length(length)))
         for mem_len in mem_lens(task, config):
