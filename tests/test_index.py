@@ -263,6 +263,10 @@ def test_the_headline_table_rows_are_configurations_across_reports(tmp_path: Pat
     }
     page = build_index(tmp_path / "reports").read_text()
     assert "<th>t5 (max_distance=train/4, num_buckets=train/4)</th>" in page
+    _front_page_record(
+        tmp_path / "reports", "c", mrr=[row | {"encoding": "t5"}], probes_learning_rate=True
+    )  # a learning-rate probe pools its rates: not a column
+    assert headline_table(read_reports(tmp_path / "reports")).reports == ["a", "b"]
 
 
 def test_index_writes_the_headline_table_into_a_readme(tmp_path: Path) -> None:

@@ -193,3 +193,15 @@ def posbench_root():
     from pathlib import Path
 
     return Path(__file__).resolve().parents[1]
+
+
+def test_learned_positions_start_at_the_chosen_scale_and_the_default_draws_as_before() -> None:
+    from posbench.encodings import create_encoding
+
+    torch.manual_seed(0)
+    default = create_encoding("learned", n_heads=2, d_head=8, max_positions=512)
+    torch.manual_seed(0)
+    plain = torch.nn.Embedding(512, 16)  # what the default drew before init_std existed
+    assert torch.equal(default.table.weight, plain.weight)
+    gpt2 = create_encoding("learned", n_heads=2, d_head=8, max_positions=512, init_std=0.02)
+    assert float(gpt2.table.weight.std()) == pytest.approx(0.02, rel=0.1)

@@ -786,6 +786,11 @@ def _report_record(
             for r in cross_task_ranking(frame).to_dict("records")
         ],
         "scale": scale_sentences,
+        # a sweep that trains a task at several learning rates probes the rate: its ranking
+        # across tasks pools the rates, so a front page does not show it beside the suites'
+        "probes_learning_rate": bool(
+            learning_rate.varied_tasks(frame, learning_rate.task_learning_rates(config))
+        ),
         "encodings": [
             {"label": spec.display(), "name": spec.name, "options": to_jsonable(spec.options)}
             for spec in (

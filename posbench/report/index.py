@@ -161,8 +161,11 @@ class HeadlineTable:
 
 
 def headline_table(reports: list[IndexedReport]) -> HeadlineTable:
-    """The headline table of the reports whose record ranks encodings across tasks."""
-    ranked = [r for r in reports if r.record.get("mrr")]
+    """The headline table of the reports whose record ranks encodings across tasks, but for
+    learning-rate probes (their ranking pools the rates)."""
+    ranked = [
+        r for r in reports if r.record.get("mrr") and not r.record.get("probes_learning_rate")
+    ]
     cells: dict[str, dict[str, str]] = {}
     for report in ranked:
         entries = {e["label"]: _configuration(e) for e in report.record.get("encodings", [])}
