@@ -187,6 +187,7 @@ READS_OTHER_FILES = {
     "experiment.config": "the sweep's TOML file",
     "suites": "the built-in suites' TOML files",
     "tasks.lm": "a text corpus",
+    "tasks.shakespeare": "its bundled corpus, to check the checksum",
     "kernels.cpu": "/proc/self/maps (which OpenMP runtime torch loaded)",
     "kernels.native": "its C++ source and the record of its build, and the build itself",
     "experiment.timing": "/proc/stat (CPU contention)",

@@ -74,8 +74,8 @@ def test_bad_task_training_settings_and_unknown_suites_are_one_sentence(tmp_path
     assert (
         result.exit_code == 2
         and "Unknown suite 'nonesuch'; "
-        "available: deepmind, deepmind-decoder, default, kazemnejad, lr-probe, randomized, "
-        "scale, standard"
+        "available: deepmind, deepmind-decoder, default, kazemnejad, lr-probe, nanogpt-anchor, "
+        "randomized, scale, standard"
         in result.output
     )
     listed = CliRunner().invoke(app, ["list"])

@@ -159,7 +159,8 @@ def quiet_workers() -> None:
 def build_directory(kernel: str) -> Path:
     """Where `kernel`'s build lives: a folder named after the build (extension_name) under
     torch's extension root (``$TORCH_EXTENSIONS_DIR``, else ~/.cache/torch_extensions/...)."""
-    from torch.utils import cpp_extension
+    with process_environment_kept():  # importing the loader puts setuptools' vendor on sys.path
+        from torch.utils import cpp_extension
 
     root = os.environ.get("TORCH_EXTENSIONS_DIR") or cpp_extension.get_default_build_root()
     return Path(root) / extension_name(kernel)
