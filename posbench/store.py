@@ -968,8 +968,8 @@ def import_runs(source: Path, out_dir: Path, run_ids: Iterable[str], dry_run: bo
     """Copy into `out_dir` the finished runs of `source` (a sweep folder or archive, such as a
     published suite's) that are among `run_ids` and not finished there, without trained
     weights; returns how many (with `dry_run`, how many it would copy, writing nothing). A run
-    id is a digest of the run's whole configuration, so a copied run is one this sweep would
-    train. Refuses a source that holds none of them (another protocol or configuration made
+    id is a digest of the run's configuration (labels aside), so a copied run is one this sweep
+    would train. Refuses a source that holds none of them (another protocol or configuration made
     its runs) or runs another minor version of posbench made (its numbers may differ)."""
     out_dir, run_ids = Path(out_dir), list(run_ids)
     with opened_sweep(source, "--from") as folder:
