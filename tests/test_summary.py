@@ -40,17 +40,10 @@ def test_headline_gives_intervals_best_seed_and_share_that_generalise() -> None:
     assert row["token_at_2x"] == pytest.approx(0.5 + 0.5166667 / 2)
 
 
-def test_mean_reciprocal_rank_across_tasks() -> None:
-    # free-running token accuracy at 2x: task a ranks x > y > z, task b ranks y > x = z (tie: 2.5)
-    scores = {
-        ("a", "x"): 0.9,
-        ("a", "y"): 0.5,
-        ("a", "z"): 0.1,
-        ("b", "x"): 0.2,
-        ("b", "y"): 0.8,
-        ("b", "z"): 0.2,
-    }
-    rows = [
+def _accuracy_at_2x(scores: dict[tuple[str, str], float]) -> list[dict]:
+    """Result rows for two seeds: free-running token accuracy 1.0 at the training length 8
+    and `scores[(task, encoding)]` at 16, twice it."""
+    return [
         {
             "task": t,
             "encoding_label": e,
@@ -65,6 +58,19 @@ def test_mean_reciprocal_rank_across_tasks() -> None:
         for s in (0, 1)
         for length in (8, 16)
     ]
+
+
+def test_mean_reciprocal_rank_across_tasks() -> None:
+    # free-running token accuracy at 2x: task a ranks x > y > z, task b ranks y > x = z (tie: 2.5)
+    scores = {
+        ("a", "x"): 0.9,
+        ("a", "y"): 0.5,
+        ("a", "z"): 0.1,
+        ("b", "x"): 0.2,
+        ("b", "y"): 0.8,
+        ("b", "z"): 0.2,
+    }
+    rows = _accuracy_at_2x(scores)
     table = cross_task_ranking(tidy(rows)).set_index("encoding_label")
     assert table.loc["x", "mrr_headline"] == pytest.approx((1 + 1 / 2.5) / 2)
     assert table.loc["y", "mrr_headline"] == pytest.approx((1 / 2 + 1) / 2)
@@ -295,20 +301,8 @@ def test_an_evaluation_variant_is_not_ranked_across_tasks() -> None:
         ("b", "x-restart"): 0.1,
     }
     rows = [
-        {
-            "task": t,
-            "encoding_label": e,
-            "seed": s,
-            "variant_of": "run-x" if e.endswith("-restart") else math.nan,
-            "metric": "greedy_token_accuracy",
-            "mem_len": math.nan,
-            "eval_len": length,
-            "train_len_max": 8,
-            "value": v if length > 8 else 1.0,
-        }
-        for (t, e), v in scores.items()
-        for s in (0, 1)
-        for length in (8, 16)
+        row | {"variant_of": "run-x" if row["encoding_label"].endswith("-restart") else math.nan}
+        for row in _accuracy_at_2x(scores)
     ]
     table = cross_task_ranking(tidy(rows)).set_index("encoding_label")
     assert "x-restart" not in table.index
