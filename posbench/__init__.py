@@ -42,7 +42,7 @@ _LAZY: dict[str, str] = {
     "load_config_file": "posbench.experiment.config",
     "SweepOutcome": "posbench.experiment.outcome",
     "load_run": "posbench.experiment.runner",
-    "plan_sweep": "posbench.experiment.runner",
+    "plan_sweep": "posbench.experiment.planner",
     "run_sweep": "posbench.experiment.runner",
     "RunFolder": "posbench.store",
     "export_sweep": "posbench.store",

@@ -19,7 +19,7 @@ from posbench.errors import ConfigError, PosbenchError
 
 if TYPE_CHECKING:
     from posbench.experiment.config import RunConfig
-    from posbench.experiment.runner import SweepPlan
+    from posbench.experiment.planner import SweepPlan
 
 app = typer.Typer(
     help="Compare positional encodings for Transformer attention, side by side.",
@@ -197,8 +197,8 @@ def run_command(
     dry_run: bool = typer.Option(
         False,
         "--dry-run",
-        help="Check the sweep and list the runs it would do, and which are stored already; "
-        "run and write nothing.",
+        help="Check the sweep and print the plan the run executes: every training run, "
+        "variant and profile, stored or to run, and what it reuses; run and write nothing.",
     ),
     executor: str = typer.Option(
         "local", help="local (one run at a time), processes (--jobs N here) or ray."
@@ -257,7 +257,7 @@ def run_command(
 
     chosen = make_executor(executor, jobs, ray_address, cpus_per_run, gpus_per_run)
     if from_runs is not None:
-        from posbench.experiment.runner import plan_sweep
+        from posbench.experiment.planner import plan_sweep
         from posbench.store import import_runs
 
         plan = plan_sweep(sweep, out_dir)
@@ -272,17 +272,9 @@ def run_command(
             soft_wrap=True,
         )
     if dry_run:
-        from posbench.experiment.runner import (
-            early_stopping_twins,
-            finished_runs,
-            plan_sweep,
-            reachability_warnings,
-        )
+        from posbench.experiment.planner import plan_sweep
 
-        plan = plan_sweep(sweep, out_dir)
-        stored = finished_runs(plan.runs, out_dir)
-        twins = early_stopping_twins(plan.runs)
-        _print_plan(plan, stored, twins, out_dir, reachability_warnings(plan.sweep))
+        _print_plan(plan_sweep(sweep, out_dir, force), out_dir)
         return
     with sigterm_interrupts():
         try:
@@ -319,32 +311,27 @@ def run_command(
         raise typer.Exit(1)
 
 
-def _print_plan(
-    plan: "SweepPlan",
-    stored: list[str],
-    twins: dict[str, "RunConfig"],
-    out_dir: Path,
-    warnings: list[str],
-) -> None:
-    """What `posbench run --dry-run` found: each training run and whether it is stored (or
-    may take the model of an early-stopping twin), the variants and profiles that follow, the
-    configuration's warnings; nothing was run."""
-    table = Table(title=f"dry run: the sweep in {out_dir}", title_justify="left")
-    table.add_column("run", no_wrap=True)
-    table.add_column("state", no_wrap=True)
-    for run in plan.runs:
-        state = "stored" if run.label in stored else "to run"
-        if state == "to run" and run.run_id in twins:
-            state = f"to run, or {twins[run.run_id].label}'s model if that never stops early"
-        table.add_row(Text(run.label), Text(state))
+def _print_plan(plan: "SweepPlan", out_dir: Path) -> None:
+    """What `posbench run --dry-run` found: every job of the plan the run executes, with what
+    it does (stored, run, reuse a model) and what it waits for, and the configuration's
+    warnings; nothing was run."""
+    table = Table(title=f"dry run: the plan for {out_dir}", title_justify="left")
+    for column in ("job", "run", "id", "action"):
+        table.add_column(column, no_wrap=column != "action")
+    for kind, label, run_id, action in plan.rows():
+        table.add_row(kind, Text(label), run_id, Text(action))
     console.print(table)
-    for warning in warnings:
+    for warning in plan.warnings:
         console.print(Text(f"warning: {warning}", style="yellow"), soft_wrap=True)
+    from posbench.experiment.planner import STORED, TRAIN
+
+    stored = sum(job.action == STORED for job in plan.jobs if job.kind == TRAIN)
     console.print(
         Text(
-            f"{len(plan.runs)} training run(s), {len(stored)} stored already; "
-            f"{len(plan.variants)} evaluation variant(s) and {len(plan.profiles)} profile(s) "
-            "follow them. Nothing was run or written (--dry-run)."
+            f"{len(plan.runs)} training run(s), {stored} stored already; "
+            f"{len(plan.variants)} evaluation variant(s) and {len(plan.profiles)} profile(s); "
+            f"{sum(job.to_run for job in plan.jobs)} job(s) to run. Nothing was run or written "
+            "(--dry-run)."
         ),
         soft_wrap=True,
     )

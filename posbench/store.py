@@ -196,9 +196,10 @@ def sha256_of(path: Path) -> str:
 
 def config_id(data: dict[str, Any]) -> str:
     """The 12-hex-digit id of a stored run config, the name of its folder: a hash of everything
-    in it that changes the numbers, the encoding's and the task's display labels left out."""
+    in it that changes the numbers, the encoding's and the task's display labels left out, and
+    the `derived` options (a variant's, filled from the base run the config names)."""
     data = dict(
-        data,
+        {k: v for k, v in data.items() if k != "derived"},
         **{
             part: {k: v for k, v in data[part].items() if k != "label"}
             for part in ("encoding", "task")

@@ -60,7 +60,7 @@ LAYERS: list[set[str]] = [
     },
     {"experiment.compute", "experiment.profiling"},
     {"experiment.executors", "experiment.ray_executor", "experiment.variants"},
-    {"experiment.runner"},
+    {"experiment.planner", "experiment.runner"},
     {
         "report",
         "report.stats",
@@ -247,6 +247,27 @@ COMPUTES = {
     "experiment.evaluation",
     "experiment.diagnostics",
 }
+
+
+#: The job configurations of a sweep, and who alone may make them.
+JOB_CLASSES = {"RunConfig", "VariantJob", "ProfileRun", "RunJob"}
+PLANNER = "experiment.planner"
+
+
+def test_only_the_planner_makes_job_configurations() -> None:
+    """A training run, a variant, a profile or the computation of one is constructed by the
+    planner alone, so the plan `--dry-run` prints is the whole of what a run executes
+    (reading a stored config back, `cls(...)` in from_dict, is not making a job)."""
+    made = []
+    for path in PACKAGE.rglob("*.py"):
+        name = _module_name(path)
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.Call):
+                continue
+            called = getattr(node.func, "id", None) or getattr(node.func, "attr", None)
+            if called in JOB_CLASSES and name != PLANNER:
+                made.append(f"posbench.{name}:{node.lineno} makes a {called}")
+    assert not made, "\n".join(made)
 
 
 def test_the_report_imports_nothing_that_builds_models() -> None:

@@ -8,14 +8,15 @@ import math
 
 import pytest
 
-from posbench.experiment.config import EncodingSpec, RunConfig, expand_runs, run_label
+from posbench.experiment.config import EncodingSpec, RunConfig, run_label
+from posbench.experiment.planner import expand_runs
 
 from helpers import tiny_sweep
 
 
 def test_a_tied_option_that_resolves_to_an_invalid_value_is_one_sentence() -> None:
     from posbench.errors import ConfigError, OptionError
-    from posbench.experiment.runner import resolve_sweep
+    from posbench.experiment.planner import resolve_sweep
 
     sweep = dataclasses.replace(
         tiny_sweep(), encodings=(EncodingSpec("t5", {"max_distance": "train/4"}),)

@@ -15,7 +15,8 @@ from posbench.errors import ConfigError, OptionError
 from posbench.experiment.compute import decoder_for
 from posbench.experiment.config import EncodingSpec, ModelSize, TaskSpec
 from posbench.experiment.evaluation import greedy_predictions
-from posbench.experiment.runner import resolve_sweep, run_sweep
+from posbench.experiment.planner import resolve_sweep
+from posbench.experiment.runner import run_sweep
 from posbench.store import collect
 from posbench.tasks import REGISTRY as TASKS
 from posbench.tasks import create_task

@@ -14,10 +14,11 @@ import pytest
 from helpers import fail_fsync_for, invoke, one_sentence_error, tiny_sweep
 from posbench.errors import ResultsError
 from posbench.experiment.compute import SilentReporter
-from posbench.experiment.config import expand_runs
+from posbench.experiment.planner import expand_runs
 from posbench.experiment.outcome import SweepOutcome
 from posbench.experiment.runner import run_sweep
-from posbench.experiment.variants import parse_variants, variant_jobs
+from posbench.experiment.planner import variant_jobs
+from posbench.experiment.variants import parse_variants
 from posbench.report.html import build_report
 from posbench.store import MODEL_FILE, MODEL_NOT_KEPT, RunFolder, export_sweep
 
@@ -106,10 +107,12 @@ def test_a_variant_is_evaluated_as_soon_as_its_base_run_is_stored(tmp_path: Path
     sweep = _sweep()  # rope trains first, then nope
     reporter = Recorder()
     run_sweep(sweep, tmp_path / "sweep", reporter=reporter)
-    order = [e for e in reporter.events if e.startswith(("finished", "evaluating"))]
-    assert order[0].startswith("finished copy / rope")
-    assert order[1].startswith("evaluating copy / rope [eval scaling=linear,factor=2]")
-    assert order[2].startswith("finished copy / nope")
+    order = [e for e in reporter.events if e.startswith("finished")]
+    assert order == [
+        "finished copy / rope / seed 0",
+        "finished copy / rope [eval scaling=linear,factor=2] / seed 0",
+        "finished copy / nope / seed 0",
+    ]
 
 
 def test_export_command_refuses_a_folder_that_is_not_a_sweep(tmp_path: Path) -> None:

@@ -12,13 +12,13 @@ import torch
 import posbench
 from posbench.experiment.config import EncodingSpec
 from posbench.experiment.memory import measure_peak_mb, reset_peak_rss
+from posbench.experiment.planner import STORED, plan_bench
 from posbench.experiment.profiling import (
     BenchConfig,
-    ProfileRun,
     memory_rows,
     profile_encoding,
-    run_profile,
 )
+from posbench.experiment.runner import run_bench
 from posbench.store import collect
 
 from helpers import TINY_BENCH, invoke, one_sentence_error
@@ -70,9 +70,13 @@ def test_profile_rows_have_the_expected_shape(encoding: str) -> None:
 
 def test_profiles_are_stored_as_tidy_rows_and_skipped_when_done(tmp_path: Path) -> None:
     config = TINY_BENCH.__class__(**{**TINY_BENCH.__dict__, "memory": False})
-    run_id, ran = run_profile(ProfileRun(EncodingSpec("rope"), config), tmp_path)
-    assert ran and run_id.startswith("profile-")
-    assert run_profile(ProfileRun(EncodingSpec("rope"), config), tmp_path) == (run_id, False)
+    (run_id,) = run_bench(config, (EncodingSpec("rope"),), tmp_path)
+    assert run_id.startswith("profile-")
+    written = (tmp_path / run_id / "result.json").stat().st_mtime_ns
+    (job,) = plan_bench(config, (EncodingSpec("rope"),), tmp_path)
+    assert job.action == STORED
+    assert run_bench(config, (EncodingSpec("rope"),), tmp_path) == [run_id]
+    assert (tmp_path / run_id / "result.json").stat().st_mtime_ns == written
     frame = collect(tmp_path)
     assert set(frame["encoding"]) == {"rope"} and frame["task"].isna().all()
     assert frame[frame["metric"] == "latency_fwd_ms"]["seq_len"].tolist() == [16, 32]
@@ -119,8 +123,7 @@ def test_bench_says_why_an_encoding_costs_more_than_nope(
     import posbench.report.terminal as terminal
 
     config = TINY_BENCH.__class__(**{**TINY_BENCH.__dict__, "memory": False, "window_lens": (24,)})
-    for name in ("nope", "fire", "cope"):
-        run_profile(ProfileRun(EncodingSpec(name), config), tmp_path)
+    run_bench(config, tuple(EncodingSpec(name) for name in ("nope", "fire", "cope")), tmp_path)
     monkeypatch.setattr(terminal, "COST_NOTE_ABOVE", 0.0)  # every ratio counts as costly here
     console = Console(record=True, width=200)
     terminal.print_bench(console, tmp_path)

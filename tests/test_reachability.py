@@ -12,7 +12,8 @@ import pytest
 from posbench.encodings import create_encoding
 from posbench.experiment.config import EncodingSpec, TaskSpec
 from posbench.experiment.reachability import reachability, row_ranges, unreached, untrained_share
-from posbench.experiment.runner import reachability_warnings, run_sweep
+from posbench.experiment.planner import reachability_warnings
+from posbench.experiment.runner import run_sweep
 from posbench.plugins import load_plugin_dir
 from posbench.store import RunFolder
 from posbench.tasks import create_task
@@ -162,7 +163,8 @@ def test_inspect_and_report_show_reachability(tmp_path: Path) -> None:
 
 
 def test_options_tied_to_the_training_length_resolve_per_task() -> None:
-    from posbench.experiment.config import expand_runs, resolve_tied_options
+    from posbench.experiment.config import resolve_tied_options
+    from posbench.experiment.planner import expand_runs
 
     spec = EncodingSpec("t5", {"num_buckets": "train/4", "max_distance": "train/4"}, "t5")
     assert resolve_tied_options(spec, 64).options == {"num_buckets": 16, "max_distance": 16}

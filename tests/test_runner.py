@@ -136,7 +136,7 @@ COPY = {"train_lengths": [1, 4], "eval_lengths": [4, 8]}
 
 def test_a_fixed_budget_run_takes_the_model_of_a_twin_that_never_stopped(tmp_path: Path) -> None:
     from posbench.experiment.compute import RunJob, compute_run
-    from posbench.experiment.config import expand_runs
+    from posbench.experiment.planner import expand_runs
     from posbench.store import state_from_bytes
 
     sweep = _stopping_twins("copy", COPY, {"stop_at": 1.0})  # never reached in 40 steps
@@ -156,7 +156,7 @@ def test_a_fixed_budget_run_takes_the_model_of_a_twin_that_never_stopped(tmp_pat
 
 
 def test_a_fixed_budget_run_trains_itself_when_its_twin_stopped_early(tmp_path: Path) -> None:
-    from posbench.experiment.config import expand_runs
+    from posbench.experiment.planner import expand_runs
 
     lm = {"train_lengths": [8, 8], "eval_lengths": [8, 16]}
     sweep = _stopping_twins("lm", lm, {"stop_within": 100.0})  # near enough at the first check
@@ -180,7 +180,7 @@ def test_a_dry_run_names_the_twin_a_fixed_budget_run_may_take_its_model_from(
     )  # fmt: skip
     assert result.exit_code == 0, result.output
     line = next(line for line in result.output.splitlines() if "copy-fixed / rope / seed 0" in line)
-    assert "or copy / rope / seed 0's model if that never stops early" in line
+    assert "run after its twin: copy / rope / seed 0 trains the same steps" in line
     assert not (tmp_path / "s").exists()
 
 

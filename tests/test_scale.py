@@ -18,10 +18,9 @@ from posbench.errors import ConfigError, PosbenchError
 from posbench.experiment.config import (
     ModelSize,
     config_from_mapping,
-    expand_runs,
     model_sizes,
 )
-from posbench.experiment.runner import resolve_sweep
+from posbench.experiment.planner import expand_runs, resolve_sweep
 from posbench.report.html import REPORT_RECORD, build_report
 from posbench.report.index import build_index
 from posbench.report.scale import (

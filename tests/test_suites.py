@@ -9,8 +9,9 @@ import pytest
 from typer.testing import CliRunner
 
 from posbench.cli import app
-from posbench.experiment.config import RunConfig, apply_overrides, expand_runs, load_config_file
-from posbench.experiment.runner import resolve_sweep
+from posbench.experiment.config import RunConfig, apply_overrides, load_config_file
+from posbench.experiment.planner import expand_runs
+from posbench.experiment.planner import resolve_sweep
 from posbench.suites import list_suites, suite_file
 
 
@@ -106,7 +107,7 @@ def test_one_task_twice_needs_labels_that_name_results_but_not_run_ids(tmp_path:
 def test_published_suites_train_every_parameter_they_evaluate(name: str) -> None:
     """Only the learned table (its untrained rows are the encoding's expected failure) and T5
     kept at its paper defaults under its own label may read rows training never reached."""
-    from posbench.experiment.runner import reachability_warnings
+    from posbench.experiment.planner import reachability_warnings
 
     sweep = resolve_sweep(load_config_file(suite_file(name))[0])
     for warning in reachability_warnings(sweep):

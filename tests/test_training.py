@@ -158,7 +158,8 @@ def test_settings_added_later_leave_stored_run_ids_unchanged() -> None:
     stay out of it at their defaults (so published runs keep their ids) and enter it otherwise."""
     import dataclasses
 
-    from posbench.experiment.config import ADDED_AFTER_RUNS_WERE_STORED, expand_runs
+    from posbench.experiment.config import ADDED_AFTER_RUNS_WERE_STORED
+    from posbench.experiment.planner import expand_runs
     from helpers import tiny_sweep
 
     (run, _) = expand_runs(tiny_sweep())
@@ -178,7 +179,7 @@ def test_the_published_standard_runs_keep_the_ids_the_planner_computes(tmp_path)
     import json
 
     from posbench.experiment.config import load_config_file
-    from posbench.experiment.runner import plan_sweep
+    from posbench.experiment.planner import plan_sweep
     from posbench.store import opened_sweep
     from posbench.suites import suite_file
 

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 from helpers import tiny_sweep
 from posbench.errors import ConfigError, OptionError
-from posbench.experiment.config import EncodingSpec, expand_runs
+from posbench.experiment.config import EncodingSpec
 from posbench.experiment.variants import parse_variants
 from posbench.experiment.runner import run_sweep
-from posbench.experiment.variants import variant_jobs
+from posbench.experiment.planner import expand_runs, variant_jobs
 from posbench.report.html import build_report
 from posbench.store import collect
 

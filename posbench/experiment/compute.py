@@ -10,7 +10,7 @@ import time
 import traceback
 from contextlib import suppress
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Protocol
+from typing import Any, Callable, Protocol
 
 import numpy as np
 import pandas as pd
@@ -115,9 +115,9 @@ class SilentReporter:
         """Nothing to show."""
 
 
-def relay(reporter: Reporter, runs: Iterable[RunConfig]) -> ProgressSink:
-    """A ProgressSink that hands each event to the reporter method it stands for."""
-    by_id = {run.run_id: run for run in runs}
+def relay(reporter: Reporter, by_id: dict[str, RunConfig]) -> ProgressSink:
+    """A ProgressSink that hands each event of a run in `by_id` (run id -> run; the caller may
+    add runs as it goes) to the reporter method it stands for."""
 
     def sink(run_id: str, event: str, payload: Any) -> None:
         run = by_id.get(run_id)
@@ -157,6 +157,13 @@ class RunJob:
     reused: str = "an earlier attempt trained (its evaluation had failed)"
     #: The score-term probes taken while that model trained (empty: none kept).
     trained_probes: list[dict[str, Any]] = field(default_factory=list)
+    #: The id the driver stores the output under when it is not the run's own (a variant's).
+    store_as: str = ""
+
+    @property
+    def run_id(self) -> str:
+        """The id of the folder this job's output is stored in."""
+        return self.store_as or self.run.run_id
 
 
 @dataclass
@@ -322,7 +329,7 @@ def _compute(job: RunJob, progress: ProgressSink) -> RunOutput:
     # or a wait for a busy core, so runs measured under load stay comparable
     result["cpu_seconds"] = time.process_time() - cpu_start
     return RunOutput(
-        run.run_id,
+        job.run_id,
         run.to_dict(),
         environment(run.device),
         log,
@@ -585,10 +592,11 @@ def _training_rows(result: dict[str, Any], run: RunConfig) -> list[dict[str, Any
     return rows
 
 
-def failed_output(run: RunConfig, error: str) -> RunOutput:
+def failed_output(job: RunJob, error: str) -> RunOutput:
     """The record of a run whose worker died or was lost."""
+    run = job.run
     return RunOutput(
-        run.run_id,
+        job.run_id,
         run.to_dict(),
         {},
         [error],

@@ -1,5 +1,5 @@
-"""Sweep configuration: frozen dataclasses, loaded from TOML with unknown keys rejected, and
-resolved into one RunConfig per (task, encoding, seed)."""
+"""Sweep configuration: frozen dataclasses, loaded from TOML with unknown keys rejected (the
+planner resolves a sweep into its runs)."""
 
 from __future__ import annotations
 
@@ -401,32 +401,6 @@ def plugin_code(task: str, encoding: str) -> dict[str, str]:
         if digest is not None:
             digests[part] = digest
     return digests
-
-
-def expand_runs(sweep: SweepConfig) -> list[RunConfig]:
-    """The grid: every task x model size x encoding x seed, in that nesting order, with options
-    tied to the training length resolved per task."""
-    runs = []
-    for task in sweep.tasks:
-        longest = longest_training_sequence(task)
-        for size in model_sizes(sweep):
-            for enc in sweep.encodings:
-                for seed in sweep.seeds:
-                    runs.append(
-                        RunConfig(
-                            task,
-                            resolve_tied_options(enc, longest),
-                            seed,
-                            size,
-                            dataclasses.replace(sweep.train, **task.train),
-                            sweep.eval,
-                            sweep.device,
-                            sweep.quick,
-                            plugin_code(task.name, enc.name),
-                            show_size=len(model_sizes(sweep)) > 1,
-                        )
-                    )
-    return runs
 
 
 # ---- loading TOML --------------------------------------------------------------------------

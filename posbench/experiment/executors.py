@@ -14,6 +14,7 @@ import signal
 import sys
 import threading
 import time
+from collections import deque
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any, Iterator, Protocol
@@ -39,7 +40,9 @@ _PR_SET_PDEATHSIG = 1
 
 
 class Executor(Protocol):
-    """Computes RunJobs and yields their outputs in completion order."""
+    """Computes RunJobs and yields their outputs in completion order. The driver may send a
+    list of further jobs into the generator for each output it receives (jobs that waited for
+    that output); they join the same run."""
 
     def map(
         self,
@@ -60,9 +63,14 @@ class LocalExecutor:
         reporter: Reporter,
         plugin_dirs: tuple[str, ...],
     ) -> Iterator[RunOutput]:
-        sink = relay(reporter, [job.run for job in jobs])
-        for job in jobs:
-            yield compute_run(job, threads, sink)
+        known = {job.run.run_id: job.run for job in jobs}
+        sink = relay(reporter, known)
+        queue = deque(jobs)
+        while queue:
+            job = queue.popleft()
+            added = yield compute_run(job, threads, sink)
+            known |= {more.run.run_id: more.run for more in added or ()}
+            queue.extendleft(reversed(added or ()))  # what waited for this output runs next
 
 
 # ---- worker processes -----------------------------------------------------------------------
@@ -147,30 +155,48 @@ class ProcessExecutor:
         per_job = threads or max(1, (os.cpu_count() or 1) // self.jobs)
         context = multiprocessing.get_context("spawn")
         events = context.Queue()
-        sink = relay(reporter, [job.run for job in jobs])
+        known = {job.run.run_id: job.run for job in jobs}
+        sink = relay(reporter, known)
         reporter.note(
             f"{len(jobs)} run(s) on {self.jobs} worker processes, {per_job} thread(s) each"
         )
         unfinished: list[RunJob] = []
+        order = list(jobs)
         try:
             pool = self._pool(self.jobs, context, events)
             try:
-                futures = {
-                    pool.submit(_compute_in_worker, job, per_job, plugin_dirs): job for job in jobs
-                }
+                futures: dict[Future, RunJob] = {}
+
+                def submit(batch: list[RunJob]) -> None:
+                    for job in batch:
+                        known[job.run.run_id] = job.run
+                        try:
+                            futures[pool.submit(_compute_in_worker, job, per_job, plugin_dirs)] = (
+                                job
+                            )
+                        except BrokenProcessPool:  # retried alone below, like the pool's own
+                            unfinished.append(job)
+
+                submit(jobs)
                 for future in self._completed(futures, events, sink):
                     try:
                         output = future.result()
                     except BrokenProcessPool:
                         unfinished.append(futures[future])
                         continue
-                    yield output
+                    added = yield output
+                    order += added or []
+                    submit(added or [])
             except BaseException:
                 _stop(pool)
                 raise
             pool.shutdown(wait=True)
-            for job in sorted(unfinished, key=jobs.index):
-                yield self._isolated(job, per_job, plugin_dirs, context, events, sink)
+            while unfinished:
+                job = min(unfinished, key=order.index)
+                unfinished.remove(job)
+                added = yield self._isolated(job, per_job, plugin_dirs, context, events, sink)
+                order += added or []
+                unfinished += added or []
         finally:
             _drain(events, sink)
             events.close()
@@ -188,12 +214,16 @@ class ProcessExecutor:
     def _completed(
         futures: dict[Future, RunJob], events: Any, sink: ProgressSink
     ) -> Iterator[Future]:
-        """Futures as they complete, forwarding progress events while waiting."""
-        pending = set(futures)
-        while pending:
-            done, pending = wait(pending, timeout=POLL_SECONDS, return_when=FIRST_COMPLETED)
+        """Futures as they complete, forwarding progress events while waiting; futures added to
+        `futures` meanwhile are waited for too."""
+        finished: set[Future] = set()
+        while len(finished) < len(futures):
+            pending = set(futures) - finished
+            done, _ = wait(pending, timeout=POLL_SECONDS, return_when=FIRST_COMPLETED)
             _drain(events, sink)
-            yield from sorted(done, key=list(futures).index)
+            for future in sorted(done, key=list(futures).index):
+                finished.add(future)
+                yield future
 
     def _isolated(
         self,
@@ -217,9 +247,7 @@ class ProcessExecutor:
                 raise
             finally:
                 pool.shutdown(wait=True)
-        return failed_output(
-            job.run, f"worker process died on each of {1 + self.max_retries} tries"
-        )
+        return failed_output(job, f"worker process died on each of {1 + self.max_retries} tries")
 
 
 def make_executor(

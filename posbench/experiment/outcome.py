@@ -25,6 +25,8 @@ class SweepOutcome:
     #: Labels of runs the sweep asks for that are neither stored whole nor failed at the end
     #: (a run folder deleted while the sweep ran, say).
     missing: list[str] = field(default_factory=list)
+    #: The plan executed, as `posbench run --dry-run` prints it: (kind, label, run id, action).
+    plan: list[tuple[str, str, str, str]] = field(default_factory=list)
 
     @property
     def finished_any(self) -> bool:

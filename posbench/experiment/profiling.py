@@ -19,7 +19,6 @@ import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any, Callable, Hashable, Iterable
 
 import torch
@@ -33,8 +32,9 @@ from posbench.model import run_layers
 from posbench.encodings import REGISTRY as ENCODINGS, create_encoding
 from posbench.errors import ConfigError
 from posbench.encodings.base import Span
+from posbench.experiment.compute import RunOutput
 from posbench.experiment.environment import environment
-from posbench.store import PROFILE_PREFIX, RunFolder
+from posbench.store import PROFILE_PREFIX
 from posbench.experiment.memory import (
     MEMORY_HEADROOM,
     MEMORY_METHOD,
@@ -458,29 +458,25 @@ class ProfileRun:
         return run_label(None, self.encoding.display())
 
 
-def run_profile(job: ProfileRun, out_dir: Path, force: bool = False) -> tuple[str, bool]:
-    """Profile one encoding into out_dir/<id>/ unless already there; returns (run id, whether it
-    ran)."""
-    folder = RunFolder(out_dir / job.run_id)
-    if folder.is_finished() and not force:
-        return job.run_id, False
+def profile_output(job: ProfileRun) -> RunOutput:
+    """Profile one encoding in this process; a failure becomes an output with status "error"
+    (one encoding's failure must not stop the others). The driver stores it."""
     config = job.bench
     env = environment(config.device) | {
         "torch_threads": config.threads,
         "memory_method": MEMORY_METHOD,
     }
     result: dict[str, Any] = {"encoding_label": job.encoding.display(), "kind": "profile"}
-    rows: list[dict[str, Any]] | None = None
+    rows: list[dict[str, Any]] = []
     start = time.perf_counter()
     try:
         with compute_settings(config.threads):
             rows = profile_encoding(job.encoding, config)
         result["status"] = "ok"
-    except Exception as err:  # one encoding's failure must not stop the others
+    except Exception as err:  # recorded; the sweep goes on with the next encoding
         result["status"], result["error"] = "error", f"{type(err).__name__}: {err}"
     result["seconds"] = time.perf_counter() - start
-    folder.store(job.to_dict(), env, [], result, rows)
-    return job.run_id, True
+    return RunOutput(job.run_id, job.to_dict(), env, [], rows, None, result)
 
 
 if __name__ == "__main__":  # the child process of memory_rows

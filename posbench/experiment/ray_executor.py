@@ -178,7 +178,8 @@ class RayExecutor:
         self._start()
         self._check_feasible(reporter)
         mailbox = ray.remote(num_cpus=0)(ProgressMailbox).remote()
-        sink = relay(reporter, [job.run for job in jobs])
+        known = {job.run.run_id: job.run for job in jobs}
+        sink = relay(reporter, known)
         remote = ray.remote(
             num_cpus=self.cpus_per_run,
             num_gpus=self.gpus_per_run,
@@ -199,9 +200,15 @@ class RayExecutor:
                 forward()
                 for ref in done:
                     try:
-                        yield ray.get(ref)
+                        output = ray.get(ref)
                     except RayError as err:
-                        yield failed_output(refs[ref].run, self._describe_failure(err))
+                        output = failed_output(refs[ref], self._describe_failure(err))
+                    added = yield output
+                    for job in added or ():  # jobs that waited for this output
+                        known[job.run.run_id] = job.run
+                        more = remote.remote(job, per_run, plugin_dirs, mailbox)
+                        refs[more] = job
+                        pending.append(more)
             forward(POLL_SECONDS)
         except BaseException:
             for ref in pending:
