@@ -107,16 +107,16 @@ def test_run_folder_reads_its_own_files(tmp_path: Path) -> None:
 
 
 def test_published_results_are_in_todays_columns() -> None:
-    """The committed results.csv files (README's numbers), loose or inside a published suite's
-    archive, are migrated with the store."""
+    """Every published suite keeps its runs in one archive (reports/<suite>/runs.tar.xz), and
+    the results.csv inside each (README's numbers) is migrated with the store."""
     from posbench.store import opened_sweep
 
-    loose = sorted(Path("reports").glob("*/results.csv"))
+    suites = sorted(path.parent for path in Path("reports").glob("*/report.json"))
     archives = sorted(Path("reports").glob("*/runs.tar.xz"))
-    assert loose and archives
-    for path in [*loose, *archives]:
+    assert suites and [path.parent for path in archives] == suites
+    for path in archives:
         with opened_sweep(path) as folder:
-            csv = folder / "results.csv" if path in archives else path
+            csv = folder / "results.csv"
             frame = pd.read_csv(
                 csv, keep_default_na=False, na_values=[""], dtype={"note": str}, nrows=50
             )
