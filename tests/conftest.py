@@ -27,6 +27,15 @@ def _seed() -> None:
     torch.manual_seed(0)
 
 
+@pytest.fixture(autouse=True)
+def _time_once(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each timing is taken once: the other test worker always keeps a core busy, so every
+    timing would otherwise be retried as contended. Tests of the retry itself (test_timing)
+    keep it; the others read which rows a profile writes, not how fast it ran."""
+    if request.module.__name__ != "test_timing":
+        monkeypatch.setattr("posbench.experiment.timing.NOISE_TRIES", 1)
+
+
 @pytest.fixture(scope="session")
 def sweep_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A finished two-seed sweep of nope, t5, alibi and an encoding whose name is markup, with
@@ -51,12 +60,8 @@ def sweep_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
         profile=True,
         differences=("Size: <b>tiny</b>; theirs is large.", "Seeds: two."),
     )
-    import posbench.experiment.profiling as profiling
-
-    small = TINY_BENCH
-    original, profiling.SMALL_PROFILE = profiling.SMALL_PROFILE, small
-    try:
+    with pytest.MonkeyPatch.context() as patch:  # a session fixture: _time_once is not in force
+        patch.setattr("posbench.experiment.profiling.SMALL_PROFILE", TINY_BENCH)
+        patch.setattr("posbench.experiment.timing.NOISE_TRIES", 1)
         run_sweep(sweep, out)
-    finally:
-        profiling.SMALL_PROFILE = original
     return out

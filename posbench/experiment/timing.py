@@ -108,11 +108,13 @@ class Guarded:
 
 def guarded(
     measure: Callable[[], T],
-    tries: int = NOISE_TRIES,
+    tries: int | None = None,
     sample: Callable[[], CpuSample | None] = cpu_sample,
 ) -> Guarded:
-    """Run `measure`, repeating it (up to `tries` times in all) while other processes used
-    more than CONTENTION_LIMIT cores during it; keeps the least contended try."""
+    """Run `measure`, repeating it (up to `tries` times in all, NOISE_TRIES unless given) while
+    other processes used more than CONTENTION_LIMIT cores during it; keeps the least contended
+    try."""
+    tries = NOISE_TRIES if tries is None else tries
     best: Guarded | None = None
     for attempt in range(1, tries + 1):
         before = sample()
