@@ -228,7 +228,7 @@ def run_command(
     from posbench.experiment.config import apply_overrides, load_config_file
     from posbench.experiment.variants import parse_variants
     from posbench.suites import DEFAULT_SUITE, suite_file
-    from posbench.report.terminal import make_reporter, print_outcome
+    from posbench.report.progress import make_reporter, print_outcome
 
     if config and suite:
         raise ConfigError("--config and --suite both describe a whole sweep; give one of them.")
@@ -383,7 +383,7 @@ def bench_command(
     from posbench.plugins import loaded_plugin_dirs
     from posbench.experiment.profiling import BenchConfig, bench_specs, check_bench_lengths
     from posbench.experiment.runner import run_bench
-    from posbench.report.terminal import print_bench
+    from posbench.report.bench import print_bench
     from posbench.store import RunFolder
 
     if cache_lens is not None:
@@ -573,7 +573,7 @@ def inspect_command(
 ) -> None:
     """Print one stored run's score terms, health flags and attention distance (for debugging an
     encoding)."""
-    from posbench.report.terminal import print_inspection
+    from posbench.report.inspect import print_inspection
 
     print_inspection(console, run_dir)
 

@@ -36,7 +36,7 @@ MOVED_MODULES: dict[str, str] = {
     "posbench.plots": "posbench.report.plots",
     "posbench.stats": "posbench.report.stats",
     "posbench.summary": "posbench.report.summary",
-    "posbench.progress": "posbench.report.terminal",
+    "posbench.progress": "posbench.report.progress",
     "posbench.results": "posbench.store",
 }
 

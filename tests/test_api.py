@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 import posbench
+from posbench.report.terminal import MOVED as MOVED_OUT_OF_TERMINAL
 from posbench import deprecation
 from helpers import invoke
 from posbench.store import collect
@@ -168,6 +169,20 @@ def test_every_moved_module_path_imports_its_new_module() -> None:
         new = deprecation.MOVED_MODULES[old]
         assert same, old
         assert any(f"use {new} instead" in m for m in messages), (old, messages)
+
+
+@pytest.mark.parametrize("name", sorted(MOVED_OUT_OF_TERMINAL))
+def test_a_name_moved_out_of_the_terminal_module_warns_and_is_the_same_object(name: str) -> None:
+    import importlib
+
+    import posbench.report.terminal as terminal
+
+    new = terminal.MOVED[name]
+    with pytest.warns(DeprecationWarning, match=f"use {new}.{name} instead"):
+        old = getattr(terminal, name)
+    assert old is getattr(importlib.import_module(new), name)
+    with pytest.raises(AttributeError):
+        terminal.no_such_name  # noqa: B018
 
 
 def test_changelog_records_the_old_spellings() -> None:

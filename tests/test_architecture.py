@@ -73,7 +73,14 @@ LAYERS: list[set[str]] = [
         "report.learning_rate",
         "report.published",
     },
-    {"report.html", "report.terminal", "report.index"},
+    {
+        "report.html",
+        "report.terminal",
+        "report.progress",
+        "report.bench",
+        "report.inspect",
+        "report.index",
+    },
     {"cli", ""},  # "" is the package itself, which re-exports the public API
 ]
 

@@ -120,20 +120,20 @@ def test_bench_says_why_an_encoding_costs_more_than_nope(
 ) -> None:
     from rich.console import Console
 
-    import posbench.report.terminal as terminal
+    import posbench.report.bench as bench
 
     config = TINY_BENCH.__class__(**{**TINY_BENCH.__dict__, "memory": False, "window_lens": (24,)})
     run_bench(config, tuple(EncodingSpec(name) for name in ("nope", "fire", "cope")), tmp_path)
-    monkeypatch.setattr(terminal, "COST_NOTE_ABOVE", 0.0)  # every ratio counts as costly here
+    monkeypatch.setattr(bench, "COST_NOTE_ABOVE", 0.0)  # every ratio counts as costly here
     console = Console(record=True, width=200)
-    terminal.print_bench(console, tmp_path)
+    bench.print_bench(console, tmp_path)
     text = console.export_text()
     assert "fire:" in text and "an MLP runs per distance below the threshold" in text
     assert "cope:" in text and "positions depend on content" in text
     assert "L=32" in text and "L=24" not in text  # no column of n/a for the windows' length
 
     console = Console(record=True, width=200)
-    terminal.print_bench(console, tmp_path, "cuda")
+    bench.print_bench(console, tmp_path, "cuda")
     text = console.export_text()
     assert "fire:" not in text and "an MLP runs per distance" not in text
     assert "cost notes, which explain the CPU kernels, are left out" in text

@@ -222,7 +222,7 @@ def test_labels_are_shown_literally(tmp_path: Path) -> None:
 
     from rich.console import Console
 
-    from posbench.report.terminal import RichReporter
+    from posbench.report.progress import RichReporter
 
     sweep = tiny_sweep("nope")
     sweep = dataclasses.replace(
