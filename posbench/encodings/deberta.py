@@ -127,6 +127,15 @@ class DeBERTa(PositionalEncoding):
             return None
         return f"span = {longest + 1 if self.causal else max(1, longest)} would reach them all"
 
+    @torch.compiler.assume_constant_result
+    def _band_width(self, length: int) -> int:
+        """The band width of causal scores over `length` positions: one past the last distance
+        whose δ is not the far one. It follows from the options alone (a constant to
+        torch.compile, which cannot trace a width read off a tensor)."""
+        last_row = Span(length - 1, length), Span(0, length)  # distances L - 1 .. 0
+        far = 2 * self.att_span - 1
+        return BandBias.width_for(self.delta(*last_row, torch.device("cpu"))[0].flip(0), far)
+
     def projected_positions(self, layer: LayerContext, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
         """Kr and Qr, each (H, 2k, d)."""
         p = self.rel_embeddings.weight.to(dtype)  # (2k, d_model)
@@ -145,14 +154,12 @@ class DeBERTa(PositionalEncoding):
         kr, qr = self.projected_positions(layer, q.dtype)
         if self.causal and q_span.same_positions(k_span):
             far = 2 * self.att_span - 1  # δ of every key far enough back
-            last_row = Span(Lq - 1, Lq), Span(0, Lq)  # the last query's keys: distances L - 1 .. 0
-            width = BandBias.width_for(self.delta(*last_row, torch.device("cpu"))[0].flip(0), far)
+            width = self._band_width(Lq)
             if Lq > width and not q_span.contiguous:
                 return self._drawn_band_scores(q, k, kr, qr, q_span, width, far, scale)
             if Lq > width:
-                band_deltas = self.delta(*last_row, q.device)[
-                    0, Lq - width :
-                ]  # keys i - W + 1 .. i
+                last_row = Span(Lq - 1, Lq), Span(0, Lq)  # the last query's distances L - 1 .. 0
+                band_deltas = self.delta(*last_row, q.device)[0, Lq - width :]  # i - W + 1 .. i
                 return self._band_scores(q, k, kr, qr, band_deltas, far, scale)
         if Lq == 1:
             return self._decoding_scores(q, k, q_span, k_span, kr, qr, scale)

@@ -176,7 +176,7 @@ def fused_applies(q: Tensor, v: Tensor, learned: bool) -> bool:
         native.serves(q)
         and q.shape[-1] == v.shape[-1]
         and (learned or q.shape[-2] ** 2 >= NATIVE_MIN_PAIRS)
-        and native.band_flash() is not None
+        and native.built("band_flash")
     )
 
 

@@ -14,6 +14,8 @@ and the tables' inputs are kept: nothing of size L x L."""
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 from torch import Tensor
 
@@ -21,58 +23,118 @@ from posbench.kernels import native, served
 from posbench.kernels.bias_types import BandProduct
 
 
-class _FusedBandAttention(torch.autograd.Function):
-    @staticmethod
-    def forward(  # type: ignore[override]
-        ctx,
-        q: Tensor,
-        k: Tensor,
-        v: Tensor,
-        band: Tensor,
-        a: Tensor | None,
-        table: Tensor | None,
-        band_a: Tensor | None,
-        band_t: Tensor | None,
-        band_c: Tensor | None,
-        band_u: Tensor | None,
-        positions: Tensor | None,
-        by_key: bool,
-        by_distance: bool,
-        scale: float,
-    ) -> Tensor:
-        products = (band_a, band_t, band_c, band_u)
-        out, lse, product_band = native.band_flash().forward(
-            q, k, v, band, positions, by_key, a, table, by_distance, *products, scale
-        )
-        ctx.save_for_backward(q, k, v, band, a, table, *products, product_band, out, lse)
-        ctx.positions, ctx.by_key, ctx.by_distance = positions, by_key, by_distance
-        ctx.scale = scale
-        return out
+def _none_to_empty(tensor: Tensor | None, like: Tensor) -> Tensor:
+    """An operator returns tensors only: an absent result travels as an empty tensor."""
+    return like.new_empty(0) if tensor is None else tensor
 
-    @staticmethod
-    def backward(ctx, grad_out: Tensor):  # type: ignore[override]
-        q, k, v, band, a, table, *products, product_band, out, lse = ctx.saved_tensors
-        band_grad = ctx.needs_input_grad[3]
-        dq, dk, dv, dband, *table_grads = native.band_flash().backward(
-            grad_out.contiguous(),
-            q,
-            k,
-            v,
-            out,
-            lse,
-            band,
-            ctx.positions,
-            ctx.by_key,
-            a,
-            table,
-            ctx.by_distance,
-            *products,
-            product_band,
-            ctx.scale,
-            band_grad,
-        )
-        dband = dband if band_grad else None
-        return dq, dk, dv, dband, *table_grads, None, None, None, None
+
+def _empty_to_none(tensor: Tensor) -> Tensor | None:
+    return None if tensor.numel() == 0 and tensor.dim() == 1 else tensor
+
+
+@torch.library.custom_op("posbench::band_attention", mutates_args=())
+def band_attention_op(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    band: Tensor,
+    positions: Optional[Tensor],
+    by_key: bool,
+    a: Optional[Tensor],
+    table: Optional[Tensor],
+    by_distance: bool,
+    band_a: Optional[Tensor],
+    band_t: Optional[Tensor],
+    band_c: Optional[Tensor],
+    band_u: Optional[Tensor],
+    scale: float,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """(out, lse, the band the products form or an empty tensor): the C++ kernel's forward
+    pass as a torch operator, so torch.compile, torch.func and CUDA graphs see one op."""
+    out, lse, product_band = native.band_flash().forward(
+        q, k, v, band, positions, by_key, a, table, by_distance, band_a, band_t, band_c, band_u,
+        scale,
+    )  # fmt: skip
+    return out, lse, _none_to_empty(product_band, q)
+
+
+@band_attention_op.register_fake
+def _band_attention_shapes(
+    q, k, v, band, positions, by_key, a, table, by_distance, band_a, band_t, band_c, band_u, scale
+):  # type: ignore[no-untyped-def]
+    B, H, L, _ = q.shape
+    product_band = q.new_empty(0) if band_a is None else q.new_empty(B, H, L, band_t.shape[1])
+    return q.new_empty(q.shape), q.new_empty(B, H, L), product_band
+
+
+@torch.library.custom_op("posbench::band_attention_backward", mutates_args=())
+def band_attention_backward_op(
+    grad_out: Tensor,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    out: Tensor,
+    lse: Tensor,
+    band: Tensor,
+    positions: Optional[Tensor],
+    by_key: bool,
+    a: Optional[Tensor],
+    table: Optional[Tensor],
+    by_distance: bool,
+    band_a: Optional[Tensor],
+    band_t: Optional[Tensor],
+    band_c: Optional[Tensor],
+    band_u: Optional[Tensor],
+    product_band: Optional[Tensor],
+    scale: float,
+    band_grad: bool,
+) -> list[Tensor]:
+    """(dq, dk, dv, dband, da, dtable, d band_a, d band_t, d band_c, d band_u), each absent one
+    an empty tensor: the C++ kernel's backward pass as a torch operator."""
+    grads = native.band_flash().backward(
+        grad_out, q, k, v, out, lse, band, positions, by_key, a, table, by_distance, band_a,
+        band_t, band_c, band_u, product_band, scale, band_grad,
+    )  # fmt: skip
+    return [_none_to_empty(g, q) for g in grads]
+
+
+@band_attention_backward_op.register_fake
+def _band_attention_backward_shapes(
+    grad_out, q, k, v, out, lse, band, positions, by_key, a, table, by_distance, band_a, band_t,
+    band_c, band_u, product_band, scale, band_grad,
+):  # type: ignore[no-untyped-def]  # fmt: skip
+    def like(t: Tensor | None, present: bool = True) -> Tensor:
+        return q.new_empty(0) if t is None or not present else torch.empty_like(t)
+
+    dband = like(band, band_grad and band_a is None)
+    return [like(q), like(q), like(q), dband, like(a), like(table)] + [
+        like(t) for t in (band_a, band_t, band_c, band_u)
+    ]
+
+
+def _save_for_backward(ctx, inputs: tuple, output: tuple) -> None:  # type: ignore[no-untyped-def]
+    q, k, v, band, positions, by_key, a, table, by_distance, *products, scale = inputs
+    out, lse, product_band = output
+    ctx.save_for_backward(q, k, v, band, a, table, *products, product_band, out, lse)
+    ctx.positions, ctx.by_key, ctx.by_distance, ctx.scale = positions, by_key, by_distance, scale
+
+
+def _backward(ctx, grad_out: Tensor, *_unused: Tensor):  # type: ignore[no-untyped-def]
+    """The inputs' gradients from the output's (lse and the product band take none)."""
+    q, k, v, band, a, table, *products, product_band, out, lse = ctx.saved_tensors
+    band_grad = ctx.needs_input_grad[3]
+    grads = band_attention_backward_op(
+        grad_out.contiguous(), q, k, v, out, lse, band, ctx.positions, ctx.by_key, a, table,
+        ctx.by_distance, *products, _empty_to_none(product_band), ctx.scale, band_grad,
+    )  # fmt: skip
+    dq, dk, dv, dband, da, dtable, *product_grads = (_empty_to_none(g) for g in grads)
+    return (
+        dq, dk, dv, dband if band_grad else None, None, None, da, dtable, None, *product_grads,
+        None,
+    )  # fmt: skip
+
+
+band_attention_op.register_autograd(_backward, setup_context=_save_for_backward)
 
 
 def fused_band_attention(
@@ -117,19 +179,20 @@ def fused_band_attention(
         if keys is not None:  # the keys' factors are usually k itself: one copy serves both
             factor = k_contiguous if keys.a is k else keys.a.contiguous()
             products[2:] = [factor, keys.table.contiguous()]
-    return _FusedBandAttention.apply(
+    out, _, _ = band_attention_op(
         q.contiguous(),
         k_contiguous,
         v.contiguous(),
         band.contiguous(),
-        a,
-        table,
-        *products,
         positions,
         by_key,
+        a,
+        table,
         by_distance,
+        *products,
         scale,
     )
+    return out
 
 
 def table_rows(positions: Tensor) -> int:

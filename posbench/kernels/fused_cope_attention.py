@@ -12,23 +12,52 @@ from torch import Tensor
 from posbench.kernels import native, served
 
 
-class _FusedCopeAttention(torch.autograd.Function):
-    @staticmethod
-    def forward(  # type: ignore[override]
-        ctx, q: Tensor, k: Tensor, v: Tensor, table: Tensor, scale: float
-    ) -> Tensor:
-        out, lse = native.cope_flash().forward(q, k, v, table, scale)
-        ctx.save_for_backward(q, k, v, table, out, lse)
-        ctx.scale = scale
-        return out
+@torch.library.custom_op("posbench::cope_attention", mutates_args=())
+def cope_attention_op(
+    q: Tensor, k: Tensor, v: Tensor, table: Tensor, scale: float
+) -> tuple[Tensor, Tensor]:
+    """(out, lse): the C++ CoPE kernel's forward pass as a torch operator."""
+    out, lse = native.cope_flash().forward(q, k, v, table, scale)
+    return out, lse
 
-    @staticmethod
-    def backward(ctx, grad_out: Tensor):  # type: ignore[override]
-        q, k, v, table, out, lse = ctx.saved_tensors
-        dq, dk, dv, dtable = native.cope_flash().backward(
-            grad_out.contiguous(), q, k, v, table, out, lse, ctx.scale
-        )
-        return dq, dk, dv, dtable, None
+
+@cope_attention_op.register_fake
+def _cope_attention_shapes(q, k, v, table, scale):  # type: ignore[no-untyped-def]
+    return q.new_empty(q.shape), q.new_empty(q.shape[:-1])
+
+
+@torch.library.custom_op("posbench::cope_attention_backward", mutates_args=())
+def cope_attention_backward_op(
+    grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, table: Tensor, out: Tensor, lse: Tensor,
+    scale: float,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:  # fmt: skip
+    """(dq, dk, dv, dtable): the C++ CoPE kernel's backward pass as a torch operator."""
+    dq, dk, dv, dtable = native.cope_flash().backward(grad_out, q, k, v, table, out, lse, scale)
+    return dq, dk, dv, dtable
+
+
+@cope_attention_backward_op.register_fake
+def _cope_attention_backward_shapes(grad_out, q, k, v, table, out, lse, scale):  # type: ignore
+    return tuple(torch.empty_like(t) for t in (q, k, v, table))
+
+
+def _save_for_backward(ctx, inputs: tuple, output: tuple) -> None:  # type: ignore[no-untyped-def]
+    q, k, v, table, scale = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, table, out, lse)
+    ctx.scale = scale
+
+
+def _backward(ctx, grad_out: Tensor, _grad_lse: Tensor):  # type: ignore[no-untyped-def]
+    """The inputs' gradients from the output's (lse takes none)."""
+    q, k, v, table, out, lse = ctx.saved_tensors
+    dq, dk, dv, dtable = cope_attention_backward_op(
+        grad_out.contiguous(), q, k, v, table, out, lse, ctx.scale
+    )
+    return dq, dk, dv, dtable, None
+
+
+cope_attention_op.register_autograd(_backward, setup_context=_save_for_backward)
 
 
 def fused_cope_attention(q: Tensor, k: Tensor, v: Tensor, table: Tensor, scale: float) -> Tensor:
@@ -36,9 +65,10 @@ def fused_cope_attention(q: Tensor, k: Tensor, v: Tensor, table: Tensor, scale: 
     with the position table (d, npos) shared by the heads, on the CPU. Needs
     ``native.cope_flash()``."""
     served.note(served.CPP_COPE)
-    return _FusedCopeAttention.apply(
+    out, _ = cope_attention_op(
         q.contiguous(), k.contiguous(), v.contiguous(), table.contiguous(), scale
     )
+    return out
 
 
 def cope_fused_applies(q: Tensor, k: Tensor, v: Tensor, causal: bool) -> bool:
@@ -49,5 +79,5 @@ def cope_fused_applies(q: Tensor, k: Tensor, v: Tensor, causal: bool) -> bool:
         causal
         and native.serves(q)
         and q.shape == k.shape == v.shape
-        and native.cope_flash() is not None
+        and native.built("cope_flash")
     )

@@ -138,6 +138,14 @@ def cope_flash() -> ModuleType | None:
     return _build("cope_flash")
 
 
+@torch.compiler.assume_constant_result
+def built(kernel: str) -> bool:
+    """Whether `kernel` ("band_flash" or "cope_flash") is built here (building or loading it on
+    first use). A constant to torch.compile, which then traces the kernel's operator alone,
+    not its build."""
+    return (band_flash() if kernel == "band_flash" else cope_flash()) is not None
+
+
 class KernelBuildWarning(RuntimeWarning):
     """A C++ kernel could not be built: attention takes torch's kernels."""
 

@@ -9,6 +9,8 @@ from collections import Counter
 from contextlib import contextmanager
 from typing import Iterator
 
+import torch
+
 #: The kernels a call can be served by, as results name them.
 CPP_BAND = "C++ band kernel"
 CPP_COPE = "C++ CoPE kernel"
@@ -21,7 +23,10 @@ _local = threading.local()
 
 
 def note(kernel: str) -> None:
-    """Count one attention call served by `kernel` (nothing while no run records)."""
+    """Count one attention call served by `kernel` (nothing while no run records, nor inside a
+    graph torch.compile traces: a compiled model runs its kernels without Python around them)."""
+    if torch.compiler.is_compiling():
+        return
     counts = getattr(_local, "counts", None)
     if counts is not None:
         counts[kernel] += 1
