@@ -1,5 +1,6 @@
 """Every published report rebuilds byte for byte from its exported runs, as its page says
-(`posbench report reports/<suite>/runs.tar.xz`), but for the build date in report.json: the
+(`posbench report reports/<suite>/runs.tar.xz`, with `--probe` where it reads another suite's
+learning-rate probe), but for the build date in report.json: the
 report is a function of the stored runs and the code, nothing else. The suites whose report
 takes more than a few seconds (the verdict rule's calibration simulates 200 reports) are
 marked slow: `pytest -m slow tests/test_rebuild.py` checks them all."""
@@ -7,6 +8,7 @@ marked slow: `pytest -m slow tests/test_rebuild.py` checks them all."""
 from __future__ import annotations
 
 import json
+from contextlib import ExitStack
 from pathlib import Path
 
 import pytest
@@ -18,6 +20,9 @@ REPORTS = Path("reports")
 PUBLISHED = sorted(p.parent.name for p in REPORTS.glob("*/runs.tar.xz"))
 #: The published suites whose report builds in seconds: checked by the default test run.
 QUICK = {"nanogpt-anchor"}
+#: The suites whose report checks its ranking against another suite's learning-rate probe
+#: (`posbench report ... --probe reports/<probe>/runs.tar.xz`), and that probe.
+PROBES = {"standard": "lr-probe"}
 
 
 def _without_build_date(data: bytes) -> dict:
@@ -36,9 +41,12 @@ def test_a_published_report_rebuilds_byte_for_byte_from_its_runs(
     published = REPORTS / suite
     archive = published / "runs.tar.xz"
     linked = sorted(p.stem for p in (published / "figures").glob("*.png"))
+    probe = REPORTS / PROBES[suite] / "runs.tar.xz" if suite in PROBES else None
     out = tmp_path / suite  # the report is named after its folder
-    with opened_sweep(archive) as sweep_dir:
-        build_report(sweep_dir, out, linked, source=archive)
+    with ExitStack() as opened:
+        sweep_dir = opened.enter_context(opened_sweep(archive))
+        probe_dir = None if probe is None else opened.enter_context(opened_sweep(probe))
+        build_report(sweep_dir, out, linked, probe_dir, source=archive, probe_source=probe)
     for name in ("report.html", "summary.csv", *(f"figures/{f}.png" for f in linked)):
         assert (out / name).read_bytes() == (published / name).read_bytes(), (
             f"{published / name} is not what `posbench report {archive}` builds today: "
