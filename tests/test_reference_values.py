@@ -167,6 +167,15 @@ def test_sinusoidal_table() -> None:
             assert table[p, i].item() == pytest.approx(expected, abs=1e-6)
 
 
+def test_sinusoidal_amplitude_scales_the_table_and_only_the_table() -> None:
+    plain = create_encoding("sinusoidal", n_heads=2, d_head=4)
+    small = create_encoding("sinusoidal", n_heads=2, d_head=4, amplitude=0.02)
+    span = Span(0, 20)
+    torch.testing.assert_close(small.table(span, "cpu"), 0.02 * plain.table(span, "cpu"))
+    x = torch.randn(1, 20, 8)
+    torch.testing.assert_close(small.embed(x, span) - x, 0.02 * (plain.embed(x, span) - x))
+
+
 def test_sinusoidal_restart_variant_resets_positions() -> None:
     enc = create_encoding("sinusoidal", n_heads=2, d_head=4, restart_per_segment=True)
     x = torch.zeros(1, 3, 8)

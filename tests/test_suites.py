@@ -103,7 +103,7 @@ def test_one_task_twice_needs_labels_that_name_results_but_not_run_ids(tmp_path:
     )
 
 
-@pytest.mark.parametrize("name", ["default", "standard", "randomized", "scale", "deepmind"])
+@pytest.mark.parametrize("name", ["default", "standard", "randomized", "scale", "deepmind", "text"])
 def test_published_suites_train_every_parameter_they_evaluate(name: str) -> None:
     """Only the learned table (its untrained rows are the encoding's expected failure) and T5
     kept at its paper defaults under its own label may read rows training never reached."""

@@ -20,6 +20,11 @@ class Sinusoidal(PositionalEncoding):
     With a cache, positions continue across segments. ``restart_per_segment=True`` restarts
     them at 0 in every call instead: the inconsistency Transformer-XL was built to avoid,
     offered to show that failure.
+
+    ``amplitude`` multiplies the table. Vaswani et al. add unit sinusoids to token embeddings
+    scaled to unit size (fairseq: N(0, 1/d) times sqrt(d)); a model whose token embeddings
+    start at N(0, 0.02) instead (GPT-2, nanoGPT, posbench's tied embeddings) keeps that ratio
+    of token to position signal with ``amplitude = 0.02``; at 1 the positions drown the tokens.
     """
 
     def __init__(
@@ -28,15 +33,17 @@ class Sinusoidal(PositionalEncoding):
         *,
         base: Annotated[float, Range(gt=1)] = 10000.0,
         restart_per_segment: bool = False,
+        amplitude: Annotated[float, Range(gt=0)] = 1.0,
     ) -> None:
         super().__init__(shape)
         self.base = base
         self.restart_per_segment = restart_per_segment
+        self.amplitude = amplitude
 
     def table(self, span: Span, device: torch.device) -> Tensor:
         """PE rows for `span`, (L, d_model), sin and cos interleaved."""
         sin, cos = sinusoid(span.arange(device), self.d_model, self.base)
-        return torch.stack((sin, cos), dim=-1).flatten(-2)
+        return self.amplitude * torch.stack((sin, cos), dim=-1).flatten(-2)
 
     def embed(self, x: Tensor, span: Span) -> Tensor:
         if self.restart_per_segment:  # positions counted from the segment's first (drawn ones too)

@@ -30,6 +30,7 @@ from posbench.kernels import served
 from posbench.kernels.cpu import compute_settings
 from posbench.experiment.evaluation import (
     POSITION_METRICS,
+    TEXT_METRICS,
     iter_evaluate,
     validation_exact_match,
     validation_excess,
@@ -67,6 +68,8 @@ def _evaluation_part(measurement: Any) -> str:
         return "evaluation, caches"
     if measurement.metric in POSITION_METRICS:
         return "evaluation, loss by position"
+    if measurement.metric in TEXT_METRICS:
+        return "evaluation, whole text"
     return "evaluation, full context"
 
 

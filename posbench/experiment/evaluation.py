@@ -340,7 +340,8 @@ def iter_evaluate(
 ) -> Iterator[Measurement]:
     """Every measurement of a trained model, one length at a time (so a failure at a long
     length keeps the shorter ones): full context at each evaluation length, then through
-    caches of each memory size at the cache-evaluation lengths. `by_position` receives the
+    caches of each memory size at the cache-evaluation lengths, then (a language task) loss by
+    position and (a corpus) the whole held-out text at each length. `by_position` receives the
     full-context accuracy by answer position (see _accuracy); `decoding`'s one entry receives
     the seconds spent on free-running decoding. A bidirectional model (a task's encoder form) is
     evaluated at full context only."""
@@ -383,6 +384,52 @@ def iter_evaluate(
                 yield Measurement(length, mem_len, k, v)
     if task.per_position:
         yield from position_rows(model, task, config, device)
+    text = task.evaluation_text()
+    if text is not None:
+        yield from text_rows(model, task, text, config, device)
+
+
+#: Whole-text loss: the held-out text cut into consecutive windows, every token scored once.
+TEXT_METRICS = ("text_loss",)
+
+
+@torch.no_grad()
+def text_rows(
+    model: Decoder,
+    task: Task,
+    text: torch.Tensor,
+    config: EvalConfig,
+    device: torch.device | str = "cpu",
+) -> list[Measurement]:
+    """Mean next-token loss over the whole held-out `text` (T,) at each evaluation length n,
+    read as Press et al. evaluate: the text cut into consecutive, non-overlapping windows of n
+    input tokens (the last one shorter), each window's tokens predicted from the window alone,
+    so every token but the text's first is scored exactly once and a token's context is its
+    offset in its window. Unlike the held-out sample, nothing is drawn: the number is a
+    function of the model and the text. Windows go through the model a batch at a time, the
+    batch holding about as many tokens as `config.batch_size` training-length sequences."""
+    rows: list[Measurement] = []
+    targets_total = len(text) - 1
+    tokens_per_call = config.batch_size * task.sequence_length(task.train_lengths[1])
+    for length in task.eval_lengths:
+        n = task.sequence_length(length)
+        reason = model.encoding.supports(Span(0, n))
+        if reason:
+            rows += _not_applicable_rows(length, None, reason, TEXT_METRICS)
+            continue
+        full = targets_total // n
+        pieces = [(text[: full * n].view(full, n), text[1 : full * n + 1].view(full, n))]
+        if full * n < targets_total:  # the shorter last window
+            pieces.append((text[full * n : -1][None], text[full * n + 1 :][None]))
+        loss_sum = 0.0
+        with seeded_draws(HELD_OUT_SEED + length):  # drawn positions: a function of the text
+            for inputs, targets in pieces:
+                for rows_at in range(0, len(inputs), max(1, tokens_per_call // n)):
+                    chunk = slice(rows_at, rows_at + max(1, tokens_per_call // n))
+                    logits = model(inputs[chunk].to(device))  # (B, n, V)
+                    loss_sum += float(_token_losses(logits, targets[chunk].to(device)).sum())
+        rows.append(Measurement(length, None, "text_loss", loss_sum / targets_total))
+    return rows
 
 
 #: Loss-by-position metrics: full context, strided sliding window, and their difference.

@@ -58,6 +58,9 @@ class Task(ABC):
     answers_fed_back: ClassVar[bool] = True
     #: Whether evaluation also measures loss by position (full context and sliding window).
     per_position: ClassVar[bool] = False
+    #: Real text has no known loss floor: a run counts as having learned such a task when its
+    #: in-distribution loss over the whole held-out text is below this (None: no such bar).
+    learned_loss_below: ClassVar[float | None] = None
     min_length: ClassVar[int] = 1
     #: The task's language class as Deletang et al. 2023 group their tasks ("regular",
     #: "context-free", "context-sensitive"); empty for a task outside that suite.
@@ -120,6 +123,11 @@ class Task(ABC):
     def loss_floor(self, length: int) -> float | None:
         """The best mean next-token loss (nats) achievable on sequences of `length`, when the
         task can say (a synthetic language whose generator is known); None otherwise."""
+        return None
+
+    def evaluation_text(self) -> Tensor | None:
+        """The held-out text as one token stream (T,), for a task evaluated over every token of
+        it (a corpus); None for a task that samples its sequences."""
         return None
 
     def for_evaluation(self) -> "Task":

@@ -161,6 +161,10 @@ class LanguageModel(Task):
             _FLOORS[key] = losses
         return _FLOORS[key]
 
+    def evaluation_text(self) -> Tensor | None:
+        """With a corpus: its held-out last 10%, every token of which the evaluation scores."""
+        return self.eval_text if self.corpus else None
+
     def for_evaluation(self) -> "LanguageModel":
         """With a corpus: the same task reading windows from the held-out last 10%."""
         if not self.corpus:
@@ -174,6 +178,17 @@ class LanguageModel(Task):
         text = self.train_text
         starts = torch.randint(0, len(text) - n + 1, (batch_size,), generator=generator)
         return torch.stack([text[s : s + n] for s in starts.tolist()])
+
+
+def bigram_loss(train_text: Tensor, eval_text: Tensor, vocab_size: int) -> float:
+    """Held-out loss (nats per token) of the model that predicts each token from the one
+    before it alone: bigram counts of `train_text` with add-one smoothing, scored on every
+    token of `eval_text` after its first. A model that does no better read no more context."""
+    counts = torch.ones(vocab_size, vocab_size, dtype=torch.float64)  # (previous, next)
+    ones = torch.ones(len(train_text) - 1, dtype=torch.float64)
+    counts.index_put_((train_text[:-1], train_text[1:]), ones, accumulate=True)
+    probabilities = counts / counts.sum(dim=1, keepdim=True)
+    return float(-probabilities[eval_text[:-1], eval_text[1:]].log().mean())
 
 
 def _read_utf8(path: Path) -> str:
