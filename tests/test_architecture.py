@@ -72,6 +72,7 @@ LAYERS: list[set[str]] = [
         "report.scale",
         "report.learning_rate",
         "report.published",
+        "report.press",
     },
     {
         "report.html",
@@ -200,6 +201,7 @@ READS_OTHER_FILES = {
     "experiment.timing": "/proc/stat (CPU contention)",
     "experiment.memory": "/proc/self/status (resident memory)",
     "report.published": "the papers' per-task numbers shipped in report/published/*.csv",
+    "report.press": "Press et al.'s perplexity tables shipped in report/perplexity/",
     "report.index": "each report folder's report.json (the front page of reports)",
 }
 READERS = {"read_json", "read_csv", "read_text", "read_bytes", "load", "loads", "open"}

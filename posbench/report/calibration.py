@@ -88,7 +88,9 @@ def null_results(seeds: int, rng: np.random.Generator) -> pd.DataFrame:
     checks read: copy (five encodings' unseen exact match from one Beta distribution), lm
     (four encodings' penalties from one distribution, centred on the flat margin), lm-memory
     (Transformer-XL's loss the same at every memory), lookback (relative encodings and the
-    restarted sinusoidal from one distribution) and a randomized twin per encoding."""
+    restarted sinusoidal from one distribution), a randomized twin per encoding, and a text
+    task (four encodings' whole-text losses past L from one distribution centred on their loss
+    at L: no order, and ALiBi's perplexity ratio at the edge of 1)."""
     rows: list[dict] = []
     for seed in range(seeds):
         for name in ("t5", "alibi", "nope", "sinusoidal", "rope"):
@@ -115,6 +117,14 @@ def null_results(seeds: int, rng: np.random.Generator) -> pd.DataFrame:
         for label in ("txl", "t5", "rope", "sinusoidal", RESTART_LABEL):
             base = _rows("lookback", label, seed, 12, metric="token_accuracy", eval_len=12)
             rows += [base | {"value": 1.0}, base | {"mem_len": math.inf, "value": rng.beta(5, 2)}]
+        for name in ("sinusoidal", "rope", "t5", "alibi"):
+            level = float(rng.normal(1.9, 0.02))
+            rows.append(_rows("text", name, seed, 64, metric="text_loss", eval_len=64, value=level))
+            rows += [
+                _rows("text", name, seed, 64, metric="text_loss", eval_len=64 * m)
+                | {"value": level + float(rng.normal(0, 0.02))}
+                for m in (2, 4, 8, 16)
+            ]
         for label in ("rope", "nope", "rope" + RANDOM_SUFFIX, "nope" + RANDOM_SUFFIX):
             base = _rows("odds_first", label, seed, 8, metric="token_accuracy")
             rows += [base | {"eval_len": 8, "value": 1.0}]

@@ -17,7 +17,7 @@ from typing import Any, Collection, Mapping
 import pandas as pd
 from jinja2 import Environment, PackageLoader, select_autoescape
 
-from posbench.report import learning_rate, plots, published, scale
+from posbench.report import learning_rate, plots, press, published, scale
 from posbench.report.overview import (
     HEADLINE_METRICS,
     SAME_AS_NOTE,
@@ -65,11 +65,13 @@ from posbench.report.summary import (
     family_scores,
     headline,
     headline_seeds,
+    learned_bar,
     learned_in_distribution,
     lm_headline,
     multi_size_tasks,
     sized_tasks,
     summarise,
+    task_names,
 )
 from posbench.experiment.timing import describe_method
 from posbench.version import __version__
@@ -350,9 +352,7 @@ def _headline_notes(frame: pd.DataFrame) -> dict[str, str]:
     }
 
 
-def _glance(
-    table: pd.DataFrame, units: dict[str, str], unranked: list[str]
-) -> dict[str, Any]:
+def _glance(table: pd.DataFrame, units: dict[str, str], unranked: list[str]) -> dict[str, Any]:
     """The first screen: the overview heatmap and one compact table per task (headline with
     its interval and rank group, effective length, cost at the stated length), and why a task
     has none (`unranked`, see overview.unranked_tasks)."""
@@ -552,6 +552,65 @@ def _paper_tables(frame: pd.DataFrame) -> list[dict[str, Any]]:
             }
         )
     return tables
+
+
+def _text_section(frame: pd.DataFrame, colours: dict[str, str]) -> list[dict[str, Any]]:
+    """Per text task, Press et al.'s evaluation: the loss over the whole held-out text at L,
+    the perplexity ratio to L at each multiple with its interval over seeds, the effective
+    length, Press et al.'s Table 3 ratios and the figure of both."""
+    table = press.ratio_table(frame)
+    if table.empty:
+        return []
+    theirs = press.press_ratios()
+    ratios = press.log_ratios(frame)
+    names = task_names(frame)
+    sections = []
+    for task, rows in table.groupby("task", sort=True):
+        multiples = press.multiples(rows)
+        unit = int(rows["train_len"].iloc[0])
+
+        def ratio_cell(row: dict, m: float) -> str:
+            column = f"ratio_{m:g}x"
+            if pd.isna(row.get(column, math.nan)):
+                return "n/a"
+            return _with_interval(row[column], row[f"{column}_low"], row[f"{column}_high"])
+
+        sections.append(
+            {
+                "task": task,
+                "train_len": unit,
+                "multiples": [f"{m:g}x ({int(m * unit)})" for m in multiples],
+                "nanogpt": press.NANOGPT_LOSS if names.get(task) == "shakespeare" else None,
+                "learned_below": learned_bar(names.get(task, "")),
+                "rows": [
+                    {
+                        "label": row["encoding_label"],
+                        "learned": row["learned"] is not False,
+                        "loss": Interval(
+                            row["loss"], row["loss_low"], row["loss_high"], int(row["seeds"])
+                        ).text(3),
+                        "ratios": [ratio_cell(row, m) for m in multiples],
+                        "effective": (">= " if row["effective_length_censored"] else "")
+                        + f"{int(row['effective_length'])}",
+                    }
+                    for row in rows.to_dict("records")
+                ],
+                "published": [
+                    {
+                        "encoding": name,
+                        "ratios": [
+                            f"{part.set_index('multiple')['ratio'].get(m, math.nan):.2f}"
+                            if m in set(part["multiple"])
+                            else "n/a"
+                            for m in multiples
+                        ],
+                    }
+                    for name, part in theirs.groupby("encoding", sort=False)
+                ],
+                "plot": plots.perplexity_ratio(ratios, theirs, task, colours),
+            }
+        )
+    return sections
 
 
 def _scale_section(results: pd.DataFrame, colours: dict[str, str]) -> dict[str, Any] | None:
@@ -933,6 +992,7 @@ def _figure_files(context: dict[str, Any], linked: Collection[str]) -> dict[str,
         for t in context["tasks"]
         if t["position_plot"]
     }
+    figures |= {f"perplexity_ratio_{t['task']}": t["plot"] for t in context["text"] if t["plot"]}
     figures |= {f"cost_{name}": png for name, png in context["costs"].items()}
     for plot in (context["scale"] or {}).get("plots", []):
         figures[f"score_vs_parameters_{plot['task']}"] = plot["png"]
@@ -1069,6 +1129,7 @@ def build_report(
             for r in cross_task_ranking(frame).to_dict("records")
         ],
         "papers": _paper_tables(frame),
+        "text": _text_section(frame, colours),
         "deepmind": _deepmind_section(frame),
         "noisy_timings": int(frame["note"].fillna("").str.startswith("noisy").sum()),
         "bias": _bias_pictures(sweep_dir, frame, colours, problems) if tasks else [],

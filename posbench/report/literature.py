@@ -23,6 +23,7 @@ import pandas as pd
 from scipy import stats
 
 from posbench.experiment.config import UNLEARNED_EXCESS
+from posbench.report.press import log_ratios, press_ratios
 from posbench.report.published import published_numbers
 from posbench.report.stats import ALPHA, PERMUTATIONS, holm, mean_test, order_test
 from posbench.report.summary import (
@@ -55,6 +56,7 @@ CHECKED_METRICS = (
     "excess_loss",
     "steps_to_threshold",  # tells equal accuracy from equal compute, and runs that hit the cap
     "chance_token_accuracy",  # what a constant answer scores: "solved" is measured from it
+    "text_loss",  # the loss over a whole held-out text (Press et al.'s evaluation)
 )
 #: A penalty within this many nats of zero counts as flat.
 FLAT_PENALTY = 0.05
@@ -505,6 +507,141 @@ def _alibi_flat(frame: pd.DataFrame) -> tuple[str, str]:
     )
 
 
+# ---- Press et al. 2022 on real text: perplexity over the whole held-out text -------------------
+#: The longest multiple of L at which Press et al.'s Table 3 has every encoding (T5 ran out of
+#: memory at 16x), and the one their claim of ALiBi's ratio at or below 1 is checked at.
+PRESS_T5_LONGEST = 8.0
+PRESS_ALIBI_AT = 8.0
+
+
+def _text_reads(frame: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
+    """Per paper name (sinusoidal, rope, t5, alibi), seed and multiple of L: the log perplexity
+    ratio over the whole held-out text of the entry Press et al.'s checks read (the fitted T5,
+    as for their Figure 1), on every text task (columns name, seed, multiple, value, stratum:
+    task and multiple); and which of the four ran a text task but did not learn it, left out."""
+    reads = _press_reads(frame)
+    names = {label: name for name, label in reads.items()}
+    ratios = log_ratios(frame)
+    ratios = ratios[ratios["encoding_label"].isin(names)]
+    unlearned: list[str] = []
+    keep = pd.Series(False, index=ratios.index)
+    for task in ratios["task"].unique():
+        learned = learned_language(frame, task)
+        for label in ratios.loc[ratios["task"] == task, "encoding_label"].unique():
+            if bool(learned.get(label, True)):
+                keep |= (ratios["task"] == task) & (ratios["encoding_label"] == label)
+            elif names[label] not in unlearned:
+                unlearned.append(names[label])
+    ratios = ratios[keep & ratios["value"].notna()]
+    table = ratios.assign(
+        name=ratios["encoding_label"].map(names),
+        stratum=ratios["task"] + " " + ratios["multiple"].map("{:g}x".format),
+    )
+    return table[["name", "seed", "multiple", "value", "stratum"]], unlearned
+
+
+def _text_means(table: pd.DataFrame, multiple: float) -> pd.Series:
+    """Per paper name: the perplexity ratio at `multiple`, exp of the mean log ratio."""
+    rows = table[table["multiple"] == multiple]
+    return rows.groupby("name")["value"].mean().map(math.exp)
+
+
+def _theirs(multiple: float) -> pd.Series:
+    ratios = press_ratios()
+    return ratios[ratios["multiple"] == multiple].set_index("encoding")["ratio"]
+
+
+def _ordered_multiples() -> list[float]:
+    """The multiples at which Table 3 orders all four encodings (2x, 4x, 8x)."""
+    counts = press_ratios().groupby("multiple")["encoding"].nunique()
+    return sorted(float(m) for m in counts.index[counts >= MIN_ORDERED])
+
+
+def _text_order(frame: pd.DataFrame) -> tuple[str, str]:
+    """At every multiple both have: the order of the perplexity ratios against Table 3's."""
+    table, unlearned = _text_reads(frame)
+    shared = sorted(set(table["multiple"]) & set(_ordered_multiples()))
+    missing = f" ({', '.join(unlearned)} did not learn the text)" if unlearned else ""
+    parts, verdicts = [], []
+    for multiple in shared:
+        theirs = _theirs(multiple)
+        ours = _text_means(table, multiple)
+        measured, verdict = _rank_verdict(
+            {n: float(theirs[n]) for n in ALIBI_FIGURE_1 if n in theirs.index},
+            ours,
+            f"{multiple:g}x",
+        )
+        parts.append(measured)
+        verdicts.append(verdict)
+    if not verdicts or NOT_MEASURED in verdicts:
+        return (parts[0] if parts else "needs a text task evaluated past L") + missing, (
+            NOT_MEASURED
+        )
+    verdict = (
+        AGREES
+        if all(v == AGREES for v in verdicts)
+        else DISAGREES
+        if all(v == DISAGREES for v in verdicts)
+        else PARTLY
+    )
+    return "perplexity ratio to L at " + "; ".join(parts) + missing, verdict
+
+
+def _text_order_test(frame: pd.DataFrame) -> Evidence | None:
+    table, _ = _text_reads(frame)
+    shared = _ordered_multiples()
+    order = [[name] for name in sorted(ALIBI_FIGURE_1, key=lambda n: -ALIBI_FIGURE_1[n])]
+    return _order_evidence(table[table["multiple"].isin(shared)], order)
+
+
+def _text_alibi_below_one(frame: pd.DataFrame) -> tuple[str, str]:
+    table, unlearned = _text_reads(frame)
+    if "alibi" in unlearned:
+        return "alibi did not learn the text", NOT_MEASURED
+    ours = _text_means(table, PRESS_ALIBI_AT)
+    if "alibi" not in ours.index:
+        return f"needs alibi on a text task evaluated at {PRESS_ALIBI_AT:g}x", NOT_MEASURED
+    value = float(ours["alibi"])
+    theirs = float(_theirs(PRESS_ALIBI_AT)["alibi"])
+    return (
+        f"alibi's perplexity ratio at {PRESS_ALIBI_AT:g}x: {value:.3f} (Table 3: {theirs:.3f})",
+        AGREES if value <= 1 else DISAGREES,
+    )
+
+
+def _text_alibi_below_one_test(frame: pd.DataFrame) -> Evidence | None:
+    table, _ = _text_reads(frame)
+    rows = table[(table["name"] == "alibi") & (table["multiple"] == PRESS_ALIBI_AT)]
+    if rows.empty:
+        return None
+    return _mean_evidence((-rows["value"]).tolist(), 0.0)  # agrees: the log ratio is below 0
+
+
+def _text_t5_slow(frame: pd.DataFrame) -> tuple[str, str]:
+    table, unlearned = _text_reads(frame)
+    blocked = [n for n in ("t5", "rope", "sinusoidal") if n in unlearned]
+    if blocked:
+        return f"{', '.join(blocked)} did not learn the text", NOT_MEASURED
+    ours = _text_means(table, PRESS_T5_LONGEST)
+    others = [n for n in ("rope", "sinusoidal") if n in ours.index]
+    if "t5" not in ours.index or not others:
+        return "needs t5 and rope or sinusoidal on a text task", NOT_MEASURED
+    t5 = float(ours["t5"])
+    below = [t5 < float(ours[n]) for n in others]
+    text = f"perplexity ratio at {PRESS_T5_LONGEST:g}x: t5 {t5:.3f}, " + ", ".join(
+        f"{n} {float(ours[n]):.3f}" for n in others
+    )
+    return text + f"; {_press_context(frame)}", (
+        AGREES if all(below) else PARTLY if any(below) else DISAGREES
+    )
+
+
+def _text_t5_slow_test(frame: pd.DataFrame) -> Evidence | None:
+    table, _ = _text_reads(frame)
+    rows = table[table["multiple"] == PRESS_T5_LONGEST]
+    return _order_evidence(rows, [["rope", "sinusoidal"], ["t5"]])
+
+
 # ---- Dai et al. 2019 (Transformer-XL): memory extends the usable context -----------------------
 #: The task trained through a cache, preferred for the memory check when the sweep has it.
 MEMORY_TASK = "lm-memory"
@@ -935,6 +1072,31 @@ FINDINGS: tuple[Finding, ...] = (
         _alibi_flat,
         ("lm",),
         _alibi_flat_test,
+    ),
+    Finding(
+        "On real text, perplexity past the training length degrades most for sinusoidal, then "
+        "rotary, then T5, least for ALiBi, at every multiple",
+        "Press et al. 2022 (ALiBi), appendix Table 3: WikiText-103, trained at L = 1024, "
+        "non-overlapping evaluation",
+        "ratio to L at 2x: sinusoidal 2.64, rotary 1.61, T5 0.98, ALiBi 0.97; at 8x: 14.7, "
+        "3.36, 1.37, 0.96",
+        _text_order,
+        test=_text_order_test,
+    ),
+    Finding(
+        "On real text, ALiBi's perplexity at 8x the training length is no higher than at L",
+        "Press et al. 2022 (ALiBi), appendix Table 3",
+        "ratio 0.962 at 8x (17.96 against 18.66): longer non-overlapping windows give later "
+        "tokens more context",
+        _text_alibi_below_one,
+        test=_text_alibi_below_one_test,
+    ),
+    Finding(
+        "On real text, T5's perplexity degrades more slowly than rotary's and sinusoidal's",
+        "Press et al. 2022 (ALiBi), appendix Table 3 (T5 fitted: max_distance 128 at L = 1024)",
+        "ratio at 8x: T5 1.37 against rotary 3.36 and sinusoidal 14.7",
+        _text_t5_slow,
+        test=_text_t5_slow_test,
     ),
     Finding(
         "A longer memory lowers Transformer-XL's loss (its context exceeds the segment)",

@@ -184,6 +184,61 @@ def loss_vs_position(frame: pd.DataFrame, task: str, colours: dict[str, str]) ->
 
 
 @styled
+def perplexity_ratio(
+    ratios: pd.DataFrame, published: pd.DataFrame, task: str, colours: dict[str, str]
+) -> str | None:
+    """Press et al.'s view of a text task: the perplexity at each multiple of the training
+    length over the perplexity at L (log scales; exp of the mean log ratio over seeds, its 95%
+    interval shaded), with Press et al.'s Table 3 ratios dashed in the colour of the entry
+    named like their encoding."""
+    rows = ratios[ratios["task"] == task]
+    if rows.empty:
+        return None
+    fig = Figure(figsize=(6.4, 4.0))
+    ax = fig.subplots()
+    for label in sorted(rows["encoding_label"].unique(), key=list(colours).index):
+        stats = _mean_interval(rows[rows["encoding_label"] == label], "multiple").dropna(
+            subset=["mean"]
+        )
+        if stats.empty:
+            continue
+        xs = [1.0, *stats["multiple"]]
+        ax.plot(
+            xs, np.exp([0.0, *stats["mean"]]), marker="o", ms=3, color=colours[label], label=label
+        )
+        ax.fill_between(
+            stats["multiple"],
+            np.exp(stats["low"]),
+            np.exp(stats["high"]),
+            color=colours[label],
+            alpha=0.15,
+            linewidth=0,
+        )
+    for name, theirs in published.groupby("encoding"):
+        ax.plot(
+            [1.0, *theirs["multiple"]],
+            [1.0, *theirs["ratio"]],
+            ls="--",
+            lw=1,
+            color=colours.get(name, "grey"),
+        )
+    ax.axhline(1.0, color="grey", lw=0.8)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ticks = sorted({1.0, *rows["multiple"]})
+    ax.set_xticks(ticks, [f"{t:g}L" if t != 1 else "L" for t in ticks])
+    ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+    ax.set_xlabel("evaluation window L_valid (non-overlapping, whole held-out text)")
+    ax.set_ylabel("perplexity ratio to L_valid = L")
+    ax.legend(fontsize=7, ncol=2, loc="upper left")
+    ax.set_title(
+        f"{task}: perplexity past the training length (dashed: Press et al. Table 3)",
+        fontsize=9,
+    )
+    return to_png(fig)
+
+
+@styled
 def accuracy_vs_cache(frame: pd.DataFrame, task: str, colours: dict[str, str]) -> str:
     """Accuracy against memory length M (segments through the cache), at the longest training
     length and at 2x it, one panel each (exact match, or token accuracy where exact match

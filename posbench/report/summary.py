@@ -459,8 +459,10 @@ def lm_headline(frame: pd.DataFrame) -> pd.DataFrame:
 def learned_in_distribution(frame: pd.DataFrame) -> dict[tuple[str, str], bool]:
     """Per (task, encoding_label): whether the model learned the task in distribution (mean
     over seeds): exact match within the training range at least UNDERTRAINED_BELOW, or, for a
-    task with a loss floor, in-distribution loss within UNLEARNED_EXCESS of it. Only such
-    numbers are ranked. A plain dict, since callers look it up once per table row."""
+    task with a loss floor, in-distribution loss within UNLEARNED_EXCESS of it, or, for real
+    text, its in-distribution loss over the whole held-out text below the task's
+    learned_loss_below (a bigram model's). Only such numbers are ranked. A plain dict, since
+    callers look it up once per table row."""
     trained = frame[frame["task"].notna() & frame["mem_len"].isna() & frame["eval_len"].notna()]
     trained = trained[trained["eval_len"].astype(float) <= trained["train_len_max"].astype(float)]
     out: dict[tuple[str, str], bool] = {}
@@ -476,7 +478,20 @@ def learned_in_distribution(frame: pd.DataFrame) -> dict[tuple[str, str], bool]:
         .mean()
     )
     out |= {key: bool(value <= UNLEARNED_EXCESS) for key, value in excess.items()}
+    text = trained[trained["metric"] == "text_loss"]
+    for (task, label, name), value in (
+        text.groupby(["task", "encoding_label", "task_name"])["value"].mean().items()
+    ):
+        bar = learned_bar(name)
+        if bar is not None:
+            out[(task, label)] = bool(value < bar)
     return out
+
+
+def learned_bar(task_name: str) -> float | None:
+    """The in-distribution loss a run of the registered task must beat to count as having
+    learned the text (Task.learned_loss_below; None for an unknown task or no bar)."""
+    return TASKS.get(task_name).learned_loss_below if task_name in TASKS.names() else None
 
 
 def evaluation_variants(frame: pd.DataFrame) -> dict[str, set[str]]:
