@@ -13,15 +13,13 @@ from importlib import resources
 import pandas as pd
 
 from posbench.report.stats import (
+    BOOTSTRAP_REPLICATES,
     SHARE_BOUNDS,
     kendall_tau,
     mean_interval,
     seed_bootstrap_interval,
 )
 from posbench.report.summary import learned_in_distribution
-
-#: Bootstrap replicates for each task's rank correlation.
-RANK_REPLICATES = 1000
 
 
 def published_numbers() -> pd.DataFrame:
@@ -76,7 +74,9 @@ class PaperComparison:
     high: float = math.nan
 
 
-def beside_papers(frame: pd.DataFrame, replicates: int = RANK_REPLICATES) -> list[PaperComparison]:
+def beside_papers(
+    frame: pd.DataFrame, replicates: int = BOOTSTRAP_REPLICATES
+) -> list[PaperComparison]:
     """A comparison for every (paper, task) whose task and at least two of whose encodings
     this sweep ran. An encoding that did not learn the task in distribution is listed but
     left out of the rank correlation."""

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from posbench.report.stats import kendall_tau, seed_bootstrap_interval
+from posbench.report.stats import BOOTSTRAP_REPLICATES, kendall_tau, seed_bootstrap_interval
 from posbench.report.summary import (
     headline_per_seed,
     learned_in_distribution,
@@ -23,8 +23,6 @@ SCORED_BY = {
     "greedy_token_accuracy": "free-running token accuracy at 2x the longest training length",
     "lm_penalty": "minus the extrapolation penalty at 2x the longest training length (nats)",
 }
-#: Bootstrap replicates for each tau interval.
-TAU_REPLICATES = 1000
 
 
 @dataclass
@@ -136,7 +134,7 @@ def sizes_by_parameters(scores: pd.DataFrame, task: str) -> list[str]:
     return [str(m) for m in rows.groupby("model")["parameters"].median().sort_values().index]
 
 
-def tau_table(scores: pd.DataFrame, replicates: int = TAU_REPLICATES) -> pd.DataFrame:
+def tau_table(scores: pd.DataFrame, replicates: int = BOOTSTRAP_REPLICATES) -> pd.DataFrame:
     """Kendall's tau with its bootstrap interval for every pair of sizes of every task (the
     smaller first), and how many encodings both sizes scored."""
     rows = []

@@ -79,8 +79,13 @@ def mean_interval(
     return Interval(mean, low, high, n)
 
 
+#: Bootstrap replicates for every interval over seeds a report gives (rank correlations with a
+#: paper or between model sizes, mean reciprocal ranks): one count, so the intervals compare.
+BOOTSTRAP_REPLICATES = 1000
+
+
 def seed_resamples(
-    groups: Mapping[Hashable, np.ndarray], replicates: int, seed: int = 0
+    groups: Mapping[Hashable, np.ndarray], replicates: int = BOOTSTRAP_REPLICATES, seed: int = 0
 ) -> Iterator[dict[Hashable, float]]:
     """Bootstrap replicates of each group's mean, each group's values (one per seed) drawn with
     replacement as many times as it has values: the spread a ranking owes to seed variance."""
@@ -113,7 +118,7 @@ def kendall_tau(x: Sequence[float], y: Sequence[float]) -> float:
 def seed_bootstrap_interval(
     groups: Mapping[Hashable, np.ndarray],
     statistic: Callable[[dict[Hashable, float]], float],
-    replicates: int,
+    replicates: int = BOOTSTRAP_REPLICATES,
     seed: int = 0,
 ) -> tuple[float, float, float]:
     """A statistic of the groups' means, with the percentile interval of its bootstrap over
@@ -282,4 +287,3 @@ def sole_best(
     separated = separated_pairs(samples) if separated is None else separated
     top = next(iter(samples))
     return top if all(frozenset((top, o)) in separated for o in samples if o != top) else None
-

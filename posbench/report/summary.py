@@ -532,10 +532,6 @@ def task_names(frame: pd.DataFrame) -> dict[str, str]:
     return dict(zip(named["task"], names.where(names.notna(), named["task"])))
 
 
-#: Bootstrap replicates for each encoding's mean reciprocal rank.
-MRR_REPLICATES = 500
-
-
 def _group_ids(keys: list[Any]) -> list[np.ndarray]:
     """The positions of each distinct key, in order of first appearance."""
     positions: dict[Any, list[int]] = {}
@@ -627,7 +623,7 @@ def cross_task_ranking(frame: pd.DataFrame) -> pd.DataFrame:
     table = as_table(mrr_of(observed)[0]).add_prefix("mrr_")
     if any(len(seeds) > 1 for seeds in groups.values()):
         draws = np.array(
-            [[means[key] for key in keys] for means in seed_resamples(groups, MRR_REPLICATES)]
+            [[means[key] for key in keys] for means in seed_resamples(groups)]
         )  # (replicates, keys)
         replicated = mrr_of(draws)  # (replicates, (metric, label) pairs)
         for metric in metrics:
