@@ -194,7 +194,7 @@ def perplexity_ratio(
     rows = ratios[ratios["task"] == task]
     if rows.empty:
         return None
-    fig = Figure(figsize=(6.4, 4.0))
+    fig = Figure(figsize=(7.6, 4.0))
     ax = fig.subplots()
     for label in sorted(rows["encoding_label"].unique(), key=list(colours).index):
         stats = _mean_interval(rows[rows["encoding_label"] == label], "multiple").dropna(
@@ -214,13 +214,14 @@ def perplexity_ratio(
             alpha=0.15,
             linewidth=0,
         )
-    for name, theirs in published.groupby("encoding"):
+    for name, theirs in published.groupby("encoding", sort=False):
         ax.plot(
             [1.0, *theirs["multiple"]],
             [1.0, *theirs["ratio"]],
             ls="--",
             lw=1,
             color=colours.get(name, "grey"),
+            label=f"{name} (Press et al.)",
         )
     ax.axhline(1.0, color="grey", lw=0.8)
     ax.set_xscale("log", base=2)
@@ -228,11 +229,15 @@ def perplexity_ratio(
     ticks = sorted({1.0, *rows["multiple"]})
     ax.set_xticks(ticks, [f"{t:g}L" if t != 1 else "L" for t in ticks])
     ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+    low, high = ax.get_ylim()
+    marks = [m for m in (0.8, 0.9, 1, 1.2, 1.5, 2, 3, 5, 10, 20, 50, 100) if low <= m <= high]
+    ax.set_yticks(marks, [f"{m:g}" for m in marks])
+    ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     ax.set_xlabel("evaluation window L_valid (non-overlapping, whole held-out text)")
     ax.set_ylabel("perplexity ratio to L_valid = L")
-    ax.legend(fontsize=7, ncol=2, loc="upper left")
+    ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     ax.set_title(
-        f"{task}: perplexity past the training length (dashed: Press et al. Table 3)",
+        f"{task}: perplexity past the training length (dashed: Press et al.'s Table 3)",
         fontsize=9,
     )
     return to_png(fig)
