@@ -172,3 +172,24 @@ def test_press_text_findings_disagree_with_the_reverse() -> None:
     verdicts = _text_verdicts(reverse)
     for finding, (verdict, measured) in verdicts.items():
         assert verdict == DISAGREES, (finding, measured)
+
+
+def test_a_run_records_whether_it_learned_the_text() -> None:
+    from posbench.experiment.compute import _learned
+
+    task = create_task("shakespeare", train_lengths=[64, 64], eval_lengths=[64, 128])
+    notes: list[str] = []
+
+    def rows(at_train: float) -> list[dict]:
+        return [
+            {"metric": "text_loss", "mem_len": None, "eval_len": n, "value": at_train + (n > 64)}
+            for n in (64, 128)
+        ]
+
+    assert _learned(rows(1.9), task, notes.append)["undertrained"] is False and not notes
+    flagged = _learned(rows(2.6), task, notes.append)
+    assert flagged["undertrained"] is True and flagged["in_distribution_text_loss"] == 2.6
+    assert notes == [
+        "did not learn the text: in-distribution loss 2.600 nats per token, not below 2.482 "
+        "(a bigram model's)"
+    ]

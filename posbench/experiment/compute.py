@@ -395,7 +395,8 @@ def _learned(
 ) -> dict[str, Any]:
     """Whether the run learned its task in distribution: mean exact match at the lengths up to
     the longest training length against UNDERTRAINED_BELOW, or, for a task with a loss floor,
-    the mean loss above the floor against UNLEARNED_EXCESS."""
+    the mean loss above the floor against UNLEARNED_EXCESS, or, for real text, the loss over
+    the whole held-out text against the task's learned_loss_below (the report's same rules)."""
 
     def in_distribution(metric: str) -> list[float]:
         return [
@@ -422,6 +423,16 @@ def _learned(
                 "did not learn the language: in-distribution loss "
                 f"{out['in_distribution_excess']:.3f} nats above "
                 f"the floor (limit {UNLEARNED_EXCESS})"
+            )
+    text = in_distribution("text_loss")
+    if text and task.learned_loss_below is not None:
+        out["in_distribution_text_loss"] = sum(text) / len(text)
+        out["undertrained"] = out["in_distribution_text_loss"] >= task.learned_loss_below
+        if out["undertrained"]:
+            note(
+                "did not learn the text: in-distribution loss "
+                f"{out['in_distribution_text_loss']:.3f} nats per token, not below "
+                f"{task.learned_loss_below} (a bigram model's)"
             )
     return out
 
