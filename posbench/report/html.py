@@ -785,6 +785,17 @@ def _literature(frame: pd.DataFrame) -> dict[str, Any]:
     }
 
 
+def report_command(source: Path, linked: Collection[str], probe: Path | None) -> str:
+    """The `posbench report` command that builds this report into its folder again (its
+    output folder aside): the results it read, the figures it links and the probe it reads."""
+    parts = ["posbench", "report", str(source)]
+    if linked:
+        parts += ["--link-figures", ",".join(sorted(linked))]
+    if probe is not None:
+        parts += ["--probe", str(probe)]
+    return " ".join(parts)
+
+
 def _report_record(
     sweep_dir: Path,
     out_dir: Path,
@@ -1153,6 +1164,7 @@ def build_report(
     }
     scale_sentences = context["scale"]["sentences"] if context["scale"] else []
     record = _report_record(sweep_dir, out_dir, frame, config, failures, missing, scale_sentences)
+    record["command"] = report_command(source or sweep_dir, linked, probe_source or probe_dir)
     figures = _figure_files(context, linked)
     links = {figures[name]: f"{FIGURES_DIR}/{name}.png" for name in linked}
     env = Environment(
