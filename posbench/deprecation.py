@@ -16,7 +16,8 @@ from typing import Any, Callable, Sequence, TypeVar
 #: The release that drops the old spellings listed here.
 REMOVED_IN = "0.4.0"
 
-#: Modules that moved in 0.2, old import path -> new one. Importing the old path gives the new
+#: Modules that moved (in 0.2, and posbench.kernels.bias_types since), old import path -> new
+#: one. Importing the old path gives the new
 #: module itself (one module object, so its state and classes are shared) and warns once.
 MOVED_MODULES: dict[str, str] = {
     "posbench.runner": "posbench.experiment.runner",
@@ -38,6 +39,7 @@ MOVED_MODULES: dict[str, str] = {
     "posbench.summary": "posbench.report.summary",
     "posbench.progress": "posbench.report.progress",
     "posbench.results": "posbench.store",
+    "posbench.kernels.bias_types": "posbench.bias_kinds",
 }
 
 #: Names of `posbench.__all__` renamed or removed: old name -> where its replacement lives

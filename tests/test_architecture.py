@@ -26,7 +26,7 @@ LAYERS: list[set[str]] = [
         "deprecation",
         "store",
         "kernels.masks",
-        "kernels.bias_types",
+        "bias_kinds",
         "kernels.softmax_backward",
         "kernels.probabilities",
     },
@@ -38,6 +38,8 @@ LAYERS: list[set[str]] = [
         "kernels.rel_shift_attention",
         "kernels.row_block_attention",
         "kernels.flex_bias",
+        "kernels.cope_attention",
+        "kernels.dispatch",
         "registry",
         "encodings.positions",
     },
@@ -152,6 +154,47 @@ def test_the_store_reaches_nothing_of_posbench_but_errors_and_version() -> None:
     """Followed transitively: whatever reads a run folder (the report, inspect, export) gets no
     model, kernel or experiment code through the store."""
     assert _reached(_modules(), "store") <= {"errors", "version"}
+
+
+#: The kernel modules that run attention: outside posbench.kernels, only the dispatcher's
+#: choice reaches them (posbench.attention imports posbench.kernels.dispatch alone).
+KERNEL_RUNNERS = {
+    "kernels.band_attention",
+    "kernels.biased_attention",
+    "kernels.cope_attention",
+    "kernels.flash_ops",
+    "kernels.flex_bias",
+    "kernels.fused_band_attention",
+    "kernels.fused_cope_attention",
+    "kernels.rel_shift_attention",
+    "kernels.row_block_attention",
+}
+
+
+def test_only_the_dispatcher_chooses_attention_kernels() -> None:
+    graph = _modules()
+    outside = [
+        f"posbench.{module} imports posbench.{dependency}"
+        for module, dependencies in graph.items()
+        if not module.startswith("kernels.")
+        for dependency in dependencies
+        if dependency in KERNEL_RUNNERS
+    ]
+    assert not outside, "\n".join(outside)
+
+
+def test_the_encodings_reach_no_kernel_module() -> None:
+    """Followed transitively: an encoding describes its scores (posbench.bias_kinds) and never
+    names a kernel; posbench.kernels.dispatch chooses one."""
+    graph = _modules()
+    reached = {
+        f"posbench.{module} reaches posbench.{dependency}"
+        for module in graph
+        if module == "encodings" or module.startswith("encodings.")
+        for dependency in _reached(graph, module)
+        if dependency.startswith("kernels")
+    }
+    assert not reached, "\n".join(sorted(reached))
 
 
 def test_no_import_cycles() -> None:

@@ -11,7 +11,7 @@ import posbench
 
 from helpers import logits_and_gradients
 from posbench.kernels import native
-from posbench.kernels.biased_attention import biased_attention
+from posbench.kernels.dispatch import biased_attention
 from posbench.kernels.probabilities import probabilities_
 from posbench.encodings import BandBias, ToeplitzBias
 

@@ -7,7 +7,7 @@ import torch
 
 import posbench
 from posbench.encodings.base import AttentionShape, PositionalEncoding, Span
-from posbench.kernels.bias_types import diagonal_sums, toeplitz
+from posbench.bias_kinds import diagonal_sums, toeplitz
 
 
 @pytest.mark.parametrize("q_len,k_len", [(1, 1), (3, 7), (5, 5), (6, 2)])
@@ -25,7 +25,7 @@ def test_diagonal_sums_add_each_diagonal_over_blocks_of_rows(
     q_len: int, k_len: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Block by block (4 rows, a ragged last block) equals summing each diagonal directly."""
-    monkeypatch.setattr("posbench.kernels.bias_types.DIAGONAL_ROWS", 4)
+    monkeypatch.setattr("posbench.bias_kinds.DIAGONAL_ROWS", 4)
     matrix = torch.randn(2, 3, q_len, k_len, dtype=torch.float64)
     expected = torch.stack(
         [matrix.diagonal(offset, -2, -1).sum(-1) for offset in range(k_len - 1, -q_len, -1)], -1

@@ -15,7 +15,7 @@ import torch
 import posbench
 from posbench import create_encoding
 from posbench.encodings.base import LayerContext, Span
-from posbench.kernels.bias_types import dense_bias, toeplitz
+from posbench.bias_kinds import dense_bias, toeplitz
 from posbench.kernels.flex_bias import (
     MIN_HEAD_DIM,
     dense_score_mod,
@@ -142,7 +142,9 @@ def test_a_layer_through_flex_gives_the_output_of_the_usual_path(name: str, monk
     x = torch.randn(2, 40, 16)
     with torch.no_grad():
         usual = layer(x)
-        monkeypatch.setattr("posbench.attention.flex_available", lambda device, head_dim: True)
+        monkeypatch.setattr(
+            "posbench.kernels.dispatch.flex_available", lambda device, head_dim: True
+        )
         flex = layer(x)
     assert torch.allclose(flex, usual, atol=1e-5)
 
@@ -154,13 +156,13 @@ def test_a_flex_path_that_fails_falls_back_once_with_a_warning(monkeypatch) -> N
 
     monkeypatch.setattr(flex_bias, "_broken", [])
     monkeypatch.setattr(  # as on CUDA, until flex fails
-        "posbench.attention.flex_available", lambda device, head_dim: not flex_bias._broken
+        "posbench.kernels.dispatch.flex_available", lambda device, head_dim: not flex_bias._broken
     )
 
     def broken(*args: object, **kwargs: object) -> None:
         raise RuntimeError("no compiler for this device")
 
-    monkeypatch.setattr("posbench.attention.flex_distance_attention", broken)
+    monkeypatch.setattr("posbench.kernels.dispatch.flex_distance_attention", broken)
     torch.manual_seed(0)
     layer = AttentionUnderTest(EncodingSpec("alibi", {}), n_heads=2, d_head=8).eval()
     x = torch.randn(1, 20, 16)

@@ -13,7 +13,7 @@ from helpers import assert_close_to_scale, logits_and_gradients
 
 import posbench
 from posbench.kernels import native
-from posbench.kernels.bias_types import BandBias, BandProduct
+from posbench.bias_kinds import BandBias, BandProduct
 from posbench.kernels.fused_band_attention import (
     causal_band,
     fused_band_attention,

@@ -8,7 +8,7 @@ import pytest
 import torch
 from helpers import assert_close_to_scale
 
-from posbench.encodings.cope import _CopeAttention
+from posbench.kernels.cope_attention import _CopeAttention
 from posbench.kernels import native
 from posbench.kernels.fused_cope_attention import cope_fused_applies, fused_cope_attention
 

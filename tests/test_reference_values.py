@@ -14,7 +14,7 @@ from helpers import assert_close_to_scale
 from posbench import create_encoding
 from posbench.encodings.alibi import alibi_slopes
 from posbench.encodings.base import LayerContext, Span
-from posbench.kernels.bias_types import BandBias, dense_bias
+from posbench.bias_kinds import BandBias, dense_bias
 from posbench.encodings.deberta import log_bucket_position
 from posbench.encodings import fire as fire_module
 from posbench.encodings.t5 import t5_bucket

@@ -11,8 +11,8 @@ import torch
 from helpers import assert_close_to_scale
 
 from posbench.kernels import native, rel_shift_attention
-from posbench.kernels.bias_types import DistanceTableBias, KeyTableBias
-from posbench.kernels.biased_attention import biased_attention
+from posbench.bias_kinds import DistanceTableBias, KeyTableBias
+from posbench.kernels.dispatch import biased_attention
 from posbench.kernels.masks import causal_mask
 
 B, H, LQ, d = 2, 3, 200, 8

@@ -14,8 +14,8 @@ from posbench.encodings import create_encoding
 from posbench.encodings.base import LayerContext
 from posbench.encodings.positions import Span
 from posbench.kernels import row_block_attention as blocked
-from posbench.kernels.bias_types import RowBlockBias, dense_bias
-from posbench.kernels.biased_attention import biased_attention
+from posbench.bias_kinds import RowBlockBias, dense_bias
+from posbench.kernels.dispatch import biased_attention
 from posbench.kernels.masks import causal_mask
 
 
@@ -127,7 +127,7 @@ def test_row_blocks_cover_every_row_once_within_the_block_size(
 def test_cope_positions_never_increase_along_the_keys() -> None:
     """The backward pass sums per integer position over a prefix of each row: positions must
     not increase along the keys, in float32, even where gates are near 0 and 1 alike."""
-    from posbench.encodings.cope import _contextual_bias, _own_keys
+    from posbench.bias_kinds import contextual_position_bias, own_keys
 
     generator = torch.Generator().manual_seed(0)
     R, K, npos = 64, 300, 40
@@ -135,8 +135,8 @@ def test_cope_positions_never_increase_along_the_keys() -> None:
     content = 30 * torch.randn(2, 3, R, K, generator=generator)  # gates saturate both ways
     content[..., ::7] = 1e-3 * torch.randn(2, 3, R, (K + 6) // 7, generator=generator)
     table = torch.randn(8, npos, generator=generator)
-    for own in (_own_keys(0, R, R, K, q.device), None):  # the queries: the last R keys
-        parts = _contextual_bias(q, content, table, own, npos, for_backward=True)
+    for own in (own_keys(0, R, R, K, q.device), None):  # the queries: the last R keys
+        parts = contextual_position_bias(q, content, table, own, npos, for_backward=True)
         positions = parts["index"] + parts["weight"]  # exact: weight is the fractional part
         assert (positions.diff(dim=-1) <= 0).all()
         assert parts["index"].min() >= 0 and parts["index"].max() <= npos - 1

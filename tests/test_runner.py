@@ -13,7 +13,7 @@ from posbench.experiment.config import RunConfig, SweepConfig
 from posbench.plugins import load_plugin_dir
 from posbench.store import COLUMNS, RunFolder, read_json
 from posbench.experiment.runner import load_run, run_sweep
-from posbench.kernels import native
+from posbench.kernels import dispatch, native
 from posbench.kernels.cpu import cpu_model
 
 from helpers import tiny_sweep
@@ -54,6 +54,12 @@ def test_sweep_writes_tidy_results_and_run_folders(tmp_path: Path) -> None:
         assert env["native_kernels_allowed"] is native.enabled()
         served = result["attention_kernels"]  # what computed the numbers, counted per call
         assert served and all(n > 0 for n in served.values()), served
+        chosen = env["attention"]  # the dispatcher's backend, and why the earlier ones refused
+        assert chosen and all(entry["calls"] > 0 for entry in chosen.values()), chosen
+        for backend, entry in chosen.items():
+            names = [b.name for b in dispatch.BACKENDS]
+            assert set(entry["refused"]) == set(names[: names.index(backend)]), entry
+            assert all(reason for reason in entry["refused"].values())
 
 
 def test_rerun_skips_and_reproduces_results(tmp_path: Path) -> None:
@@ -215,4 +221,4 @@ def test_each_run_records_where_its_time_went_and_the_report_shows_it(tmp_path: 
     computed = sum(v for part, v in split.items() if part != "storing")
     assert computed == pytest.approx(result["seconds"], abs=0.01 + 1e-3 * len(split)), split
     html = build_report(tmp_path / "sw", tmp_path / "report").html.read_text()
-    assert "Where the time went" in html and "<td class=\"name\">training</td>" in html
+    assert "Where the time went" in html and '<td class="name">training</td>' in html

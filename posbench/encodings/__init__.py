@@ -15,7 +15,7 @@ from posbench.encodings.base import (
 from posbench.encodings.positions import RandomPositions, random_positions_from
 from posbench.errors import OptionError
 from posbench.registry import check_options
-from posbench.kernels.bias_types import (
+from posbench.bias_kinds import (
     BandBias,
     DistanceTableBias,
     KeyTableBias,

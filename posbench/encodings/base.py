@@ -32,7 +32,7 @@ from torch import Tensor, nn
 from posbench.encodings.positions import RandomPositions, Span
 from posbench.encodings.tables import PositionTables
 from posbench.errors import PositionOutOfRangeError
-from posbench.kernels.bias_types import BandBias, Scores, ToeplitzBias, dense_bias
+from posbench.bias_kinds import BandBias, Scores, ToeplitzBias, dense_bias
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ from posbench.encodings.base import (
     PositionalEncoding,
     Span,
 )
-from posbench.kernels.bias_types import BandBias, BandProduct, Scores
+from posbench.bias_kinds import BandBias, BandProduct, Scores
 from posbench.validation import Range
 
 

@@ -11,7 +11,7 @@ from torch import Tensor, nn
 
 from posbench.encodings.base import AttentionShape, LayerContext, PositionalEncoding, Span
 from posbench.encodings.registry import register_encoding
-from posbench.kernels.bias_types import diagonal_sums, toeplitz
+from posbench.bias_kinds import diagonal_sums, toeplitz
 from posbench.validation import Range
 
 #: Rows per block when assembling the rows past the threshold (measured on the bias alone,

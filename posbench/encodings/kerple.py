@@ -11,7 +11,7 @@ from torch import Tensor, nn
 
 from posbench.encodings.base import AttentionShape, LayerContext, PositionalEncoding, Span
 from posbench.encodings.registry import register_encoding
-from posbench.kernels.bias_types import ToeplitzBias
+from posbench.bias_kinds import ToeplitzBias
 from posbench.validation import Range
 
 #: The reference clamps both parameters of each head to at least this.

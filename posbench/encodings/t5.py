@@ -17,7 +17,7 @@ from posbench.encodings.base import (
     PositionalEncoding,
     Span,
 )
-from posbench.kernels.bias_types import BandBias, toeplitz
+from posbench.bias_kinds import BandBias, toeplitz
 from posbench.validation import Range
 
 

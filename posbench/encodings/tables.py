@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from posbench.encodings.positions import Span
-from posbench.kernels.bias_types import toeplitz
+from posbench.bias_kinds import toeplitz
 
 
 class PositionTables:

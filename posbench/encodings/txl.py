@@ -15,7 +15,7 @@ from torch import Tensor, nn
 from posbench.encodings.registry import register_encoding
 from posbench.encodings.base import AttentionShape, LayerContext, PositionalEncoding, Span
 from posbench.encodings.tables import sinusoid
-from posbench.kernels.bias_types import DistanceTableBias, KeyTableBias, Scores
+from posbench.bias_kinds import DistanceTableBias, KeyTableBias, Scores
 from posbench.validation import Range
 
 #: At drawn positions (square scores on the CPU) the table of distances serves terms (b) + (d)
@@ -32,21 +32,22 @@ class TransformerXL(PositionalEncoding):
     R is [sin | cos] concatenated (not interleaved). Distances above ``clamp_len`` use
     R_clamp_len. u and v are per layer ("untied", the original default) unless ``share_uv``.
     ``scale=False`` drops the 1/sqrt(d) the original code applies to the whole sum.
-    On the CPU, causal scores whose queries are the last keys (a segment, after its memory or
-    not) hand attention terms (b)+(d) as (q + v) against the projected distance table (a
+    Causal scores whose queries are the last keys (a segment, after its memory or not) hand
+    attention terms (b)+(d) as (q + v) against the projected distance table (a
     DistanceTableBias), which posbench's C++ kernel (a segment without memory) or the rel-shift
     kernel runs a block of query rows at a time.
-    At drawn positions, square causal scores on the CPU take the same DistanceTableBias over
-    the distances the positions reach (read at p_i - p_j) where its products cost no more than
-    the per-key form's (the reach at most n_heads times the keys), carrying the per-key form for
-    attention to take where posbench's C++ kernel does not run.
+    At drawn positions, square causal scores take the same DistanceTableBias over the distances
+    the positions reach (read at p_i - p_j) where its products cost no more than the per-key
+    form's (the reach at most n_heads times the keys), carrying the per-key form for attention
+    to take where posbench's C++ kernel does not run.
     Without clamp_len, terms (b)+(d) are also a dot product of a per-query vector and a per-key
-    one (the sin/cos identity in docs/encodings/transformer-xl.md): at drawn positions on the CPU
-    otherwise the same kernel runs them as a KeyTableBias, without its skew; elsewhere (CUDA, not
-    causal) they widen q and k, keeping fused attention in linear memory; a single decoding
-    query takes the same term against the shared position table instead, so cached keys stay d
-    wide. With clamp_len they are otherwise one matmul of (q + v) against the projected distance
-    table, then a gather. No (Lq, Lk, d) tensor is ever built.
+    one (the sin/cos identity in docs/encodings/transformer-xl.md): at other drawn positions the
+    blocked kernels run them as a KeyTableBias, without its skew. Each blocked form carries the
+    unblocked one for attention to take where no kernel reads it (another device; attention
+    chooses): q and k widened by the identity, keeping fused attention in
+    linear memory, or with clamp_len one matmul of (q + v) against the projected distance table,
+    then a gather. A single decoding query takes the position term against the shared position
+    table, so cached keys stay d wide. No (Lq, Lk, d) tensor is ever built.
     """
 
     relative = True
@@ -101,12 +102,23 @@ class TransformerXL(PositionalEncoding):
         u, v = self.u[uv][:, None, :], self.v[uv][:, None, :]  # (H, 1, d)
         scale = 1.0 / math.sqrt(self.d_head) if self.scale else 1.0
         Lq, Lk = q.shape[2], k.shape[2]
+
+        def unblocked() -> Scores:
+            """Where no kernel reads the blocked forms: with clamp_len a gathered dense bias,
+            else q and k widened by the identity, so fused attention keeps linear memory."""
+            if self.clamp_len is not None:
+                return self._score_gather(q, k, q_span, k_span, layer.index, u, v, scale)
+            q_pos, k_pos = self._identity_vectors(q, k, q_span, k_span, layer.index, v)
+            k_wide = torch.cat((k, k_pos.expand(*k.shape[:2], Lk, self.d_model)), dim=-1)
+            return Scores(torch.cat((q + u, q_pos), dim=-1), k_wide, None, scale)
+
         # a block of query rows at a time, the queries the last keys (posbench's kernels)
         by_blocks = self.causal and 1 < Lq <= Lk and q_span.last == k_span.last
-        if by_blocks and q.device.type == "cpu":
+        if by_blocks:
             if q_span.contiguous and k_span.contiguous:
                 table = self._distance_table(layer.index, Lk, q)  # distances 0..Lk-1
-                return Scores(q + u, k, DistanceTableBias((q + v) * scale, table), scale)
+                bias = DistanceTableBias((q + v) * scale, table)
+                return Scores(q + u, k, bias, scale, fallback=unblocked)
             positions = k_span.arange()
             reach = int(positions[-1] - positions[0]) + 1  # distances 0..reach-1
             if Lq == Lk and self._table_is_cheaper(reach, Lk):  # square: the C++ kernel's
@@ -118,7 +130,7 @@ class TransformerXL(PositionalEncoding):
 
                 fallback = by_key if self.clamp_len is None else None
                 bias = DistanceTableBias((q + v) * scale, table, positions, fallback)
-                return Scores(q + u, k, bias, scale)
+                return Scores(q + u, k, bias, scale, fallback=unblocked)
         if self.clamp_len is not None:
             return self._score_gather(q, k, q_span, k_span, layer.index, u, v, scale)
         q_pos, k_pos = self._identity_vectors(q, k, q_span, k_span, layer.index, v)
@@ -126,13 +138,11 @@ class TransformerXL(PositionalEncoding):
             # One decoding query: the position term against the shared table, (B, H, 1, Lk),
             # so cached keys stay d wide and nothing per key is copied.
             return Scores(q + u, k, (q_pos @ k_pos.T) * scale, scale)
-        if self.causal and Lq <= Lk and q_span.last == k_span.last and q.device.type == "cpu":
+        if by_blocks:
             # drawn positions: the per-key table, a block of query rows at a time, q, k, v d wide
-            return Scores(q + u, k, KeyTableBias(q_pos * scale, k_pos[None]), scale)
-        # Several queries: widen q and k so attention keeps its fused causal path.
-        B, _, Lk, _ = k.shape
-        k_wide = torch.cat((k, k_pos.expand(B, self.n_heads, Lk, self.d_model)), dim=-1)
-        return Scores(torch.cat((q + u, q_pos), dim=-1), k_wide, None, scale)
+            bias = KeyTableBias(q_pos * scale, k_pos[None])
+            return Scores(q + u, k, bias, scale, fallback=unblocked)
+        return unblocked()
 
     def _identity_vectors(
         self, q: Tensor, k: Tensor, q_span: Span, k_span: Span, layer: int, v: Tensor

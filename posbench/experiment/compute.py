@@ -228,6 +228,8 @@ def compute_run(
         with served.recording() as kernels:
             output = _compute(job, progress or (lambda *_: None))
         output.result["attention_kernels"] = dict(sorted(kernels.items()))
+        # which backend attention chose for this encoding, and why each earlier one refused
+        output.env["attention"] = dict(sorted(kernels.decisions.items()))
         return output
 
 

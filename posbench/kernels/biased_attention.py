@@ -1,5 +1,6 @@
-"""Causal attention with an additive bias (ALiBi, T5's table, DeBERTa's and Transformer-XL's
-position terms, KERPLE), kept on the CPU flash kernel with its causal block skipping.
+"""Attention with an additive bias on torch's CPU flash kernel, with its causal block skipping
+(ALiBi, T5's table, DeBERTa's and Transformer-XL's position terms, KERPLE), and the helpers the
+C++ kernel's calls share. posbench.kernels.dispatch chooses when each runs.
 
 `scaled_dot_product_attention` takes either ``is_causal`` or a mask, never both, and sends a
 mask that requires grad to its math path, which materialises every intermediate (about 4x the
@@ -10,42 +11,27 @@ bias is fixed; when the bias needs a gradient (a learned bias, or one formed fro
 P = exp(S - logsumexp) and dS = P * (dP - rowsum(dO * O)) one block of query rows at a time,
 over the keys those rows can see, and reads dq, dk, dv and dbias off them in the same pass; for
 a ToeplitzBias (KERPLE) it sums each block's dS along its diagonals there and then, so the
-gradient is per distance and the (H, L, L) one is never written. A BandBias (T5, DeBERTa) goes
-to posbench.kernels.band_attention instead, a DistanceTableBias or KeyTableBias (Transformer-XL)
-to posbench.kernels.rel_shift_attention, a RowBlockBias (CoPE) to
-posbench.kernels.row_block_attention.
-
-Where posbench's C++ kernel is built (posbench.kernels.native), causal square attention on the
-CPU in float32 or float64 goes there instead, whatever the bias but a RowBlockBias: a band, a
-per-distance table, a query-by-table product or a dense bias, each read in its own layout; a
-bias that needs no gradient only from NATIVE_MIN_PAIRS pairs (see fused_applies)."""
+gradient is per distance and the (H, L, L) one is never written."""
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
-from posbench.kernels import flash_ops, native, served
-from posbench.kernels.band_attention import band_attention
-from posbench.kernels.bias_types import (
+from posbench.kernels import flash_ops, served
+from posbench.bias_kinds import (
     BandBias,
     BandProduct,
     DistanceTableBias,
     KeyTableBias,
-    RowBlockBias,
     ToeplitzBias,
     diagonal_sums,
     toeplitz,
 )
-from posbench.kernels.fused_band_attention import (
-    causal_band,
-    fused_band_attention,
-)
-from posbench.kernels.rel_shift_attention import key_table_attention, rel_shift_attention
-from posbench.kernels.row_block_attention import row_block_attention
+from posbench.kernels.fused_band_attention import fused_band_attention
 from posbench.kernels.softmax_backward import BlockedSoftmaxBackward
 
+#: Below this many score pairs the math path's few operations beat the CPU flash kernel.
 FLASH_MIN_PAIRS = 128 * 128
 #: Below this many score pairs, attention with no bias or a fixed one runs faster on torch's
 #: kernels than on posbench's C++ kernel: the default suite's model (d_model 64, 4 layers),
@@ -166,26 +152,12 @@ class _FlashBiasedAttention(torch.autograd.Function):
         return dq, dk, dv, None, None, None, None
 
 
-def fused_applies(q: Tensor, v: Tensor, learned: bool) -> bool:
-    """Whether causal square attention of q (B, H, L, d) and v runs through posbench's C++
-    kernel (posbench.kernels.fused_band_attention): on the CPU in float32 or float64, v as wide
-    as q, and the kernel built here; with a `learned` bias (one that needs a gradient) at any
-    length, so the conformance kit's short float64 inputs check it against the general path,
-    else from NATIVE_MIN_PAIRS pairs."""
-    return (
-        native.serves(q)
-        and q.shape[-1] == v.shape[-1]
-        and (learned or q.shape[-2] ** 2 >= NATIVE_MIN_PAIRS)
-        and native.built("band_flash")
-    )
-
-
 def needs_gradient(*tensors: Tensor | None) -> bool:
     """Whether any of a bias's tensors needs a gradient here (grad mode on)."""
     return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
 
 
-def _learned(bias: Tensor | ToeplitzBias | BandBias | DistanceTableBias | KeyTableBias) -> bool:
+def learned_bias(bias: Tensor | ToeplitzBias | BandBias | DistanceTableBias | KeyTableBias) -> bool:
     """Whether a bias needs a gradient (a learned one, or one formed from q or k)."""
     if isinstance(bias, ToeplitzBias):
         return needs_gradient(bias.values)
@@ -202,7 +174,7 @@ def _tensors_of(part: Tensor | BandProduct) -> tuple[Tensor, ...]:
     return (part.a, part.table) if isinstance(part, BandProduct) else (part,)
 
 
-def _fused_band_bias(q: Tensor, k: Tensor, v: Tensor, bias: BandBias, scale: float) -> Tensor:
+def fused_band_bias(q: Tensor, k: Tensor, v: Tensor, bias: BandBias, scale: float) -> Tensor:
     """A BandBias through the C++ kernel: a band given entry by entry as the band, one given as
     products (with the key band's, if any) formed inside the kernel; a key band beside a band
     given entry by entry is added to it first."""
@@ -219,85 +191,41 @@ def _in_dtype(product: BandProduct | None, dtype: torch.dtype) -> BandProduct | 
     return BandProduct(product.a.to(dtype), product.table.to(dtype))
 
 
-def biased_attention(
+def flash_toeplitz(
+    q: Tensor, k: Tensor, v: Tensor, bias: ToeplitzBias, scale: float, causal_mask: Tensor | None
+) -> Tensor:
+    """A learned per-distance bias on the CPU flash kernel, its gradient summed per distance;
+    causal_mask (L, L) for square causal scores the kernel masks itself, else None."""
+    return _FlashBiasedAttention.apply(
+        q.contiguous(),
+        k.contiguous(),
+        v.contiguous(),
+        bias.values.to(q.dtype),
+        scale,
+        causal_mask,
+        (bias.q_len, bias.k_len),
+    )
+
+
+def flash_dense(
     q: Tensor,
     k: Tensor,
     v: Tensor,
-    bias: Tensor | ToeplitzBias | BandBias | DistanceTableBias | KeyTableBias | RowBlockBias,
+    bias: Tensor,
     scale: float,
     causal_mask: Tensor | None,
+    square: bool,
 ) -> Tensor:
-    """softmax(scale * q k^T + bias) v for q, k (B, H, Lq|Lk, d), v (B, H, Lk, d) and a bias
-    broadcastable to (B, H, Lq, Lk); causal_mask (Lq, Lk) is True where attention is allowed
-    (None: no mask). A causal mask over a square score matrix uses the kernel's own causal
-    masking, which skips the blocks above the diagonal."""
-    q_len, k_len = q.shape[-2], k.shape[-2]
-    fused_causal = causal_mask is not None and q_len == k_len
-    flash = (
-        q.device.type == "cpu"
-        and q.dtype == torch.float32
-        and q.shape[-1] == v.shape[-1]
-        and q_len * k_len >= FLASH_MIN_PAIRS  # below, the math path's few ops win
-        and flash_ops.available()
-    )
-    if isinstance(bias, RowBlockBias):
-        return row_block_attention(q, k, v, bias, scale, causal_mask)
-    fused = fused_causal and fused_applies(q, v, _learned(bias))
-    if isinstance(bias, BandBias):
-        if fused:
-            return _fused_band_bias(q, k, v, bias, scale)
-        if flash and fused_causal:
-            served.note(served.TORCH_FLASH)
-            return band_attention(q, k, v, bias.full_band().to(q.dtype), scale)
-        bias = bias.dense(q_len)
-    if isinstance(bias, DistanceTableBias) and bias.by_key is not None and not fused:
-        bias = bias.by_key()
-    if isinstance(bias, (DistanceTableBias, KeyTableBias)):
-        by_distance = isinstance(bias, DistanceTableBias)
-        positions = bias.positions if isinstance(bias, DistanceTableBias) else None
-        table = bias.table.to(q.dtype)
-        if fused:
-            no_band = q.new_empty(1, q.shape[1], 1, 0)
-            return fused_band_attention(
-                q, k, v, no_band, scale, positions, table_bias=(bias.a, table, by_distance)
-            )
-        if flash and causal_mask is not None and q_len <= k_len:  # queries: the last keys
-            served.note(served.TORCH_FLASH)
-            if by_distance:
-                return rel_shift_attention(q, k, v, bias.a, table, scale, positions)
-            return key_table_attention(q, k, v, bias.a, table, scale)
-        bias = bias.dense()
-    if isinstance(bias, ToeplitzBias):
-        if fused:
-            band = causal_band(bias.values.to(q.dtype), bias.q_len, bias.k_len)
-            return fused_band_attention(q, k, v, band, scale)
-        kernel_masks = causal_mask is None or fused_causal  # nothing left to mask in the bias
-        if flash and kernel_masks and torch.is_grad_enabled() and bias.values.requires_grad:
-            served.note(served.TORCH_FLASH)
-            return _FlashBiasedAttention.apply(
-                q.contiguous(),
-                k.contiguous(),
-                v.contiguous(),
-                bias.values.to(q.dtype),
-                scale,
-                causal_mask,
-                (bias.q_len, bias.k_len),
-            )
-        bias = bias.dense()
-    bias = bias.to(q.dtype)
-    bias = bias.reshape((1,) * (4 - bias.dim()) + tuple(bias.shape)) if bias.dim() < 4 else bias
-    if fused:
-        return fused_band_attention(q, k, v, bias, scale, by_key=True)
-    if causal_mask is not None and not (flash and fused_causal):
+    """A dense bias (B|1, H|1, Lq, Lk) on the CPU flash kernel: with `square` causal scores the
+    kernel masks the future itself and skips the blocks above the diagonal; any other mask
+    goes into the bias as -inf."""
+    if causal_mask is not None and not square:
         bias = bias.masked_fill(~causal_mask, float("-inf"))
-    if not flash:
-        served.note(served.TORCH_SDPA)
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=scale)
     served.note(served.TORCH_FLASH)
     q, k, v, bias = q.contiguous(), k.contiguous(), v.contiguous(), bias.contiguous()
     if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, bias)):
         return _FlashBiasedAttention.apply(
-            q, k, v, bias, scale, causal_mask if fused_causal else None, None
+            q, k, v, bias, scale, causal_mask if square else None, None
         )
-    out, _ = flash_ops.forward(q, k, v, fused_causal, bias, scale)
+    out, _ = flash_ops.forward(q, k, v, square, bias, scale)
     return out

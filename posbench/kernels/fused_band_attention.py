@@ -20,7 +20,7 @@ import torch
 from torch import Tensor
 
 from posbench.kernels import native, served
-from posbench.kernels.bias_types import BandProduct
+from posbench.bias_kinds import BandProduct
 
 
 def _none_to_empty(tensor: Tensor | None, like: Tensor) -> Tensor:

@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
-from posbench.kernels.bias_types import RowBlockBias
+from posbench.bias_kinds import RowBlockBias
 
 #: Elements of one block's (B, H, rows, keys) tensors (4 MiB in float32): the rows per block
 #: follow from it. Larger blocks spend less on dispatch and more on memory; CoPE at L = 2048

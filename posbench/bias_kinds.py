@@ -10,7 +10,8 @@ rows at a time, a :class:`KeyTableBias` (each query against a per-key table: the
 drawn positions by the sin/cos identity),
 which the same kernel runs without the skew, or a :class:`RowBlockBias` (formed a block of
 query rows at a time, for a bias that depends on content everywhere), which attention never
-holds whole. Toeplitz expansion of per-distance values, with a backward pass that sums
+holds whole, or a :class:`GatedPositionBias` (CoPE's content-gated positions, a RowBlockBias
+with kernels of its own). Toeplitz expansion of per-distance values, with a backward pass that sums
 diagonals, lives here too.
 """
 
@@ -20,6 +21,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 
@@ -33,6 +35,10 @@ class Scores:
         Tensor | ToeplitzBias | BandBias | DistanceTableBias | KeyTableBias | RowBlockBias | None
     )
     scale: float
+    #: The same logits in another form, for attention where no kernel reads this bias's form
+    #: (Transformer-XL's blocked tables on a device without posbench's kernels: q and k widened,
+    #: so fused attention keeps linear memory); None: the bias as it is.
+    fallback: Callable[[], "Scores"] | None = None
 
     def logits(self) -> Tensor:
         """The dense pre-mask logits (B, H, Lq, Lk); for tests and pictures, not the hot path."""
@@ -243,6 +249,93 @@ class RowBlockBias:
     def dense(self, length: int | None = None) -> Tensor:
         """The whole (B|1, H, Lq, Lk) bias; for tests, pictures and probes."""
         return self.rows(0, self.q_len, self.k_len, None)
+
+
+@dataclass
+class GatedPositionBias(RowBlockBias):
+    """CoPE's bias, which depends on content at every pair: with content logits z = scale *
+    q . k, the position of key j for query i is the sum of the gates sigmoid(z_it) from t = j
+    to i, clamped to npos - 1, and the bias is q_i . e[p_ij] interpolated linearly between the
+    two integer positions around p_ij (`table` e, (d, npos), shared by the heads). Its `rows`
+    form each block of query rows (contextual_position_bias); attention runs it through a
+    kernel written for it (posbench's C++ kernel on causal square scores, CoPE's blocked torch
+    kernel elsewhere). `square`: each query is the last of its keys."""
+
+    table: Tensor | None = None  # (d, npos)
+    npos: int = 0
+    causal: bool = True
+    square: bool = False
+
+
+def gated_position_bias(
+    q: Tensor, k: Tensor, table: Tensor, npos: int, scale: float, causal: bool, square: bool
+) -> GatedPositionBias:
+    """CoPE's bias for q (B, H, Lq, d) against k (B, H, Lk, d)."""
+
+    def rows(r0: int, r1: int, keys: int, content: Tensor | None) -> Tensor:
+        q_rows = q[:, :, r0:r1]
+        if content is None:
+            content = scale * (q_rows @ k[:, :, :keys].transpose(-1, -2))
+        own = own_keys(r0, r1, q.shape[2], k.shape[2], q.device) if causal else None
+        return contextual_position_bias(q_rows, content, table, own, npos)["bias"]
+
+    return GatedPositionBias(
+        rows, q.shape[2], k.shape[2], table=table, npos=npos, causal=causal, square=square
+    )
+
+
+def own_keys(r0: int, r1: int, q_len: int, k_len: int, device: torch.device) -> Tensor:
+    """The own key of each causal query row r0..r1-1 (the last q_len keys are the queries)."""
+    return torch.arange(r0, r1, device=device) + (k_len - q_len)
+
+
+def contextual_position_bias(
+    q: Tensor,
+    content: Tensor,
+    table: Tensor,
+    own: Tensor | None,
+    npos: int,
+    for_backward: bool = False,
+) -> dict[str, Tensor]:
+    """CoPE's bias for query rows q (B, H, R, d) from their content logits (B, H, R, K); with
+    ``for_backward``, also the intermediates the hand-written backward pass reads (each
+    (B, H, R, K))."""
+    gates = torch.sigmoid(content)
+    # p_ij = sum of the gates from key j to query i: the running sum at the query's own key
+    # less the running sum before j. Later keys' gates never enter it, so they need no
+    # masking (their positions come out <= 0 and attention masks them). Formed as a difference
+    # of running sums, positions never increase along a row, in floating point too (the
+    # backward pass's per-position sums rely on it).
+    running = gates.cumsum(-1)
+    if own is not None:
+        total = running.gather(-1, own.view(1, 1, -1, 1).expand(*running.shape[:-1], 1))
+    else:
+        total = running[..., -1:]
+    raw = torch.sub(total, F.pad(running[..., :-1], (1, 0)))  # running sums before each key
+    del running  # each (B, H, R, K) tensor is released once spent: a block's peak is memory's
+    if not for_backward:
+        del gates
+    positions = raw.clamp(0, npos - 1)
+    # where the clamp passes: allowed keys have raw >= their own gate >= 0 (the running sums
+    # never decrease), so only the upper bound binds where a gradient flows
+    inside = raw.le(npos - 1) if for_backward else None
+    del raw
+    index = positions.long()  # the floor, as positions >= 0
+    weight = positions.frac_()  # interpolation weight of the next integer position
+    at_integers = torch.matmul(q, table)  # (B, H, R, npos)
+    slopes = F.pad(at_integers.diff(dim=-1), (0, 1))  # to the next integer position
+    slope = slopes.gather(-1, index)
+    bias = at_integers.gather(-1, index).addcmul_(weight, slope)
+    if not for_backward:
+        return {"bias": bias}
+    return {
+        "bias": bias,
+        "gates": gates,
+        "inside": inside,
+        "index": index,
+        "weight": weight,
+        "slope": slope,
+    }
 
 
 def dense_bias(
