@@ -130,6 +130,7 @@ def test_bench_says_why_an_encoding_costs_more_than_nope(
     text = console.export_text()
     assert "fire:" in text and "an MLP runs per distance below the threshold" in text
     assert "cope:" in text and "positions depend on content" in text
+    assert "cope ran on " in text  # the attention backends, from each profile's env.json
     assert "L=32" in text and "L=24" not in text  # no column of n/a for the windows' length
 
     console = Console(record=True, width=200)

@@ -23,6 +23,10 @@ def test_inspect_reads_what_a_run_stored(sweep_dir: Path, tmp_path: Path) -> Non
     assert stored.output.startswith("copy / t5 / seed ") and "position" in stored.output
     assert "attention mass by key distance" in stored.output and "in distribution" in stored.output
     assert "reachability" in stored.output
+    env = json.loads((run / "env.json").read_text())
+    assert env["attention"]  # the backends attention chose, each with why the earlier refused
+    for backend, entry in env["attention"].items():
+        assert f"attention: {backend} ({entry['calls']} calls)" in stored.output, stored.output
     # a run that evaluated a model another run trained stores no probes
     evaluated = tmp_path / run.name
     shutil.copytree(run, evaluated)

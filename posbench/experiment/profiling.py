@@ -27,6 +27,7 @@ from torch import Tensor, nn
 from posbench.attention import SelfAttention, attention_tensor_bytes
 from posbench.cache import Cache
 from posbench.experiment.config import EncodingSpec, config_id, parse_specs, run_label, to_jsonable
+from posbench.kernels import served
 from posbench.kernels.cpu import compute_settings, configure_cpu
 from posbench.model import run_layers
 from posbench.encodings import REGISTRY as ENCODINGS, create_encoding
@@ -470,9 +471,11 @@ def profile_output(job: ProfileRun) -> RunOutput:
     rows: list[dict[str, Any]] = []
     start = time.perf_counter()
     try:
-        with compute_settings(config.threads):
+        with compute_settings(config.threads), served.recording() as kernels:
             rows = profile_encoding(job.encoding, config)
         result["status"] = "ok"
+        # which backend attention chose at each timed shape, and why each earlier one refused
+        env["attention"] = dict(sorted(kernels.decisions.items()))
     except Exception as err:  # recorded; the sweep goes on with the next encoding
         result["status"], result["error"] = "error", f"{type(err).__name__}: {err}"
     result["seconds"] = time.perf_counter() - start

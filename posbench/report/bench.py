@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from posbench.store import RESULTS_FILE, collect
+from posbench.store import RESULTS_FILE, RunFolder, collect
 
 #: Above this fwd+bwd ratio to NoPE, `posbench bench` says why the encoding costs what it does.
 COST_NOTE_ABOVE = 2.5
@@ -24,6 +24,18 @@ def _cell(value: float) -> str:
         if value is None or (isinstance(value, float) and math.isnan(value))
         else f"{value:.2f}"
     )
+
+
+def _print_kernels(console: Console, out_dir: Path, rows: pd.DataFrame) -> None:
+    """Per encoding, the attention backends that served its timed calls (the profile's env.json;
+    why each faster one refused is recorded there too)."""
+    for label, group in rows.groupby("encoding_label", sort=False):
+        chosen: list[str] = []
+        for run_id in group["run_id"].dropna().unique():
+            env = RunFolder(out_dir / str(run_id)).env() or {}
+            chosen += [b for b in env.get("attention") or {} if b not in chosen]
+        if chosen:
+            console.print(Text(f"{label} ran on {', '.join(chosen)}"), soft_wrap=True)
 
 
 def print_bench(console: Console, out_dir: Path, device: str = "cpu") -> None:
@@ -55,6 +67,7 @@ def print_bench(console: Console, out_dir: Path, device: str = "cpu") -> None:
             )
         table.add_row(Text(str(label)), *cells)
     console.print(table)
+    _print_kernels(console, out_dir, rows)
     _print_cost_notes(console, rows, device)
     if rows["note"].fillna("").str.startswith("noisy").any():
         console.print(

@@ -1,5 +1,5 @@
-"""`posbench inspect` in the terminal: one stored training run's diagnostics (score terms and
-their health flags, attention mass by key distance, reachability of indexed rows), read from the
+"""`posbench inspect` in the terminal: one stored training run's diagnostics (the attention
+kernel it ran on and why, score terms and their health flags, attention mass by key distance, reachability of indexed rows), read from the
 files the run stored; any other folder is one sentence naming the run folders it could mean."""
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ def print_inspection(console: Console, folder: Path) -> None:
     _check_training_run(run)
     result = run.result() or {}
     console.print(Text(f"{run.label()}: {result.get('status')}"), soft_wrap=True)
+    _print_kernels(console, (run.env() or {}).get("attention") or {})
     terms = run.table(TERMS_FILE)
     if terms is None:
         console.print(
@@ -46,6 +47,15 @@ def print_inspection(console: Console, folder: Path) -> None:
     if distances is not None:
         _print_distances(console, distances)
     _print_reachability(console, run.table(REACHABILITY_FILE), result)
+
+
+def _print_kernels(console: Console, chosen: dict) -> None:
+    """Which backend attention chose for the run's calls, and why each earlier one refused
+    (env.json's `attention`; runs stored before posbench recorded it have none)."""
+    for backend, entry in chosen.items():
+        refused = "; ".join(f"{name}: {why}" for name, why in entry.get("refused", {}).items())
+        line = f"attention: {backend} ({entry.get('calls', 0)} calls)"
+        console.print(Text(line + (f"; not {refused}" if refused else "")), soft_wrap=True)
 
 
 def _check_training_run(run: RunFolder) -> None:
