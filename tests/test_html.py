@@ -398,7 +398,7 @@ def test_figures_of_labels_that_differ_in_unsafe_characters_keep_apart() -> None
         {"name": name, "length_plot": name, "cache_plot": None, "position_plot": None}
         for name in ("c+1", "c_1", "copy")
     ]
-    context = {"tasks": tasks, "costs": {}, "scale": None, "diagnostics": {}}
+    context = {"tasks": tasks, "text": [], "costs": {}, "scale": None, "diagnostics": {}}
     files = _figure_files(context, ["accuracy_vs_length_copy"])
     assert sorted(files.values()) == ["c+1", "c_1", "copy"]  # one file each, none overwritten
     assert files["accuracy_vs_length_c_1"] == "c_1" and files["accuracy_vs_length_copy"] == "copy"

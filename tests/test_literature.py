@@ -163,6 +163,30 @@ def _deepmind(
     return rows
 
 
+def _text(ratios: dict[str, tuple[float, ...]]) -> list[dict]:
+    """Whole-text losses on Tiny Shakespeare: 1.9 nats at L = 64, and at 2, 4, 8 and 16 L that
+    plus the log of each perplexity ratio, five seeds."""
+    rows = []
+    for (e, values), (seed, noise) in itertools.product(ratios.items(), zip(SEEDS, JITTER)):
+        base = {"task": "shakespeare", "task_name": "shakespeare", "encoding": e}
+        base |= {"encoding_label": e, "seed": seed, "train_len_max": 64, "mem_len": math.nan}
+        base |= {"metric": "text_loss"}
+        rows.append(base | {"eval_len": 64, "value": 1.9})
+        rows += [
+            base | {"eval_len": 64 * m, "value": 1.9 + math.log(r) + noise}
+            for m, r in zip((2, 4, 8, 16), values)
+        ]
+    return rows
+
+
+PRESS_TABLE_3 = {
+    "sinusoidal": (2.6, 7.4, 14.7, 23.4),
+    "rope": (1.6, 2.3, 3.4, 5.5),
+    "t5": (1.0, 1.03, 1.4, 2.0),
+    "alibi": (0.97, 0.96, 0.96, 0.96),
+}
+
+
 def _verdicts(rows: list[dict]) -> dict[str, tuple[str, str]]:
     return {v.finding: (v.verdict, v.measured) for v in check_findings(tidy(rows))}
 
@@ -174,6 +198,7 @@ AGREEING = (
     + _lookback({"sinusoidal-restart": 0.1, "txl": 1.0, "rope": 0.98, "sinusoidal": 1.0})
     + _randomized({"rope": 0.3, "rope+random": 0.42})
     + _deepmind({(t, "rope"): 0.6 for t in ("cycle_navigation", "reverse_string", "odds_first")})
+    + _text(PRESS_TABLE_3)
 )
 
 
@@ -204,6 +229,7 @@ def test_results_that_disagree_say_so_with_the_numbers() -> None:
         + _deepmind(
             {(t, "rope"): 0.95 for t in ("cycle_navigation", "reverse_string", "odds_first")}
         )
+        + _text(dict(zip(PRESS_TABLE_3, reversed(list(PRESS_TABLE_3.values())))))
     )
     assert {verdict for verdict, _ in verdicts.values()} == {DISAGREES}, verdicts
     flat = verdicts["ALiBi's loss stays flat far past the training length"][1]
@@ -496,7 +522,7 @@ def test_the_verdict_rule_says_agrees_by_chance_at_most_5_percent_of_the_time() 
     from posbench.report.calibration import calibrate
 
     calibration = calibrate(5, simulations=200)
-    assert calibration.tested == 8
+    assert calibration.tested == 11
     assert calibration.family_rate <= 0.05, calibration
     assert calibration.false_agree_rate <= 0.05, calibration
     assert "simulated reports with no true difference and 5 seeds" in calibration.sentence()

@@ -1,6 +1,7 @@
 """`posbench inspect` in the terminal: one stored training run's diagnostics (the attention
-kernel it ran on and why, score terms and their health flags, attention mass by key distance, reachability of indexed rows), read from the
-files the run stored; any other folder is one sentence naming the run folders it could mean."""
+backend it ran on and why, score terms and their health flags, attention mass by key distance,
+reachability of indexed rows), read from the files the run stored; any other folder is one
+sentence naming the run folders it could mean."""
 
 from __future__ import annotations
 
