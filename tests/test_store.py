@@ -469,3 +469,16 @@ def test_a_sweep_reads_each_stored_run_a_bounded_number_of_times(
     # the final check; hashed also when the sweep looks for damaged and finished runs
     assert max(per_run) <= 2, reads
     assert max(hashed) <= 4, reads
+
+
+def test_a_run_records_the_commit_its_process_loaded_not_where_the_checkout_moved(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A worker imports posbench once and runs for hours while the checkout may move on: its
+    runs record the commit read when the code was loaded."""
+    from posbench.experiment import environment
+
+    loaded = environment.loaded_commit()
+    monkeypatch.setattr(environment, "git_commit", lambda: "f" * 40)  # the checkout moved on
+    assert environment.environment("cpu")["git_commit"] == loaded
+

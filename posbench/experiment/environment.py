@@ -3,6 +3,7 @@ each run's env.json for reproducing it."""
 
 from __future__ import annotations
 
+import functools
 import os
 import platform
 import subprocess
@@ -42,7 +43,7 @@ def environment(device: str) -> dict[str, Any]:
         # kernel served each call is counted in result.json's attention_kernels
         "native_kernels_allowed": device.startswith("cpu") and native.enabled(),
         "device": device,
-        "git_commit": git_commit(),
+        "git_commit": loaded_commit(),
     }
     if device.startswith("cuda") and torch.cuda.is_available():
         env["gpu"] = torch.cuda.get_device_name(torch.device(device))
@@ -74,3 +75,13 @@ def git_commit() -> str | None:
         return None
     changed = git("status", "--porcelain", "--untracked-files=no", "--", ".")
     return f"{commit}+changes" if changed else commit
+
+
+@functools.cache
+def loaded_commit() -> str | None:
+    """git_commit() as it was when this process loaded posbench's code: read at import, so a
+    checkout that moves on while a long-lived worker runs does not relabel the code it runs."""
+    return git_commit()
+
+
+loaded_commit()  # now, with the code this process runs
