@@ -266,11 +266,14 @@ def test_the_headline_table_rows_are_configurations_across_reports(tmp_path: Pat
     _front_page_record(
         tmp_path / "reports", "c", mrr=[row | {"encoding": "t5"}], probes_learning_rate=True
     )  # a learning-rate probe pools its rates: not a column
+    one_seed = row | {"low": None, "high": None}
+    _front_page_record(tmp_path / "reports", "d", mrr=[one_seed | {"encoding": "t5"}])
+    # one seed gives no interval: a pattern to confirm (the default run), not a column
     assert headline_table(read_reports(tmp_path / "reports")).reports == ["a", "b"]
 
 
 def test_index_writes_the_headline_table_into_a_readme(tmp_path: Path) -> None:
-    mrr = [{"encoding": "t5", "value": 0.5, "low": None, "tasks": 2}]
+    mrr = [{"encoding": "t5", "value": 0.5, "low": 0.4, "high": 0.6, "tasks": 2}]
     _front_page_record(tmp_path / "reports", "suite", mrr=mrr)
     readme = tmp_path / "README.md"
     readme.write_text("# title\n<!-- headline:start -->\nold\n<!-- headline:end -->\nafter\n")
@@ -278,7 +281,8 @@ def test_index_writes_the_headline_table_into_a_readme(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     assert readme.read_text() == (
         "# title\n<!-- headline:start -->\n"
-        "| encoding | [suite](reports/suite/README.md) |\n| --- | ---: |\n| `t5` | 0.50 (2) |\n"
+        "| encoding | [suite](reports/suite/README.md) |\n| --- | ---: |\n"
+        "| `t5` | 0.50 [0.40, 0.60] (2) |\n"
         "<!-- headline:end -->\nafter\n"
     )
     readme.write_text("no markers\n")

@@ -161,10 +161,15 @@ class HeadlineTable:
 
 
 def headline_table(reports: list[IndexedReport]) -> HeadlineTable:
-    """The headline table of the reports whose record ranks encodings across tasks, but for
-    learning-rate probes (their ranking pools the rates)."""
+    """The headline table of the reports whose record ranks encodings across tasks with an
+    interval over seeds, but for learning-rate probes (their ranking pools the rates): a
+    one-seed run (the default) has a pattern to confirm, not a ranking."""
     ranked = [
-        r for r in reports if r.record.get("mrr") and not r.record.get("probes_learning_rate")
+        r
+        for r in reports
+        if r.record.get("mrr")
+        and not r.record.get("probes_learning_rate")
+        and any(row.get("low") is not None for row in r.record["mrr"])
     ]
     cells: dict[str, dict[str, str]] = {}
     for report in ranked:
