@@ -280,7 +280,7 @@ def test_missing_results_are_not_measured() -> None:
 def test_one_seed_is_inconclusive_and_wide_seed_spread_is_inconclusive() -> None:
     one_seed = [row for row in AGREEING if row["seed"] == 0]
     tested = {v.finding: v for v in check_findings(tidy(one_seed)) if v.method}
-    assert len(tested) == 8
+    assert len(tested) == 11
     assert {v.verdict for v in tested.values()} == {INCONCLUSIVE}
     flat = "ALiBi's loss stays flat far past the training length"
     assert "gave no p-value (too few seeds)" in tested[flat].measured
@@ -509,7 +509,8 @@ def test_the_order_check_agrees_only_with_the_order_or_one_adjacent_swap() -> No
 def test_verdicts_carry_their_p_values() -> None:
     verdicts = check_findings(tidy(AGREEING))
     tested = [v for v in verdicts if v.method]
-    assert len(tested) == 8  # Kazemnejad's two on copy, Press's three, memory, restart, gain
+    # Kazemnejad's two on copy, Press's three on lm and three on text, memory, restart, gain
+    assert len(tested) == 11
     assert all(v.adjusted_p <= 0.05 and v.p_value <= v.adjusted_p for v in tested), tested
     assert all(math.isnan(v.p_value) for v in verdicts if not v.method)
     assert all(math.isnan(v.p_value) for v in check_findings(tidy(_copy({"t5": 0.1}))))

@@ -588,10 +588,13 @@ def _text_order(frame: pd.DataFrame) -> tuple[str, str]:
 
 
 def _text_order_test(frame: pd.DataFrame) -> Evidence | None:
+    """The claimed order over seeds, each seed's run scored once: its log ratio averaged over
+    the multiples Table 3 orders (the multiples of one run are not independent evidence)."""
     table, _ = _text_reads(frame)
-    shared = _ordered_multiples()
+    table = table[table["multiple"].isin(_ordered_multiples())]
+    per_seed = table.groupby(["name", "seed"])["value"].mean().rename("value").reset_index()
     order = [[name] for name in sorted(ALIBI_FIGURE_1, key=lambda n: -ALIBI_FIGURE_1[n])]
-    return _order_evidence(table[table["multiple"].isin(shared)], order)
+    return _order_evidence(per_seed, order)
 
 
 def _text_alibi_below_one(frame: pd.DataFrame) -> tuple[str, str]:
