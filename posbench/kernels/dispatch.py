@@ -200,7 +200,7 @@ class Native:
         q_len, k_len = scores.q.shape[-2], scores.k.shape[-2]
         if call.mask is None or q_len != k_len:
             return "not causal square attention (a cache, or an encoder)"
-        return _native_refusal(scores.q, v, _learned(bias))
+        return _native_refusal(scores.q, v, blocked.learned_bias(bias))
 
     def run(self, call: Call) -> Tensor:
         scores, q, k, v = call.scores, call.scores.q, call.scores.k, call.v
@@ -222,10 +222,6 @@ class Native:
             band = causal_band(bias.values.to(q.dtype), bias.q_len, bias.k_len)
             return fused_band_attention(q, k, v, band, scale)
         return fused_band_attention(q, k, v, _four_dims(bias.to(q.dtype)), scale, by_key=True)
-
-
-def _learned(bias: Bias) -> bool:
-    return blocked.learned_bias(bias)
 
 
 def _four_dims(bias: Tensor) -> Tensor:
