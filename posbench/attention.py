@@ -64,7 +64,7 @@ class SelfAttention(nn.Module):
             v,
             mask=causal_mask(q_len, k_len, x.device) if self.causal and q_len > 1 else None,
             causal=self.causal,
-            square=self.causal and k_span is span,  # causal, each query the last of its keys
+            square=self.causal and k_len == q_len,  # causal, and no memory held
             distance=lambda lo, hi: encoding.distance_bias(lo, hi, context, q.device),
             reach=(span.first - k_span.last, span.last - k_span.first),
             widest=span.last - span.first,

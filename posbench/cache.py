@@ -102,6 +102,11 @@ class Cache:
             )
         return Span(start, stop, self.positions[start:stop])
 
+    def batch_size(self) -> int:
+        """Sequences the memory holds (0 before it has read any)."""
+        view = self._keys[0].view() if self._keys else None
+        return 0 if view is None else view.shape[0]
+
     def held(self, layer: int = 0) -> int:
         """Number of positions a layer's memory holds now."""
         view = self._keys[layer].view()
@@ -124,11 +129,82 @@ class Cache:
             return k_all, v_all, span
         keys.append(k, self.mem_len + k.shape[2])
         values.append(v, self.mem_len + k.shape[2])
-        k_all, v_all = keys.view(), values.view()
+        # nothing held: attention reads the new keys themselves, as it would with no memory
+        k_all, v_all = (k, v) if held == 0 else (keys.view(), values.view())
         if not math.isinf(self.mem_len):  # keep only mem_len for the next call
             keys.start = values.start = max(keys.start, keys.stop - int(self.mem_len))
         return k_all, v_all, span
 
+    def resumed(self, mem_len: float, at: int, rows: Tensor | None = None) -> "Cache":
+        """The memory of `mem_len` a stream read in segments holds after its first `at` tokens
+        (the newest min(mem_len, at) of them), taken from this memory, which read the same
+        stream from its start in one pass and dropped nothing; of the sequences `rows` (None:
+        all). For a cache-consistent encoding the two are the same keys and values until the
+        segments' memory first drops a token, so a reading through a shorter memory continues
+        from here without reading its first tokens again."""
+        if not math.isinf(self.mem_len) or self.seen < at:
+            raise ValueError(
+                f"a memory resumes from an unbounded one that has read at least {at} tokens; "
+                f"this one keeps {self.mem_len} and has read {self.seen}"
+            )
+        out = Cache(len(self._keys), mem_len, self.positions)
+        keep = at if math.isinf(mem_len) else min(int(mem_len), at)
+        for theirs, mine in ((self._keys, out._keys), (self._values, out._values)):
+            for source, target in zip(theirs, mine):
+                held = source.view()
+                assert held is not None, "an unbounded memory that has read tokens holds them"
+                kept = held[:, :, at - keep : at]  # (B, H, keep, d): the stream starts at slot 0
+                target.data = (kept if rows is None else kept[rows]).clone()
+                target.stop = keep
+        out.seen = at
+        return out
+
     def advance(self, new_tokens: int) -> None:
         """Count `new_tokens` more positions as seen (after all layers have run)."""
         self.seen += new_tokens
+
+
+class MemoryParts:
+    """The unbounded memories of consecutive groups of sequences (one per batch of a sample,
+    each from its full-context pass), resumed as one memory of the whole sample: each group
+    gives only the rows and positions asked for, so nothing else is copied."""
+
+    def __init__(self, parts: list[Cache]) -> None:
+        self.parts = parts
+
+    def resumed(self, mem_len: float, at: int, rows: Tensor | None = None) -> Cache:
+        """Cache.resumed over the whole sample: `rows` (None: all) count across the groups."""
+        pieces: list[Cache] = []
+        offset = 0
+        for part in self.parts:
+            size = part.batch_size()
+            if rows is None:
+                pieces.append(part.resumed(mem_len, at))
+            else:
+                mine = rows[(rows >= offset) & (rows < offset + size)] - offset
+                if len(mine):
+                    pieces.append(part.resumed(mem_len, at, mine))
+            offset += size
+        return _stacked(pieces)
+
+
+def _stacked(memories: list[Cache]) -> Cache:
+    """One memory holding the sequences of `memories` one after another along the batch:
+    memories of the same stream that have read and kept the same positions."""
+    first = memories[0]
+    if len(memories) == 1:
+        return first
+    if any(
+        m.seen != first.seen or m.mem_len != first.mem_len or m.held() != first.held()
+        for m in memories
+    ):
+        raise ValueError("stacked memories must have read and kept the same positions")
+    out = Cache(len(first._keys), first.mem_len, first.positions)
+    for name in ("_keys", "_values"):
+        for layer, target in enumerate(getattr(out, name)):
+            views = [getattr(m, name)[layer].view() for m in memories]
+            if views[0] is not None:
+                target.data = torch.cat(views)  # (sum of B, H, held, d)
+                target.stop = target.data.shape[2]
+    out.seen = first.seen
+    return out

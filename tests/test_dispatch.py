@@ -50,8 +50,11 @@ def test_the_cpp_kernel_serves_causal_square_attention_and_a_cache_goes_elsewher
     assert refused["C++ kernel, per-distance bias"].startswith("the bias is not a function")
     cache = model.new_cache()
     with served.recording() as record, torch.no_grad():
-        for segment in tokens.split(80, dim=1):  # the second segment reads a memory
+        # the first segment reads an empty memory: square attention, the C++ kernel's; the
+        # second reads a memory: another backend's
+        for segment in torch.cat((tokens, tokens), dim=1).split(160, dim=1):
             model(segment, cache=cache)
+    assert record.decisions["C++ kernel, per-distance bias"]["calls"] == 2  # one per layer
     reasons = [entry["refused"] for entry in record.decisions.values()]
     assert any(
         r.get("C++ kernel, per-distance bias", "").startswith("not causal square") for r in reasons

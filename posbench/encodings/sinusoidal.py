@@ -19,7 +19,8 @@ class Sinusoidal(PositionalEncoding):
 
     With a cache, positions continue across segments. ``restart_per_segment=True`` restarts
     them at 0 in every call instead: the inconsistency Transformer-XL was built to avoid,
-    offered to show that failure.
+    offered to show that failure (so it is not cache consistent: free-running decoding
+    recomputes its prefix instead of decoding a token per call, each at position 0).
 
     ``amplitude`` multiplies the table. Vaswani et al. add unit sinusoids to token embeddings
     scaled to unit size (fairseq: N(0, 1/d) times sqrt(d)); a model whose token embeddings
@@ -38,6 +39,8 @@ class Sinusoidal(PositionalEncoding):
         super().__init__(shape)
         self.base = base
         self.restart_per_segment = restart_per_segment
+        if restart_per_segment:  # chunks read through a memory restart: not the whole stream's
+            self.cache_consistent = False
         self.amplitude = amplitude
 
     def table(self, span: Span, device: torch.device) -> Tensor:

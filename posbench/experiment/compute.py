@@ -29,8 +29,7 @@ from posbench.experiment.config import (
 from posbench.kernels import served
 from posbench.kernels.cpu import compute_settings
 from posbench.experiment.evaluation import (
-    POSITION_METRICS,
-    TEXT_METRICS,
+    FULL_CONTEXT,
     iter_evaluate,
     validation_exact_match,
     validation_excess,
@@ -56,23 +55,6 @@ POLL_SECONDS = 0.25
 
 #: (run id, event, payload): ("started", steps), ("step", (step, loss)), ("evaluating", None).
 ProgressSink = Callable[[str, str, Any], None]
-#: The parts of result.json's time_split besides setup, training and diagnostics: evaluation
-#: by kind (full context includes judging the run; free-running decoding is counted apart from
-#: the full-context pass it belongs to), then "storing", added by the store.
-FREE_RUNNING = "evaluation, free-running decoding"
-
-
-def _evaluation_part(measurement: Any) -> str:
-    """Which part of the time split computed a measurement."""
-    if measurement.mem_len is not None:
-        return "evaluation, caches"
-    if measurement.metric in POSITION_METRICS:
-        return "evaluation, loss by position"
-    if measurement.metric in TEXT_METRICS:
-        return "evaluation, whole text"
-    return "evaluation, full context"
-
-
 #: A worker sends a training-step event at most this often (seconds); the last step always.
 STEP_EVENT_INTERVAL = 0.5
 #: What a result keeps of training, so a retry after a failed evaluation can skip training.
@@ -295,19 +277,19 @@ def _compute(job: RunJob, progress: ProgressSink) -> RunOutput:
         stage = "evaluation"
         progress(run.run_id, "evaluating", None)
         by_position: list[dict[str, float]] = []
-        decoding = {FREE_RUNNING: 0.0}  # iter_evaluate adds the seconds of greedy decoding
-        for m in iter_evaluate(model, task, run.eval, run.device, by_position, decoding):
+        spent: dict[str, float] = {}  # iter_evaluate's seconds by part of the time split
+        for m in iter_evaluate(model, task, run.eval, run.device, by_position, spent):
             measurements.append(m.__dict__ | {"seq_len": None})
-            lap += decoding[FREE_RUNNING] - times.get(FREE_RUNNING, 0.0)  # counted apart
-            times[FREE_RUNNING] = decoding[FREE_RUNNING]
-            clock(_evaluation_part(m))
+        for part, seconds in spent.items():
+            times[part] = times.get(part, 0.0) + seconds
+        lap += sum(spent.values())  # the rest of the evaluation's time is full context's
         if by_position:
             artifacts[ANSWER_POSITIONS_FILE] = (
                 pd.DataFrame(by_position).to_csv(index=False).encode()
             )
         measurements += reach_rows + _training_rows(result, run)
         result.update(_learned(measurements, task, note))
-        clock("evaluation, full context")
+        clock(FULL_CONTEXT)
         _draw_pictures(model, task, run, probes, result, artifacts, note)
         clock("diagnostics")
         result["status"] = "ok"

@@ -4,12 +4,20 @@ greedy decoding. Full-context evaluation also decodes greedily (free running), s
 accuracy can be read both ways: teacher-forced token accuracy credits a token read after the
 model's first mistake; greedy token accuracy does not. Free running feeds answers back only
 where a task's answers are its next inputs (Task.answers_fed_back); elsewhere it equals
-teacher forcing, and its rows say so."""
+teacher forcing, and its rows say so.
+
+Nothing is read twice. A memory reads what the whole sequence's pass reads until it first
+drops a token, so each memory's reading continues from the full-context pass (its logits and
+its unbounded memory) from that segment on; free-running decoding starts from the same memory
+at the first wrong answer fed back (before it, the model has read the true tokens); loss by
+position reads the full-context pass at the longest length. Where an encoding is not cache
+consistent or draws positions, each reading runs from the start as before."""
 
 from __future__ import annotations
 
 import math
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -17,6 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from posbench.attention import attention_tensor_bytes
+from posbench.cache import Cache, MemoryParts
 from posbench.experiment.config import EvalConfig
 from posbench.encodings.base import Span
 from posbench.encodings.positions import seeded_draws
@@ -74,6 +83,49 @@ def mem_lens(task: Task, config: EvalConfig) -> list[float]:
     return out
 
 
+#: The parts of a run's time split that evaluation spends (result.json "time_split"): full
+#: context includes judging the run; free-running decoding is counted apart from the
+#: full-context pass it continues, and the cache sweep's continuations apart from the pass
+#: they start from.
+FULL_CONTEXT = "evaluation, full context"
+CACHES = "evaluation, caches"
+FREE_RUNNING = "evaluation, free-running decoding"
+BY_POSITION = "evaluation, loss by position"
+WHOLE_TEXT = "evaluation, whole text"
+
+
+class _Clock:
+    """Seconds by part of the time split, added to `seconds` (None: not kept)."""
+
+    def __init__(self, seconds: dict[str, float] | None) -> None:
+        self.seconds = seconds
+
+    @contextmanager
+    def part(self, name: str) -> Iterator[None]:
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            if self.seconds is not None:
+                self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - started
+
+
+def continues_full_context(model: Decoder) -> bool:
+    """Whether the cache sweep and free-running decoding may start from the full-context pass:
+    a causal model whose encoding is cache consistent (reading a stream in segments through an
+    unbounded memory gives the whole stream's logits) and draws no positions (each reading
+    would draw its own)."""
+    encoding = model.encoding
+    return model.config.causal and encoding.cache_consistent and not encoding.draws_positions
+
+
+def first_dropped(mem_len: float, segment: int) -> float:
+    """The first token whose segment reads a memory of `mem_len` that has dropped a token:
+    segment k holds min(mem_len, k * segment) earlier tokens, all of them while k * segment
+    <= mem_len, so until then it reads what the whole stream's pass reads (math.inf: never)."""
+    return math.inf if math.isinf(mem_len) else (int(mem_len) // segment + 1) * segment
+
+
 @torch.no_grad()
 def _logits(
     model: Decoder, tokens: torch.Tensor, segment: int | None, mem_len: float
@@ -91,40 +143,96 @@ def _logits(
 
 
 @torch.no_grad()
-def greedy_predictions(model: Decoder, tokens: torch.Tensor, answer: torch.Tensor) -> torch.Tensor:
+def continued_logits(
+    model: Decoder,
+    tokens: torch.Tensor,
+    logits: torch.Tensor,
+    memory: Cache | MemoryParts,
+    segment: int,
+    mem_len: float,
+) -> torch.Tensor:
+    """The logits (B, T, V) of reading `tokens` (B, T) in segments through a memory of
+    `mem_len`, continued from the full-context pass over the same tokens (its `logits` and its
+    unbounded `memory`): the segments before the memory first drops a token read what that
+    pass read, so their logits are its logits and the rest start from its keys and values.
+    For a model that continues_full_context."""
+    cut = first_dropped(mem_len, segment)
+    T = tokens.shape[1]
+    if cut >= T:
+        return logits
+    cut = int(cut)
+    cache = memory.resumed(mem_len, cut)
+    return torch.cat(
+        [logits[:, :cut]]
+        + [model(tokens[:, s : s + segment], cache=cache) for s in range(cut, T, segment)],
+        dim=1,
+    )
+
+
+@torch.no_grad()
+def greedy_predictions(
+    model: Decoder,
+    tokens: torch.Tensor,
+    answer: torch.Tensor,
+    forced: torch.Tensor | None = None,
+    memory: Cache | MemoryParts | None = None,
+) -> torch.Tensor:
     """Free-running decoding: the model's argmax at every position (B, T), where each answer
     token the model reads is its own earlier prediction rather than the true token (so after
     its first mistake it continues from that mistake). Only for a task whose answers are its
     next inputs (Task.answers_fed_back): the prediction at t is written into the input at
     t + 1. Tokens off the answer are read as given.
-    Decodes one token at a time through an unbounded cache when the encoding is cache
-    consistent, else recomputes the prefix at every step. A bidirectional model emits every
-    answer at once from blanks, reading none of its answers: its one forward pass is free
-    running."""
+    Until a sequence feeds back a wrong answer it reads the true tokens, so its predictions are
+    the teacher-forced ones, `forced` (B, T) (the full-context argmax, computed when not
+    given); only sequences that feed back a wrong answer are decoded, from the first such
+    input on, one token at a time through a memory (resumed from `memory`, the full-context
+    pass's unbounded memory of `tokens`, when given) where the encoding is cache consistent,
+    else recomputing the prefix at every step. An encoding that draws positions decodes every
+    sequence from its first answer through one memory, all its positions from one draw. A
+    bidirectional model emits every answer at once from blanks, reading none of its answers:
+    its one forward pass is free running."""
     if not model.config.causal:
         return model(tokens).argmax(-1)
     B, T = tokens.shape
     columns = answer.any(dim=0).nonzero()
-    predictions = torch.zeros_like(tokens)
     if len(columns) == 0:
-        return predictions
-    first = int(columns[0])  # logits here predict the first answer token
-    inputs = tokens.clone()
+        return torch.zeros_like(tokens)
+    if model.encoding.draws_positions:  # every prediction from the memory's one draw
+        rows, start, forced = torch.arange(B, device=tokens.device), int(columns[0]), None
+    else:
+        if forced is None:
+            forced = model(tokens).argmax(-1)  # (B, T)
+        fed_wrong = answer[:, :-1] & (forced[:, :-1] != tokens[:, 1:])  # (B, T - 1)
+        rows = fed_wrong.any(dim=1).nonzero().flatten()
+        if len(rows) == 0:
+            return forced
+        start = int(fed_wrong[rows].float().argmax(dim=1).min())  # the earliest wrong answer
+    inputs = tokens[rows].clone()  # (R, T): the decoded sequences' inputs, true until start
+    predictions = torch.zeros_like(inputs)
+    cache = None
+    if forced is not None:
+        predictions[:, : start + 1] = forced[rows, : start + 1]
     if model.encoding.cache_consistent:
-        cache = model.new_cache(mem_len=math.inf, length=T)
-        logits = model(inputs[:, : first + 1], cache=cache)  # (B, first + 1, V)
-        predictions[:, : first + 1] = logits.argmax(-1)
-        for t in range(first, T - 1):
-            inputs[:, t + 1] = torch.where(answer[:, t], predictions[:, t], tokens[:, t + 1])
-            predictions[:, t + 1] = model(inputs[:, t + 1 : t + 2], cache=cache)[:, -1].argmax(-1)
+        if memory is not None and forced is not None:
+            cache = memory.resumed(math.inf, start + 1, rows)
+        else:
+            cache = model.new_cache(mem_len=math.inf, length=T)
+            predictions[:, : start + 1] = model(inputs[:, : start + 1], cache=cache).argmax(-1)
+    elif forced is None:
+        predictions[:, : start + 1] = model(inputs[:, : start + 1]).argmax(-1)
+    for t in range(start + 1, T):
+        inputs[:, t] = torch.where(answer[rows, t - 1], predictions[:, t - 1], tokens[rows, t])
+        logits = (
+            model(inputs[:, t : t + 1], cache=cache)
+            if cache is not None
+            else model(inputs[:, : t + 1])
+        )
+        predictions[:, t] = logits[:, -1].argmax(-1)
+    if forced is None:
         return predictions
-    predictions[:, : first + 1] = model(inputs[:, : first + 1]).argmax(-1)
-    for t in range(first, T):
-        if t > first:
-            predictions[:, t] = model(inputs[:, : t + 1])[:, -1].argmax(-1)
-        if t + 1 < T:
-            inputs[:, t + 1] = torch.where(answer[:, t], predictions[:, t], tokens[:, t + 1])
-    return predictions
+    out = forced.clone()
+    out[rows] = predictions
+    return out
 
 
 def chance_hits(
@@ -173,6 +281,34 @@ def correct_prefix(hit: torch.Tensor, answer: torch.Tensor) -> torch.Tensor:
     return before.sum(dim=1)
 
 
+class _Tally:
+    """Exact match, teacher-forced token accuracy and loss, summed over the batches of a
+    sample read one way (full context, or through one memory)."""
+
+    def __init__(self) -> None:
+        self.exact = self.correct = self.answers = self.sequences = 0
+        self.loss_sum = 0.0
+
+    def add(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """Counts the batch's logits (B, T, V) against its targets (B, T); returns the hits."""
+        mask = targets != IGNORE
+        hit = (logits.argmax(-1) == targets) & mask
+        self.exact += int((hit | ~mask).all(dim=1).sum())
+        self.correct += int(hit.sum())
+        self.answers += int(mask.sum())
+        self.sequences += targets.shape[0]
+        self.loss_sum += float(F.cross_entropy(logits[mask], targets[mask], reduction="sum"))
+        return hit
+
+    def scores(self) -> dict[str, float]:
+        return {
+            "exact_match": self.exact / self.sequences,
+            "token_accuracy": self.correct / self.answers,
+            "loss": self.loss_sum / self.answers,
+        }
+
+
+@torch.no_grad()
 def _accuracy(
     model: Decoder,
     task: Task,
@@ -184,65 +320,107 @@ def _accuracy(
     seed: int = HELD_OUT_SEED,
     free_running: bool = False,
     by_position: list[dict[str, float]] | None = None,
-    decoding: dict[str, float] | None = None,
+    seconds: dict[str, float] | None = None,
+    memories: dict[float, dict[str, float]] | None = None,
+    token_losses: torch.Tensor | None = None,
 ) -> dict[str, float]:
     """Exact match, teacher-forced token accuracy and loss on the held-out sample of `length`;
     with `free_running`, also greedy token accuracy (the model reads its own answers), the mean
     correct-prefix length in answer tokens, and the chance level (always answering each answer
     position's most frequent token of an independent sample: see chance_hits); `by_position`, when
     given, receives one row per answer position (counted from the first answer token) with its
-    teacher-forced and greedy accuracy; `decoding`'s one entry receives the seconds spent on
-    free-running decoding."""
-    exact = correct = answers = sequences = greedy = prefix = 0
-    loss_sum = 0.0
+    teacher-forced and greedy accuracy; `seconds` receives the time spent by part of the time
+    split. At full context (no `segment`), `memories` (memory length -> {}), when given,
+    receives the same scores read in segments of default_segment_len through each memory,
+    continued from the full-context pass (the model must continue_full_context), and
+    `token_losses` (T,) the per-token losses summed over the sample."""
+    clock = _Clock(seconds)
+    full, through = _Tally(), {mem: _Tally() for mem in memories or {}}
+    greedy = prefix = 0
     counts: dict[int, torch.Tensor] = {}
     position_hits: dict[
         int, list[int]
     ] = {}  # answer column -> [answers, teacher-forced hits, greedy hits]
+    cache_segment = default_segment_len(task, config)
+    keeps_memory = segment is None and (
+        bool(through) or (free_running and continues_full_context(model))
+    )
+    joint = keeps_memory and reads_jointly(model, task, config, length)
+    kept: list[tuple[Batch, torch.Tensor, torch.Tensor, Cache]] = []
+
+    def follow(
+        batch: Batch, logits: torch.Tensor, hit: torch.Tensor, memory: Cache | MemoryParts | None
+    ) -> None:
+        """The readings that continue from a full-context pass: each memory's, and free
+        running, for the sequences of `batch` (its logits (B, T, V), hits (B, T), memory)."""
+        nonlocal greedy, prefix
+        with clock.part(CACHES):
+            for mem, tally in through.items():
+                assert memory is not None
+                tally.add(
+                    continued_logits(model, batch.tokens, logits, memory, cache_segment, mem),
+                    batch.targets,
+                )
+        if not free_running:
+            return
+        mask = batch.targets != IGNORE
+        with clock.part(FREE_RUNNING):
+            free_hit = (
+                (
+                    greedy_predictions(model, batch.tokens, mask, logits.argmax(-1), memory)
+                    == batch.targets
+                )
+                & mask
+                if task.answers_fed_back
+                else hit  # the model never reads its answers: free running is teacher forcing
+            )
+        greedy += int(free_hit.sum())
+        prefix += int(correct_prefix(free_hit, mask).sum())
+        for column in mask.any(dim=0).nonzero().flatten().tolist():
+            rows = mask[:, column]
+            counts[column] = torch.cat(
+                (
+                    counts.get(column, torch.zeros(0, dtype=torch.long)),
+                    batch.targets[rows, column].cpu(),
+                )
+            )
+            tally = position_hits.setdefault(column, [0, 0, 0])
+            tally[0] += int(rows.sum())
+            tally[1] += int(hit[rows, column].sum())
+            tally[2] += int(free_hit[rows, column].sum())
+
     with seeded_draws(seed + length):  # drawn positions, if any: a function of the sample alone
         for batch in _forward_calls(model, held_out(task, length, config, seed), config):
             batch = batch.to(device)
-            logits = _logits(model, batch.tokens, segment, mem_len)  # (B, T, V)
-            mask = batch.targets != IGNORE
-            hit = (logits.argmax(-1) == batch.targets) & mask
-            exact += int((hit | ~mask).all(dim=1).sum())
-            correct += int(hit.sum())
-            answers += int(mask.sum())
-            sequences += batch.tokens.shape[0]
-            loss_sum += float(F.cross_entropy(logits[mask], batch.targets[mask], reduction="sum"))
-            if free_running:
-                started = time.perf_counter()
-                free_hit = (
-                    (greedy_predictions(model, batch.tokens, mask) == batch.targets) & mask
-                    if task.answers_fed_back
-                    else hit  # the model never reads its answers: free running is teacher forcing
-                )
-                if decoding is not None:
-                    (part,) = decoding
-                    decoding[part] += time.perf_counter() - started
-                greedy += int(free_hit.sum())
-                prefix += int(correct_prefix(free_hit, mask).sum())
-                for column in mask.any(dim=0).nonzero().flatten().tolist():
-                    rows = mask[:, column]
-                    counts[column] = torch.cat(
-                        (
-                            counts.get(column, torch.zeros(0, dtype=torch.long)),
-                            batch.targets[rows, column].cpu(),
-                        )
-                    )
-                    tally = position_hits.setdefault(column, [0, 0, 0])
-                    tally[0] += int(rows.sum())
-                    tally[1] += int(hit[rows, column].sum())
-                    tally[2] += int(free_hit[rows, column].sum())
-    scores = {
-        "exact_match": exact / sequences,
-        "token_accuracy": correct / answers,
-        "loss": loss_sum / answers,
-    }
+            with clock.part(FULL_CONTEXT if segment is None else CACHES):
+                memory = None
+                if keeps_memory:
+                    memory = model.new_cache(mem_len=math.inf, length=batch.tokens.shape[1])
+                    logits = model(batch.tokens, cache=memory)  # (B, T, V)
+                else:
+                    logits = _logits(model, batch.tokens, segment, mem_len)  # (B, T, V)
+                hit = full.add(logits, batch.targets)
+                if token_losses is not None:
+                    token_losses += _token_losses(logits, batch.targets).sum(0).cpu()
+            if joint:
+                assert memory is not None
+                kept.append((batch, logits, hit, memory))
+            else:
+                follow(batch, logits, hit, memory)
+    if kept:  # the whole sample at once: a memory's segments and decoding's steps run once
+        follow(
+            Batch(
+                torch.cat([b.tokens for b, *_ in kept]), torch.cat([b.targets for b, *_ in kept])
+            ),
+            torch.cat([logits for _, logits, _, _ in kept]),
+            torch.cat([hit for _, _, hit, _ in kept]),
+            MemoryParts([memory for *_, memory in kept]),
+        )
+    scores = full.scores()
     if free_running:
-        scores["greedy_token_accuracy"] = greedy / answers
-        scores["correct_prefix"] = prefix / sequences
-        scores["chance_token_accuracy"] = chance_hits(task, length, config, counts) / answers
+        scores["greedy_token_accuracy"] = greedy / full.answers
+        scores["correct_prefix"] = prefix / full.sequences
+        scores["chance_token_accuracy"] = chance_hits(task, length, config, counts) / full.answers
         if by_position is not None and position_hits:
             first = min(position_hits)
             by_position += [
@@ -255,6 +433,28 @@ def _accuracy(
                 }
                 for column, (n, forced, free) in sorted(position_hits.items())
             ]
+    for mem, tally in through.items():
+        assert memories is not None
+        memories[mem] = _exact_if_meaningful(task, tally.scores())
+    return _exact_if_meaningful(task, scores)
+
+
+#: The most the readings that continue from the full-context pass keep to take the whole
+#: sample at once (every batch's memory and logits).
+JOINT_READING_BYTES = 512 * 2**20
+
+
+def reads_jointly(model: Decoder, task: Task, config: EvalConfig, length: int) -> bool:
+    """Whether the readings that continue from the full-context pass at `length` (the memories'
+    segments, free-running decoding) take the whole sample at once rather than a batch at a
+    time: when keeping every batch's memory and logits fits JOINT_READING_BYTES. Their calls
+    are small (a segment, a token), so the fewer the calls, the less the time."""
+    size, tokens = model.config, task.sequence_length(length)
+    per_sequence = 4 * tokens * (2 * size.d_model * size.n_layers + size.vocab_size)
+    return config.n_samples * per_sequence <= JOINT_READING_BYTES
+
+
+def _exact_if_meaningful(task: Task, scores: dict[str, float]) -> dict[str, float]:
     if not task.exact_match_meaningful:
         del scores["exact_match"]
     return scores
@@ -336,57 +536,86 @@ def iter_evaluate(
     config: EvalConfig,
     device: torch.device | str = "cpu",
     by_position: list[dict[str, float]] | None = None,
-    decoding: dict[str, float] | None = None,
+    seconds: dict[str, float] | None = None,
 ) -> Iterator[Measurement]:
     """Every measurement of a trained model, one length at a time (so a failure at a long
-    length keeps the shorter ones): full context at each evaluation length, then through
-    caches of each memory size at the cache-evaluation lengths, then (a language task) loss by
-    position and (a corpus) the whole held-out text at each length. `by_position` receives the
-    full-context accuracy by answer position (see _accuracy); `decoding`'s one entry receives
-    the seconds spent on free-running decoding. A bidirectional model (a task's encoder form) is
-    evaluated at full context only."""
+    length keeps the shorter ones): at each evaluation length full context, then through
+    caches of each memory size where the length is a cache-evaluation length; then (a language
+    task) loss by position and (a corpus) the whole held-out text at each length.
+    `by_position` receives the full-context accuracy by answer position (see _accuracy);
+    `seconds` the time spent by part of the time split (FULL_CONTEXT, CACHES, ...). A
+    bidirectional model (a task's encoder form) is evaluated at full context only.
+    Nothing is computed twice: where the model continues_full_context, each memory's reading
+    starts from the full-context pass where it first differs from it (a memory that never
+    drops a token, the unbounded one included, is the full-context reading), free-running
+    decoding resumes from that pass's memory, and loss by position reads its full-context
+    pass at the longest length."""
     model.eval()
-    for length in task.eval_lengths:
-        reason = model.encoding.supports(Span(0, task.sequence_length(length)))
+    clock = _Clock(seconds)
+    shared = continues_full_context(model)
+    segment = default_segment_len(task, config)
+    mems = mem_lens(task, config)
+    # a cache continues causal attention only: a bidirectional model reads whole sequences
+    chosen = task.eval_lengths if config.cache_eval_lengths is None else config.cache_eval_lengths
+    cache_lengths = list(chosen) if model.config.causal else []  # [] from the config: none
+    longest = max(task.eval_lengths)
+    full_losses = None
+    if task.per_position and shared:
+        full_losses = torch.zeros(task.sequence_length(longest), dtype=torch.float64)
+    free_running = task.exact_match_meaningful
+    for length in [*task.eval_lengths, *(n for n in cache_lengths if n not in task.eval_lengths)]:
+        T = task.sequence_length(length)
+        reason = model.encoding.supports(Span(0, T))
+        cached = length in cache_lengths
+        full_row = length in task.eval_lengths
         if reason:
-            yield from _not_applicable_rows(length, None, reason, _metrics(task, free_running=True))
+            if full_row:
+                yield from _not_applicable_rows(length, None, reason, _metrics(task, True))
+            for mem in mems if cached else ():
+                yield from _not_applicable_rows(length, mem, reason, _metrics(task))
             continue
-        scores = _accuracy(
-            model,
-            task,
-            length,
-            config,
-            device,
-            free_running=task.exact_match_meaningful,
-            by_position=by_position,
-            decoding=decoding,
-        )
-        for k, v in scores.items():
+        continued: dict[float, dict[str, float]] = {}
+        if cached and shared:
+            continued = {mem: {} for mem in mems if first_dropped(mem, segment) < T}
+        if full_row or (cached and shared):
+            scores = _accuracy(
+                model,
+                task,
+                length,
+                config,
+                device,
+                free_running=free_running and full_row,
+                by_position=by_position if full_row else None,
+                seconds=seconds,
+                memories=continued,
+                token_losses=full_losses if length == longest else None,
+            )
+        for k, v in scores.items() if full_row else ():
             read_back = k in ("greedy_token_accuracy", "correct_prefix")
             note = NOT_FED_BACK if read_back and not task.answers_fed_back else ""
             yield Measurement(length, None, k, v, note)
         floor = task.loss_floor(length)
-        if floor is not None:
+        if full_row and floor is not None:
             yield Measurement(length, None, "loss_floor", floor)
             yield Measurement(length, None, "excess_loss", scores["loss"] - floor)
-    segment = default_segment_len(task, config)
-    # a cache continues causal attention only: a bidirectional model reads whole sequences
-    chosen = task.eval_lengths if config.cache_eval_lengths is None else config.cache_eval_lengths
-    cache_lengths = chosen if model.config.causal else ()  # () from the config: no cache reads
-    for length in cache_lengths:
-        reason = model.encoding.supports(Span(0, task.sequence_length(length)))
-        for mem_len in mem_lens(task, config):
-            if reason:
-                yield from _not_applicable_rows(length, mem_len, reason, _metrics(task))
-                continue
-            acc = _accuracy(model, task, length, config, device, segment, mem_len)
-            for k, v in acc.items():
-                yield Measurement(length, mem_len, k, v)
+        for mem in mems if cached else ():
+            if shared:  # a memory that never drops a token reads as the whole sequence
+                through = continued.get(mem) or {k: scores[k] for k in _metrics(task)}
+            else:
+                through = _accuracy(
+                    model, task, length, config, device, segment, mem, seconds=seconds
+                )
+            for k, v in through.items():
+                yield Measurement(length, mem, k, v)
     if task.per_position:
-        yield from position_rows(model, task, config, device)
+        with clock.part(BY_POSITION):
+            rows = position_rows(model, task, config, device, full_losses)
+        yield from rows
     text = task.evaluation_text()
     if text is not None:
-        yield from text_rows(model, task, text, config, device)
+        with clock.part(WHOLE_TEXT):
+            rows = text_rows(model, task, text, config, device)
+        yield from rows
 
 
 #: Whole-text loss: the held-out text cut into consecutive windows, every token scored once.
@@ -438,16 +667,23 @@ POSITION_METRICS = ("lm_loss", "lm_loss_window", "lm_penalty")
 
 @torch.no_grad()
 def position_rows(
-    model: Decoder, task: Task, config: EvalConfig, device: torch.device | str = "cpu"
+    model: Decoder,
+    task: Task,
+    config: EvalConfig,
+    device: torch.device | str = "cpu",
+    full_losses: torch.Tensor | None = None,
 ) -> list[Measurement]:
     """Next-token loss by position at the longest evaluation length E, in bins of L/4 positions
     (L the longest training length; each row's eval_len is E and its position the bin's last
-    position, counted in tokens of context). Full context sees every earlier token. The sliding
-    window re-reads the sequence
+    position, counted in tokens of context). Full context sees every earlier token (its
+    per-token losses summed over the sample, (E,), are read from `full_losses` when the
+    full-context evaluation at E kept them). The sliding window re-reads the sequence
     in windows of L tokens every L/2, each scoring its last L/2 tokens (the first window all
     of them), with positions restarting in every window, so no token is ever seen at a
-    position the model was not trained on. lm_penalty = full - window at the same tokens: the
-    cost of the positions themselves, with whatever position dependence the data has removed."""
+    position the model was not trained on; the windows are read as one batch of sequences,
+    or one window per forward call where the encoding draws positions (a draw per window).
+    lm_penalty = full - window at the same tokens: the cost of the positions themselves, with
+    whatever position dependence the data has removed."""
     L, E = task.train_lengths[1], max(task.eval_lengths)
     reason = model.encoding.supports(Span(0, E))
     bins = list(range(0, E, max(1, L // 4)))
@@ -463,27 +699,51 @@ def position_rows(
     starts = list(range(0, max(E - L, 0) + 1, stride))
     if starts[-1] + L < E:
         starts.append(E - L)
+    widths = [min(L, E - s) for s in starts]
+    firsts = [0] + [max(0, (starts[i - 1] + L) - s) for i, s in enumerate(starts) if i]
+    scored = torch.zeros(E, dtype=torch.float64)
+    for s, w, first in zip(starts, widths, firsts):  # each window scores what no earlier one did
+        scored[s + first : s + w] += 1
+    assert bool((scored == 1).all()), "every position is scored by exactly one window"
     full = torch.zeros(E, dtype=torch.float64)
     window = torch.zeros(E, dtype=torch.float64)
     count = 0
+    one_batch = not model.encoding.draws_positions and len(set(widths)) == 1
+    sequences_per_call = max(1, config.batch_size * task.sequence_length(L) // (L * len(starts)))
     with seeded_draws(HELD_OUT_SEED + E):  # drawn positions, if any: a function of the sample alone
         for batch in held_out(task, E, config):
             tokens, targets = batch.tokens.to(device), batch.targets.to(device)  # (B, E)
-            full += _token_losses(model(tokens), targets).sum(0).cpu()
-            scored = torch.zeros(E, dtype=torch.float64)
-            for i, s in enumerate(starts):
-                w = min(L, E - s)
+            if full_losses is None:
+                full += _token_losses(model(tokens), targets).sum(0).cpu()
+            if one_batch:  # (B, n, w) windows, read a slice of the batch at a time
+                index = torch.tensor(starts, device=tokens.device)[:, None] + torch.arange(
+                    widths[0], device=tokens.device
+                )  # (n, w)
                 losses = (
+                    torch.cat(
+                        [
+                            _token_losses(model(part.flatten(0, 1)), goal.flatten(0, 1)).view(
+                                part.shape
+                            )
+                            for part, goal in zip(
+                                tokens[:, index].split(sequences_per_call),
+                                targets[:, index].split(sequences_per_call),
+                            )
+                        ]
+                    )
+                    .sum(0)
+                    .cpu()
+                )  # (n, w)
+            else:
+                losses = [
                     _token_losses(model(tokens[:, s : s + w]), targets[:, s : s + w]).sum(0).cpu()
-                )  # (w,)
-                first = (
-                    0 if i == 0 else max(0, (starts[i - 1] + L) - s)
-                )  # score what no earlier window scored
-                window[s + first : s + w] += losses[first:]
-                scored[s + first : s + w] += 1
-            assert bool((scored == 1).all()), "every position is scored by exactly one window"
+                    for s, w in zip(starts, widths)
+                ]  # n of (w,)
+            for s, w, first, scored_window in zip(starts, widths, firsts, losses):
+                window[s + first : s + w] += scored_window[first:]
             count += tokens.shape[0]
-    full, window = full / count, window / count
+    full = (full if full_losses is None else full_losses) / count
+    window = window / count
     rows: list[Measurement] = []
     width = max(1, L // 4)
     for start in bins:
@@ -515,11 +775,13 @@ def evaluate(
 def evaluation_memory_bytes(model: Decoder, task: Task, config: EvalConfig, length: int) -> int:
     """A rough upper estimate of the memory evaluating `length` in full context takes: the
     largest attention-side tensor (with a copy: bias and weights) plus one evaluation batch's
-    hidden states, projections, feed-forward activations and logits."""
+    hidden states, projections, feed-forward activations and logits, and the keys and values
+    of every layer that the pass keeps for the readings that continue from it."""
     tokens = task.sequence_length(length)
     batch = min(config.batch_size, config.n_samples)
     size = model.config
     d_ff = size.d_ff or 4 * size.d_model
     attention = attention_tensor_bytes(model.encoding, batch, tokens)
     activations = 4 * batch * tokens * (size.vocab_size + d_ff + 6 * size.d_model)
-    return 2 * attention + activations
+    kept = 4 * batch * tokens * 2 * size.d_model * size.n_layers
+    return 2 * attention + activations + kept
