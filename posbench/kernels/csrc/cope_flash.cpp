@@ -27,29 +27,42 @@ namespace {
 using at::vec::Vectorized;
 using namespace posbench;  // gemm, row_max, row_exp, rows_per_block
 
-// Row i's keys 0 .. i: gates into g, raw positions (before the clamp) into raw, and the logits
-// s + b into s, in place; a holds the row's a_i (npos values).
+// Row i's keys 0 .. i: the logits s + b into s, in place; a holds the row's a_i (npos values).
+// Returns c, the number of keys whose position is clamped: the gates are positive, so the
+// running sum from the query's own key back reaches npos - 1 at some key and stays there, and
+// keys 0 .. c - 1 all read a_i[npos - 1] (their gates are never needed, forward or backward).
+// For keys c .. i, g holds the gates and raw the positions before the clamp. Gates are formed
+// a vector's width at a time going back from key i, only until the clamp is reached.
 template <typename T>
-void row_logits(T* s, T* g, T* raw, const T* a, int64_t i, int64_t npos) {
+int64_t row_logits(T* s, T* g, T* raw, const T* a, int64_t i, int64_t npos) {
   using Vec = Vectorized<T>;
-  const int64_t seen = i + 1;
   const Vec one(T(1));
-  int64_t j = 0;
-  for (; j + Vec::size() <= seen; j += Vec::size()) {
-    (one / (one + (Vec(T(0)) - Vec::loadu(s + j)).exp_u20())).store(g + j);
-  }
-  for (; j < seen; ++j) g[j] = T(1) / (T(1) + std::exp(-s[j]));
   const T top = T(npos - 1);
   T running = 0;
-  for (j = i; j >= 0; --j) {
-    running += g[j];
-    raw[j] = running;
-    const T p = std::min(running, top);
-    const int64_t m = static_cast<int64_t>(p);
-    const T w = p - T(m);
-    const T slope = m + 1 < npos ? a[m + 1] - a[m] : T(0);
-    s[j] += a[m] + w * slope;
+  int64_t clamped = 0;
+  for (int64_t hi = i; hi >= 0 && clamped == 0; hi -= Vec::size()) {
+    const int64_t lo = std::max<int64_t>(0, hi - Vec::size() + 1);
+    if (hi - lo + 1 == Vec::size()) {
+      (one / (one + (Vec(T(0)) - Vec::loadu(s + lo)).exp_u20())).store(g + lo);
+    } else {
+      for (int64_t j = lo; j <= hi; ++j) g[j] = T(1) / (T(1) + std::exp(-s[j]));
+    }
+    for (int64_t j = hi; j >= lo; --j) {
+      running += g[j];
+      raw[j] = running;
+      if (running >= top) {  // this key and every earlier one: position npos - 1
+        clamped = j + 1;
+        break;
+      }
+      const int64_t m = static_cast<int64_t>(running);
+      s[j] += a[m] + (running - T(m)) * (a[m + 1] - a[m]);
+    }
   }
+  const Vec far(a[npos - 1]);
+  int64_t j = 0;
+  for (; j + Vec::size() <= clamped; j += Vec::size()) (Vec::loadu(s + j) + far).store(s + j);
+  for (; j < clamped; ++j) s[j] += a[npos - 1];
+  return clamped;
 }
 
 template <typename T>
@@ -124,26 +137,40 @@ void backward_kernel(const at::Tensor& grad_out, const at::Tensor& q, const at::
           T* ds_row = ds.data() + r * keys;
           const T* a_row = a.data() + r * npos;
           T* da_row = da.data() + r * npos;
-          row_logits(p_row, g.data(), raw.data(), a_row, i, npos);
+          const int64_t clamped = row_logits(p_row, g.data(), raw.data(), a_row, i, npos);
           row_exp(p_row, i, keys, lse.data_ptr<T>()[task * L + i]);  // P, exact
           T delta = 0;
           for (int64_t c = 0; c < d; ++c) delta += do_bh[i * d + c] * o_bh[i * d + c];
           // dlogit = P (dP - delta); the bias's gradient per integer position and per raw
-          // position; the gates' gradient is the running sum of the latter from key 0 on
-          const T top = T(npos - 1);
-          T gates_grad = 0;
-          for (int64_t j = 0; j < seen; ++j) {
+          // position; the gates' gradient is the running sum of the latter from key 0 on, zero
+          // over the clamped keys, whose bias reads position npos - 1 alone
+          using Vec = Vectorized<T>;
+          const Vec delta_vec(delta);
+          Vec far_vec(T(0));
+          int64_t j = 0;
+          for (; j + Vec::size() <= clamped; j += Vec::size()) {
+            const Vec dlogit = Vec::loadu(p_row + j) * (Vec::loadu(ds_row + j) - delta_vec);
+            far_vec = far_vec + dlogit;
+            dlogit.store(ds_row + j);
+          }
+          T lanes[Vec::size()];
+          far_vec.store(lanes);
+          T far_grad = 0;
+          for (int64_t lane = 0; lane < Vec::size(); ++lane) far_grad += lanes[lane];
+          for (; j < clamped; ++j) {
             const T dlogit = p_row[j] * (ds_row[j] - delta);
-            const T pos = std::min(raw[j], top);
-            const int64_t m = static_cast<int64_t>(pos);
-            const T w = pos - T(m);
+            far_grad += dlogit;
+            ds_row[j] = dlogit;
+          }
+          da_row[npos - 1] += far_grad;
+          T gates_grad = 0;
+          for (int64_t j = clamped; j < seen; ++j) {
+            const T dlogit = p_row[j] * (ds_row[j] - delta);
+            const int64_t m = static_cast<int64_t>(raw[j]);  // raw < npos - 1 here
+            const T w = raw[j] - T(m);
             da_row[m] += dlogit * (T(1) - w);
-            T raw_grad = 0;
-            if (m + 1 < npos) {
-              da_row[m + 1] += dlogit * w;
-              if (raw[j] <= top) raw_grad = dlogit * (a_row[m + 1] - a_row[m]);
-            }
-            gates_grad += raw_grad;
+            da_row[m + 1] += dlogit * w;
+            gates_grad += dlogit * (a_row[m + 1] - a_row[m]);
             ds_row[j] = dlogit + gates_grad * g[j] * (T(1) - g[j]);  // dS of the content
           }
           std::fill(ds_row + seen, ds_row + keys, T(0));
