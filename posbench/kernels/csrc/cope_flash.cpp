@@ -10,7 +10,10 @@
 // backward pass forms the same rows again and reads dq, dk, dv and dE off them: the softmax's
 // dS, the bias's gradient per integer position (scattered into the row's npos bins), the gates'
 // gradient (a running sum of the positions' gradient from key 0 on) and sigmoid's slope.
-// Nothing of size L x L is kept.
+// Nothing of size L x L is kept. The gates are positive, so going back from the query the
+// running sum reaches npos - 1 after a few times npos keys and stays there: only those keys
+// need gates, positions and interpolation (a vector of keys at a time, gathering a_i), and
+// every earlier key reads a_i[npos - 1] in one vector operation, forward and backward.
 #include <torch/extension.h>
 
 #include <ATen/Parallel.h>
@@ -47,15 +50,29 @@ int64_t row_logits(T* s, T* g, T* raw, const T* a, int64_t i, int64_t npos) {
     } else {
       for (int64_t j = lo; j <= hi; ++j) g[j] = T(1) / (T(1) + std::exp(-s[j]));
     }
-    for (int64_t j = hi; j >= lo; --j) {
+    int64_t first = lo;  // the chunk's first key below the clamp
+    for (int64_t j = hi; j >= lo; --j) {  // the running sum: raw positions
       running += g[j];
       raw[j] = running;
       if (running >= top) {  // this key and every earlier one: position npos - 1
         clamped = j + 1;
+        first = j + 1;
         break;
       }
-      const int64_t m = static_cast<int64_t>(running);
-      s[j] += a[m] + (running - T(m)) * (a[m + 1] - a[m]);
+    }
+    if (first == lo && hi - lo + 1 == Vec::size()) {  // interpolate a_i at a vector of positions
+      const Vec p = Vec::loadu(raw + lo);
+      const Vec whole = p.floor();
+      const auto m = at::vec::convert_to_int_of_same_size<T>(whole);  // exact: whole numbers
+      const Vec below = at::vec::gather<sizeof(T)>(a, m);
+      const Vec above = at::vec::gather<sizeof(T)>(a, m + decltype(m)(1));
+      const Vec w = p - whole;
+      (Vec::loadu(s + lo) + (below + w * (above - below))).store(s + lo);
+    } else {
+      for (int64_t j = first; j <= hi; ++j) {
+        const int64_t m = static_cast<int64_t>(raw[j]);
+        s[j] += a[m] + (raw[j] - T(m)) * (a[m + 1] - a[m]);
+      }
     }
   }
   const Vec far(a[npos - 1]);
@@ -164,7 +181,30 @@ void backward_kernel(const at::Tensor& grad_out, const at::Tensor& q, const at::
           }
           da_row[npos - 1] += far_grad;
           T gates_grad = 0;
-          for (int64_t j = clamped; j < seen; ++j) {
+          j = clamped;
+          for (; j + Vec::size() <= seen; j += Vec::size()) {  // a vector of keys at a time
+            const Vec dlogit = Vec::loadu(p_row + j) * (Vec::loadu(ds_row + j) - delta_vec);
+            const Vec pos = Vec::loadu(raw.data() + j);  // raw < npos - 1 here
+            const Vec whole = pos.floor();
+            const auto m = at::vec::convert_to_int_of_same_size<T>(whole);
+            const Vec below = at::vec::gather<sizeof(T)>(a_row, m);
+            const Vec above = at::vec::gather<sizeof(T)>(a_row, m + decltype(m)(1));
+            T logit[Vec::size()], w[Vec::size()], running[Vec::size()];
+            at::vec::int_same_size_t<T> index[Vec::size()];
+            dlogit.store(logit);
+            (pos - whole).store(w);
+            (dlogit * (above - below)).store(running);
+            m.store(index);
+            for (int64_t lane = 0; lane < Vec::size(); ++lane) {  // scatter, and the running sum
+              da_row[index[lane]] += logit[lane] * (T(1) - w[lane]);
+              da_row[index[lane] + 1] += logit[lane] * w[lane];
+              gates_grad += running[lane];
+              running[lane] = gates_grad;
+            }
+            const Vec gate = Vec::loadu(g.data() + j);
+            (dlogit + Vec::loadu(running) * gate * (Vec(T(1)) - gate)).store(ds_row + j);
+          }
+          for (; j < seen; ++j) {
             const T dlogit = p_row[j] * (ds_row[j] - delta);
             const int64_t m = static_cast<int64_t>(raw[j]);  // raw < npos - 1 here
             const T w = raw[j] - T(m);
