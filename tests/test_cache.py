@@ -66,3 +66,49 @@ def test_mem_len_zero_keeps_counting_positions() -> None:
         assert cache.held() == 0 and cache.seen == 4
         with pytest.raises(posbench.PosbenchError, match="0..5"):
             model(torch.zeros(1, 3, dtype=torch.long), cache=cache)
+
+
+@pytest.mark.parametrize("mem_len", [0, 3, 5, 7, math.inf])
+@pytest.mark.parametrize("encoding", ["rope", "txl", "alibi"])
+def test_a_memory_resumed_from_one_pass_holds_what_reading_in_segments_holds(
+    encoding: str, mem_len: float
+) -> None:
+    """Until a memory first drops a token, reading in segments and reading the whole stream
+    in one pass give the same keys and values: the memory resumed from the one pass holds
+    exactly what the segments' memory holds there, of every sequence or of some."""
+    from posbench.experiment.evaluation import first_dropped
+
+    torch.manual_seed(0)
+    model = posbench.build_model(encoding, 11, 16, 2, 2).double().eval()
+    tokens = torch.randint(0, 11, (3, 24), generator=torch.Generator().manual_seed(1))
+    segment = 5
+    cut = int(min(first_dropped(mem_len, segment), 20))
+    whole = model.new_cache()
+    with torch.no_grad():
+        model(tokens, cache=whole)
+        read = model.new_cache(mem_len)
+        for start in range(0, cut, segment):
+            model(tokens[:, start : start + segment], cache=read)
+    rows = torch.tensor([2, 0])
+    for resumed, which in (
+        (whole.resumed(mem_len, cut), slice(None)),
+        (whole.resumed(mem_len, cut, rows), rows),
+    ):
+        assert resumed.seen == read.seen == cut
+        for layer in range(2):
+            assert resumed.held(layer) == read.held(layer)
+            for mine, theirs in ((resumed._keys, read._keys), (resumed._values, read._values)):
+                torch.testing.assert_close(mine[layer].view(), theirs[layer].view()[which])
+
+
+def test_only_an_unbounded_memory_that_has_read_far_enough_resumes() -> None:
+    model = posbench.build_model("rope", 11, 16, 1, 2).eval()
+    tokens = torch.randint(0, 11, (2, 8))
+    bounded, whole = model.new_cache(4), model.new_cache()
+    with torch.no_grad():
+        model(tokens, cache=bounded)
+        model(tokens, cache=whole)
+    with pytest.raises(ValueError, match="unbounded one that has read at least 8"):
+        bounded.resumed(2, 8)
+    with pytest.raises(ValueError, match="has read 8"):
+        whole.resumed(2, 9)
