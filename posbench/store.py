@@ -326,6 +326,16 @@ class RunFolder:
                 f"{file} is corrupt ({err}); run the same command with --force to redo the run."
             ) from None
 
+    def artifact_bytes(self, name: str) -> bytes | None:
+        """A file the run stored, byte for byte (None when it stored none of that name)."""
+        file = self.path / name
+        try:
+            return file.read_bytes()
+        except FileNotFoundError:
+            return None
+        except OSError as err:
+            raise ResultsError(describe_os_error(err, file, "read")) from None
+
     def array(self, name: str) -> np.ndarray | None:
         """A .npy artefact the run stored (None when it stored none of that name)."""
         file = self.path / name

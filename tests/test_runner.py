@@ -159,6 +159,21 @@ def test_a_fixed_budget_run_takes_the_model_of_a_twin_that_never_stopped(tmp_pat
     assert all(torch.equal(reused[k], v) for k, v in trained.items())
     assert fixed.table("terms.csv") is not None  # the twin's training probes come along
     assert outcome.took_twin_model == [runs["copy-fixed"].run_id]
+    # the same model under the same evaluation: its rows are the twin's, not evaluated again
+    assert f"evaluation taken from run {runs['copy'].run_id}" in log
+    assert not any(
+        k.startswith("evaluation") and v > 0.5 for k, v in fixed.result()["time_split"].items()
+    )
+
+    def evaluated(folder: RunFolder) -> pd.DataFrame:
+        rows = folder.measurements()
+        rows = rows[~rows["metric"].isin(("steps_to_threshold", "train_loss_final"))]
+        return rows.sort_values(["metric", "eval_len", "mem_len"]).reset_index(drop=True)
+
+    pd.testing.assert_frame_equal(evaluated(fixed), evaluated(twin))
+    assert (fixed.path / "answer_positions.csv").read_bytes() == (
+        twin.path / "answer_positions.csv"
+    ).read_bytes()
 
 
 def test_a_fixed_budget_run_trains_itself_when_its_twin_stopped_early(tmp_path: Path) -> None:

@@ -144,6 +144,11 @@ class RunJob:
     trained_probes: list[dict[str, Any]] = field(default_factory=list)
     #: The id the driver stores the output under when it is not the run's own (a variant's).
     store_as: str = ""
+    #: The evaluation rows (and the files evaluation writes) of this same model under this same
+    #: evaluation, already stored by the run that trained it: taken instead of evaluating again.
+    evaluated: list[dict[str, Any]] | None = None
+    evaluated_artifacts: dict[str, bytes] = field(default_factory=dict)
+    evaluated_by: str = ""  # the run whose evaluation is taken
 
     @property
     def run_id(self) -> str:
@@ -278,8 +283,13 @@ def _compute(job: RunJob, progress: ProgressSink) -> RunOutput:
         progress(run.run_id, "evaluating", None)
         by_position: list[dict[str, float]] = []
         spent: dict[str, float] = {}  # iter_evaluate's seconds by part of the time split
-        for m in iter_evaluate(model, task, run.eval, run.device, by_position, spent):
-            measurements.append(m.__dict__ | {"seq_len": None})
+        if job.evaluated is not None:
+            measurements += job.evaluated
+            artifacts |= job.evaluated_artifacts
+            note(f"evaluation taken from run {job.evaluated_by}: the same model, evaluated alike")
+        else:
+            for m in iter_evaluate(model, task, run.eval, run.device, by_position, spent):
+                measurements.append(m.__dict__ | {"seq_len": None})
         for part, seconds in spent.items():
             times[part] = times.get(part, 0.0) + seconds
         lap += sum(spent.values())  # the rest of the evaluation's time is full context's

@@ -765,6 +765,16 @@ def _token_losses(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return losses.view(targets.shape).double()
 
 
+#: Every metric iter_evaluate yields: a run's evaluation rows, apart from what training and the
+#: reachability count add to its measurements.
+EVALUATION_METRICS = frozenset(
+    ("exact_match", "token_accuracy", "loss", "loss_floor", "excess_loss")
+    + FREE_RUNNING_METRICS
+    + POSITION_METRICS
+    + TEXT_METRICS
+)
+
+
 def evaluate(
     model: Decoder, task: Task, config: EvalConfig, device: torch.device | str = "cpu"
 ) -> list[Measurement]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import itertools
+import math
 import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -38,7 +39,7 @@ from posbench.experiment.config import (
     stops_early,
     training_key,
 )
-from posbench.experiment.evaluation import evaluation_memory_bytes
+from posbench.experiment.evaluation import EVALUATION_METRICS, evaluation_memory_bytes
 from posbench.experiment.memory import (
     TRAINING_BYTES_PER_PARAMETER,
     available_bytes,
@@ -54,7 +55,7 @@ from posbench.experiment.variants import (
     variant_label,
 )
 from posbench.plugins import loaded_plugin_dirs
-from posbench.store import TERMS_FILE, RunFolder, check_sweep_dir
+from posbench.store import ANSWER_POSITIONS_FILE, TERMS_FILE, RunFolder, check_sweep_dir
 from posbench.tasks import create_task
 from posbench.validation import check_dataclass
 
@@ -562,6 +563,8 @@ def twin_handover(run: RunConfig, twin: RunConfig, out_dir: Path) -> RunJob | No
             return None
         state = folder.model_bytes()
         probes = folder.table(TERMS_FILE)
+        evaluated = _evaluation_rows(folder) if twin.eval == run.eval else None
+        answers = None if evaluated is None else folder.artifact_bytes(ANSWER_POSITIONS_FILE)
     except ResultsError:
         return None
     return RunJob(
@@ -571,4 +574,25 @@ def twin_handover(run: RunConfig, twin: RunConfig, out_dir: Path) -> RunJob | No
         f"{twin.label} trained (run {twin.run_id}): its early stopping never triggered, so its "
         f"{run.train.steps} steps are this run's",
         [] if probes is None else probes.to_dict("records"),
+        evaluated=evaluated,
+        evaluated_artifacts={} if answers is None else {ANSWER_POSITIONS_FILE: answers},
+        evaluated_by=twin.run_id,
     )
+
+
+def _evaluation_rows(folder: RunFolder) -> list[dict[str, Any]]:
+    """A stored run's evaluation rows (EVALUATION_METRICS), as evaluation yields them: lengths
+    and positions whole numbers, absent ones None."""
+    frame = folder.measurements()
+    frame = frame[frame["metric"].isin(EVALUATION_METRICS)]
+    rows = []
+    for record in frame.to_dict("records"):
+        for key in ("eval_len", "position", "mem_len", "seq_len"):
+            value = record.get(key)
+            if value is None or (isinstance(value, float) and math.isnan(value)):
+                record[key] = None
+            elif key != "mem_len":
+                record[key] = int(value)
+        record["note"] = record["note"] if isinstance(record.get("note"), str) else ""
+        rows.append(record)
+    return rows
