@@ -342,8 +342,9 @@ def _accuracy(
         int, list[int]
     ] = {}  # answer column -> [answers, teacher-forced hits, greedy hits]
     cache_segment = default_segment_len(task, config)
+    decodes = free_running and task.answers_fed_back  # else free running is teacher forcing
     keeps_memory = segment is None and (
-        bool(through) or (free_running and continues_full_context(model))
+        bool(through) or (decodes and continues_full_context(model))
     )
     joint = keeps_memory and reads_jointly(model, task, config, length)
     kept: list[tuple[Batch, torch.Tensor, torch.Tensor, Cache]] = []
