@@ -23,6 +23,10 @@ class _Buffer:
     def view(self) -> Tensor | None:
         return None if self.data is None else self.data[:, :, self.start : self.stop]
 
+    def hold(self, held: Tensor) -> None:
+        """Hold exactly `held` (B, H, n, d), a tensor of the buffer's own."""
+        self.data, self.start, self.stop = held, 0, held.shape[2]
+
     def append(self, new: Tensor, keep: float) -> None:
         """Append `new` (B, H, n, d), then hold at most the newest `keep` positions (inf: all)."""
         n = new.shape[2]
@@ -154,8 +158,7 @@ class Cache:
                 held = source.view()
                 assert held is not None, "an unbounded memory that has read tokens holds them"
                 kept = held[:, :, at - keep : at]  # (B, H, keep, d): the stream starts at slot 0
-                target.data = (kept if rows is None else kept[rows]).clone()
-                target.stop = keep
+                target.hold((kept if rows is None else kept[rows]).clone())
         out.seen = at
         return out
 
@@ -204,7 +207,6 @@ def _stacked(memories: list[Cache]) -> Cache:
         for layer, target in enumerate(getattr(out, name)):
             views = [getattr(m, name)[layer].view() for m in memories]
             if views[0] is not None:
-                target.data = torch.cat(views)  # (sum of B, H, held, d)
-                target.stop = target.data.shape[2]
+                target.hold(torch.cat(views))  # (sum of B, H, held, d)
     out.seen = first.seen
     return out

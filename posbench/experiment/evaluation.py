@@ -126,6 +126,17 @@ def first_dropped(mem_len: float, segment: int) -> float:
     return math.inf if math.isinf(mem_len) else (int(mem_len) // segment + 1) * segment
 
 
+def _segments(
+    model: Decoder, tokens: torch.Tensor, cache: Cache, start: int, segment: int
+) -> list[torch.Tensor]:
+    """The logits of tokens[:, start:] (B, T) read in segments through `cache`, which holds
+    what came before `start`."""
+    return [
+        model(tokens[:, s : s + segment], cache=cache)
+        for s in range(start, tokens.shape[1], segment)
+    ]
+
+
 @torch.no_grad()
 def _logits(
     model: Decoder, tokens: torch.Tensor, segment: int | None, mem_len: float
@@ -133,13 +144,7 @@ def _logits(
     if segment is None:
         return model(tokens)
     cache = model.new_cache(mem_len=mem_len, length=tokens.shape[1])
-    return torch.cat(
-        [
-            model(tokens[:, s : s + segment], cache=cache)
-            for s in range(0, tokens.shape[1], segment)
-        ],
-        dim=1,
-    )
+    return torch.cat(_segments(model, tokens, cache, 0, segment), dim=1)
 
 
 @torch.no_grad()
@@ -162,11 +167,7 @@ def continued_logits(
         return logits
     cut = int(cut)
     cache = memory.resumed(mem_len, cut)
-    return torch.cat(
-        [logits[:, :cut]]
-        + [model(tokens[:, s : s + segment], cache=cache) for s in range(cut, T, segment)],
-        dim=1,
-    )
+    return torch.cat([logits[:, :cut], *_segments(model, tokens, cache, cut, segment)], dim=1)
 
 
 @torch.no_grad()
@@ -372,7 +373,7 @@ def _accuracy(
                     == batch.targets
                 )
                 & mask
-                if task.answers_fed_back
+                if decodes
                 else hit  # the model never reads its answers: free running is teacher forcing
             )
         greedy += int(free_hit.sum())
