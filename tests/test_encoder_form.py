@@ -133,16 +133,50 @@ def test_deepmind_scores_average_token_accuracy_past_training_per_class() -> Non
     assert table.at["regular", "best"] == pytest.approx(0.5)
     assert table.at["all", "mean"] == pytest.approx((0.45 + 0.7) / 2)
     assert table.at["all", "learned"] == table.at["all", "tasks"] == 2
-    # reverse_string not learned in distribution (exact match 0.2 at length 16): not averaged
-    unlearned = [
-        row | {"metric": "exact_match", "value": 1.0 if row["task"] == "parity_check" else 0.2}
-        for row in rows
-        if row["eval_len"] == 16
-    ]
-    table = family_scores(deepmind_scores(tidy(rows + unlearned))).set_index("family")
-    assert table.at["all", "mean"] == pytest.approx(0.45)
-    assert table.at["all", "learned"] == 1 and table.at["all", "tasks"] == 2
-    assert table.at["context-free", "learned"] == 0 and math.isnan(table.at["context-free", "mean"])
+
+
+def _deepmind_rows(
+    learned: dict[tuple[str, str], bool], past: float = 0.5
+) -> list[dict[str, object]]:
+    """One seed per (label, task): token accuracy `past` at 2x and exact match 1.0 in
+    distribution where `learned` says so, else 0.2."""
+    rows: list[dict[str, object]] = []
+    for (label, task), did in learned.items():
+        base = {"task": task, "encoding": label, "encoding_label": label, "seed": 0}
+        base |= {"train_len_max": 16}
+        rows += [
+            base | {"eval_len": 32, "metric": "token_accuracy", "value": past},
+            base | {"eval_len": 16, "metric": "exact_match", "value": 1.0 if did else 0.2},
+        ]
+    return rows
+
+
+def test_every_row_of_the_class_table_averages_the_same_tasks() -> None:
+    from helpers import tidy
+    from posbench.report.summary import deepmind_scores, family_scores, unlearnable_tasks
+
+    learned = {
+        ("rope", "parity_check"): True,
+        ("alibi", "parity_check"): True,
+        ("rope", "even_pairs"): True,
+        ("alibi", "even_pairs"): False,  # learnable (rope learned it): alibi's row has no mean
+        ("rope", "reverse_string"): False,  # no encoding learned it: left out of the table
+        ("alibi", "reverse_string"): False,
+        ("rope", "duplicate_string"): True,  # alibi was never trained on it: left out
+    }
+    scores = deepmind_scores(tidy(_deepmind_rows(learned)))
+    assert unlearnable_tasks(scores) == ["reverse_string"]
+    table = family_scores(scores).set_index(["encoding_label", "family"])
+    assert table.at[("rope", "regular"), "tasks"] == table.at[("alibi", "regular"), "tasks"] == 2
+    assert table.at[("rope", "regular"), "mean"] == pytest.approx(0.5)
+    assert table.at[("alibi", "regular"), "learned"] == 1
+    assert math.isnan(table.at[("alibi", "regular"), "mean"])  # not a mean over fewer tasks
+    for label in ("rope", "alibi"):
+        assert table.at[(label, "context-free"), "tasks"] == 0
+        assert table.at[(label, "context-sensitive"), "tasks"] == 0
+        assert table.at[(label, "all"), "tasks"] == 2
+    assert table.at[("rope", "all"), "mean"] == pytest.approx(0.5)
+    assert math.isnan(table.at[("alibi", "all"), "mean"])
 
 
 def test_the_randomized_gain_by_class_counts_tasks_both_twins_learned() -> None:

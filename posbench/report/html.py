@@ -72,6 +72,7 @@ from posbench.report.summary import (
     sized_tasks,
     summarise,
     task_names,
+    unlearnable_tasks,
 )
 from posbench.experiment.timing import describe_method
 from posbench.version import __version__
@@ -492,13 +493,13 @@ def _deepmind_section(frame: pd.DataFrame) -> dict[str, Any] | None:
     labels = encoding_order(table.index.get_level_values(0).unique())
 
     def cell(label: str, family: str) -> str:
-        if (label, family) not in table.index:
-            return ""
         row = table.loc[(label, family)]
-        counted = f"{int(row['learned'])}/{int(row['tasks'])}"
-        if not row["learned"]:
-            return f"none learned (0/{int(row['tasks'])})"
-        return f"{row['mean']:.3f} ({row['best']:.3f}), {counted}"
+        n, learned = int(row["tasks"]), int(row["learned"])
+        if n == 0:
+            return "no task learnable"
+        if learned < n:
+            return f"learned {learned} of {n}"
+        return f"{row['mean']:.3f} ({row['best']:.3f}), {n} task{'s' if n > 1 else ''}"
 
     gains = []
     for label in labels:
@@ -516,14 +517,17 @@ def _deepmind_section(frame: pd.DataFrame) -> dict[str, Any] | None:
                     ],
                 }
             )
-    per_task_chance = scores.groupby(["family", "task"])["chance"].mean()
-    chance = {f: per_task_chance[f].mean() for f in FAMILIES if f in per_task_chance.index}
-    chance["all"] = per_task_chance.mean()
+    first = table.xs(labels[0], level="encoding_label")
     return {
         "columns": columns,
         "tasks": {f: int(scores.loc[scores["family"] == f, "task"].nunique()) for f in FAMILIES},
+        "averaged": {f: int(first.at[f, "tasks"]) for f in columns},
+        "unlearnable": unlearnable_tasks(scores),
         "rows": [{"label": label, "cells": [cell(label, f) for f in columns]} for label in labels],
-        "chance": ["" if pd.isna(chance.get(f, math.nan)) else f"{chance[f]:.3f}" for f in columns],
+        "chance": [
+            "" if pd.isna(first.at[f, "chance"]) else f"{first.at[f, 'chance']:.3f}"
+            for f in columns
+        ],
         "gains": gains,
     }
 

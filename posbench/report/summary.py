@@ -734,12 +734,21 @@ def deepmind_scores(frame: pd.DataFrame) -> pd.DataFrame:
     return table
 
 
+def unlearnable_tasks(scores: pd.DataFrame) -> list[str]:
+    """The tasks of `scores` (deepmind_scores) that no encoding learned in distribution: at this
+    model size and budget they measure nothing, so the class table leaves them out."""
+    learned = scores.groupby("task")["learned"].any()
+    return sorted(str(task) for task, any_learned in learned.items() if not any_learned)
+
+
 def family_scores(scores: pd.DataFrame) -> pd.DataFrame:
-    """Per (encoding label, family, and "all"): over the family's tasks that the label learned
-    in distribution, the mean of each task's mean over seeds, the same mean of each task's
-    best seed (their tables report the best) and of each task's chance level; `learned` of
-    `tasks` says how many tasks count. A task the model did not learn measures no length
-    generalisation, so it is not averaged."""
+    """Per (encoding label, family, and "all"), over the same tasks for every label: the
+    family's tasks that every label was trained on and at least one learned in distribution
+    (`tasks` of them). Where the label learned all of them, the mean of each task's mean over
+    seeds, the same mean of each task's best seed (their tables report the best) and of each
+    task's chance level; where it did not (`learned` < `tasks`), NaN: a task it did not learn
+    measures no length generalisation, and a mean over fewer tasks than the other rows' would
+    not compare down a column."""
     if "chance" not in scores:
         scores = scores.assign(chance=math.nan)
     per_task = (
@@ -752,18 +761,35 @@ def family_scores(scores: pd.DataFrame) -> pd.DataFrame:
         )
         .reset_index()
     )
+    labels = per_task["encoding_label"].unique()
+    trained_by_all = per_task.groupby("task")["encoding_label"].nunique() == len(labels)
+    learnable = per_task.groupby("task")["learned"].any()
+    common = {str(t) for t in per_task["task"].unique() if trained_by_all[t] and learnable[t]}
+    per_task = per_task[per_task["task"].isin(common)]
     per_task = pd.concat([per_task, per_task.assign(family="all")], ignore_index=True)
-    kept = per_task[per_task["learned"]]
-    table = kept.groupby(["encoding_label", "family"]).agg(
-        mean=("mean", "mean"),
-        best=("best", "mean"),
-        chance=("chance", "mean"),
-        learned=("task", "nunique"),
+    rows = []
+    for family in [*FAMILIES, "all"]:
+        if family != "all" and family not in set(scores["family"]):
+            continue
+        tasks = per_task[per_task["family"] == family]
+        for label in labels:
+            mine = tasks[tasks["encoding_label"] == label]
+            n, learned = int(mine["task"].nunique()), int(mine["learned"].sum())
+            complete = n > 0 and learned == n
+            rows.append(
+                {
+                    "encoding_label": label,
+                    "family": family,
+                    "mean": float(mine["mean"].mean()) if complete else math.nan,
+                    "best": float(mine["best"].mean()) if complete else math.nan,
+                    "chance": float(mine["chance"].mean()) if n else math.nan,
+                    "learned": learned,
+                    "tasks": n,
+                }
+            )
+    return pd.DataFrame(
+        rows, columns=["encoding_label", "family", "mean", "best", "chance", "learned", "tasks"]
     )
-    counts = per_task.groupby(["encoding_label", "family"])["task"].nunique().rename("tasks")
-    table = table.reindex(counts.index).join(counts)
-    table["learned"] = table["learned"].fillna(0).astype(int)
-    return table.reset_index()
 
 
 def family_gains(scores: pd.DataFrame, label: str, twin: str) -> dict[str, float]:
