@@ -18,7 +18,6 @@ from rich.text import Text
 from posbench.errors import ConfigError, PosbenchError
 
 if TYPE_CHECKING:
-    from posbench.experiment.config import RunConfig
     from posbench.experiment.planner import SweepPlan
 
 app = typer.Typer(
@@ -256,25 +255,26 @@ def run_command(
     from posbench.experiment.runner import run_sweep
 
     chosen = make_executor(executor, jobs, ray_address, cpus_per_run, gpus_per_run)
-    if from_runs is not None:
+    copied: list[str] = []
+    if from_runs is not None or dry_run:
         from posbench.experiment.planner import plan_sweep
+
+        plan = plan_sweep(sweep, out_dir, force)
+    if from_runs is not None:
         from posbench.store import import_runs
 
-        plan = plan_sweep(sweep, out_dir)
         # training runs and their evaluation variants; profiles time this machine, so rerun
         planned = [job.run_id for job in [*plan.runs, *plan.variants]]
         copied = import_runs(from_runs, out_dir, planned, dry_run=dry_run)
         console.print(
             Text(
-                f"{'would take' if dry_run else 'took'} {copied} finished run(s) of this sweep "
-                f"from {from_runs}"
+                f"{'would take' if dry_run else 'took'} {len(copied)} finished run(s) of this "
+                f"sweep from {from_runs}"
             ),
             soft_wrap=True,
         )
     if dry_run:
-        from posbench.experiment.planner import plan_sweep
-
-        _print_plan(plan_sweep(sweep, out_dir, force), out_dir)
+        _print_plan(plan, out_dir, set(copied))
         return
     with sigterm_interrupts():
         try:
@@ -311,27 +311,34 @@ def run_command(
         raise typer.Exit(1)
 
 
-def _print_plan(plan: "SweepPlan", out_dir: Path) -> None:
+#: A dry run's action for a run that --from would copy rather than train.
+COPIED_FROM = "stored once copied from --from"
+
+
+def _print_plan(plan: "SweepPlan", out_dir: Path, copied: set[str] = frozenset()) -> None:
     """What `posbench run --dry-run` found: every job of the plan the run executes, with what
-    it does (stored, run, reuse a model) and what it waits for, and the configuration's
-    warnings; nothing was run."""
+    it does (stored, run, reuse a model, or, for the runs `copied` from --from, taken from
+    there) and what it waits for, and the configuration's warnings; nothing was run."""
     table = Table(title=f"dry run: the plan for {out_dir}", title_justify="left")
     for column in ("job", "run", "id", "action"):
         table.add_column(column, no_wrap=column != "action")
     for kind, label, run_id, action in plan.rows():
+        action = COPIED_FROM if run_id in copied else action
         table.add_row(kind, Text(label), run_id, Text(action))
     console.print(table)
     for warning in plan.warnings:
         console.print(Text(f"warning: {warning}", style="yellow"), soft_wrap=True)
     from posbench.experiment.planner import STORED, TRAIN
 
-    stored = sum(job.action == STORED for job in plan.jobs if job.kind == TRAIN)
+    stored = sum(
+        job.action == STORED or job.run_id in copied for job in plan.jobs if job.kind == TRAIN
+    )
     console.print(
         Text(
             f"{len(plan.runs)} training run(s), {stored} stored already; "
             f"{len(plan.variants)} evaluation variant(s) and {len(plan.profiles)} profile(s); "
-            f"{sum(job.to_run for job in plan.jobs)} job(s) to run. Nothing was run or written "
-            "(--dry-run)."
+            f"{sum(job.to_run and job.run_id not in copied for job in plan.jobs)} job(s) to "
+            "run. Nothing was run or written (--dry-run)."
         ),
         soft_wrap=True,
     )

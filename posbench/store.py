@@ -975,10 +975,12 @@ def _export_into(sweep_dir: Path, dest: Path) -> ExportSummary:
     return ExportSummary(exported, unfinished, size)
 
 
-def import_runs(source: Path, out_dir: Path, run_ids: Iterable[str], dry_run: bool = False) -> int:
+def import_runs(
+    source: Path, out_dir: Path, run_ids: Iterable[str], dry_run: bool = False
+) -> list[str]:
     """Copy into `out_dir` the finished runs of `source` (a sweep folder or archive, such as a
     published suite's) that are among `run_ids` and not finished there, without trained
-    weights; returns how many (with `dry_run`, how many it would copy, writing nothing). A run
+    weights; returns their ids (with `dry_run`, those it would copy, writing nothing). A run
     id is a digest of the run's configuration (labels aside), so a copied run is one this sweep
     would train. Refuses a source that holds none of them (another protocol or configuration made
     its runs) or runs another minor version of posbench made (its numbers may differ)."""
@@ -1005,12 +1007,12 @@ def import_runs(source: Path, out_dir: Path, run_ids: Iterable[str], dry_run: bo
             run_id for run_id in wanted if not RunFolder(out_dir / run_id).is_finished()
         ]
         if dry_run or not todo:
-            return len(todo)
+            return todo
         prepare_sweep_dir(out_dir)
         with sweep_lock(out_dir):
             for run_id in todo:
                 _export_run(available[run_id], RunFolder(out_dir / run_id))
-        return len(todo)
+        return todo
 
 
 def _export_run(source: RunFolder, target: RunFolder) -> int:

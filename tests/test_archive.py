@@ -12,6 +12,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 from helpers import invoke, one_sentence_error, tiny_sweep, write_config
+from posbench.cli import COPIED_FROM
 from posbench.experiment.runner import run_sweep
 from posbench.store import MODEL_FILE, RunFolder, export_sweep, opened_sweep
 
@@ -112,6 +113,9 @@ def test_run_from_a_published_archive_trains_only_the_runs_it_lacks(tmp_path: Pa
     args = (*plugin, *run, "--encodings", "*,test_distance_table", "--out", str(mine))
     dry = invoke(*args, "--from", str(archive), "--dry-run")
     assert dry.exit_code == 0 and "would take 3 finished run(s)" in dry.output
+    # the plan counts what --from would copy as stored: only the plugin's run trains
+    assert "3 training run(s), 2 stored already; 1 evaluation variant(s)" in dry.output
+    assert dry.output.count(COPIED_FROM) == 3
     assert not mine.exists()
     result = invoke(*args, "--from", str(archive))
     assert result.exit_code == 0, result.output  # the variant was taken, not redone unweighted
