@@ -1,6 +1,6 @@
-"""Every published report rebuilds byte for byte from its exported runs, as its page says
-(`posbench report reports/<suite>/runs.tar.xz`, with `--probe` where it reads another suite's
-learning-rate probe), but for the build date in report.json: the
+"""Every published report rebuilds byte for byte from its exported runs, by the command its
+report.json records (`posbench report reports/<suite>/runs.tar.xz`, with `--link-figures` and
+`--probe` where it used them), but for the build date in report.json: the
 report is a function of the stored runs and the code, nothing else. The suites whose report
 takes more than a few seconds (the verdict rule's calibration simulates 200 reports) are
 marked slow: `pytest -m slow tests/test_rebuild.py` checks them all."""
@@ -8,6 +8,7 @@ marked slow: `pytest -m slow tests/test_rebuild.py` checks them all."""
 from __future__ import annotations
 
 import json
+import shlex
 from contextlib import ExitStack
 from pathlib import Path
 
@@ -20,9 +21,16 @@ REPORTS = Path("reports")
 PUBLISHED = sorted(p.parent.name for p in REPORTS.glob("*/runs.tar.xz"))
 #: The published suites whose report builds in seconds: checked by the default test run.
 QUICK = {"nanogpt-anchor"}
-#: The suites whose report checks its ranking against another suite's learning-rate probe
-#: (`posbench report ... --probe reports/<probe>/runs.tar.xz`), and that probe.
-PROBES = {"standard": "lr-probe"}
+
+
+def _recorded_options(published: Path) -> tuple[list[str], Path | None]:
+    """The linked figures and the probe archive of the command the report records."""
+    words = shlex.split(json.loads((published / "report.json").read_text())["command"])
+    assert words[:3] == ["posbench", "report", str(published / "runs.tar.xz")], words
+    options = dict(zip(words[3::2], words[4::2]))  # posbench report ARCHIVE [--flag value]...
+    linked = [name for name in options.get("--link-figures", "").split(",") if name]
+    probe = options.get("--probe")
+    return linked, None if probe is None else Path(probe)
 
 
 def _without_build_date(data: bytes) -> dict:
@@ -40,8 +48,7 @@ def test_a_published_report_rebuilds_byte_for_byte_from_its_runs(
 ) -> None:
     published = REPORTS / suite
     archive = published / "runs.tar.xz"
-    linked = sorted(p.stem for p in (published / "figures").glob("*.png"))
-    probe = REPORTS / PROBES[suite] / "runs.tar.xz" if suite in PROBES else None
+    linked, probe = _recorded_options(published)
     out = tmp_path / suite  # the report is named after its folder
     with ExitStack() as opened:
         sweep_dir = opened.enter_context(opened_sweep(archive))
