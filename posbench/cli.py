@@ -261,11 +261,18 @@ def run_command(
 
         plan = plan_sweep(sweep, out_dir, force)
     if from_runs is not None:
+        from posbench.experiment.planner import outdated_in
         from posbench.store import import_runs
 
         # training runs and their evaluation variants; profiles time this machine, so rerun
-        planned = [job.run_id for job in [*plan.runs, *plan.variants]]
-        copied = import_runs(from_runs, out_dir, planned, dry_run=dry_run)
+        works = {work.run_id: work for work in [*plan.runs, *plan.variants]}
+        copied = import_runs(
+            from_runs,
+            out_dir,
+            works,
+            dry_run=dry_run,
+            accept=lambda folder: not outdated_in(works[folder.path.name], folder),
+        )
         console.print(
             Text(
                 f"{'would take' if dry_run else 'took'} {len(copied)} finished run(s) of this "

@@ -19,7 +19,7 @@ import uuid
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Mapping
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 import numpy as np
 import pandas as pd
@@ -976,10 +976,15 @@ def _export_into(sweep_dir: Path, dest: Path) -> ExportSummary:
 
 
 def import_runs(
-    source: Path, out_dir: Path, run_ids: Iterable[str], dry_run: bool = False
+    source: Path,
+    out_dir: Path,
+    run_ids: Iterable[str],
+    dry_run: bool = False,
+    accept: Callable[[RunFolder], bool] = lambda folder: True,
 ) -> list[str]:
     """Copy into `out_dir` the finished runs of `source` (a sweep folder or archive, such as a
-    published suite's) that are among `run_ids` and not finished there, without trained
+    published suite's) that are among `run_ids`, that `accept` takes (the sweep leaves out a
+    run whose evaluation is outdated) and that are not finished there, without trained
     weights; returns their ids (with `dry_run`, those it would copy, writing nothing). A run
     id is a digest of the run's configuration (labels aside), so a copied run is one this sweep
     would train. Refuses a source that holds none of them (another protocol or configuration made
@@ -987,7 +992,7 @@ def import_runs(
     out_dir, run_ids = Path(out_dir), list(run_ids)
     with opened_sweep(source, "--from") as folder:
         available = {f.path.name: f for f in run_folders(folder) if f.is_finished()}
-        wanted = [run_id for run_id in run_ids if run_id in available]
+        wanted = [r for r in run_ids if r in available and accept(available[r])]
         if not wanted:
             raise ResultsError(
                 f"--from {source} holds none of this sweep's {len(run_ids)} run(s): its runs were "

@@ -216,3 +216,99 @@ def test_evaluation_averages_at_least_32_position_draws_per_length(monkeypatch) 
     draws.clear()
     _accuracy(plain, task, 8, config, "cpu")
     assert draws == []
+
+
+@pytest.mark.parametrize(
+    ("name", "options", "outdated"),
+    [
+        ("rope", {"randomize_positions": 64}, True),
+        ("txl", {"randomize_positions": 64}, True),
+        ("rope", {}, False),  # plain positions: evaluation unchanged
+        ("rope", {"randomize_positions": 64, "eval_positions": "plain"}, False),
+        ("nope", {"randomize_positions": 64}, False),  # reads no position: draws change nothing
+    ],
+)
+def test_evaluation_protocol_1_is_outdated_only_where_drawn_positions_are_read(
+    name: str, options: dict, outdated: bool
+) -> None:
+    from posbench.experiment.evaluation import EVALUATION_PROTOCOL, outdated_evaluation
+
+    encoding = create_encoding(name, n_heads=2, d_head=8, **options)
+    assert bool(outdated_evaluation(1, encoding)) is outdated
+    assert outdated_evaluation(EVALUATION_PROTOCOL, encoding) is None
+
+
+def _as_protocol_1(folder: Path, keep_model: bool) -> None:
+    """Make a stored run look evaluated before the protocol was recorded (version 1)."""
+    import json
+
+    result = json.loads((folder / "result.json").read_text())
+    assert result.pop("evaluation_protocol") == 2
+    if not keep_model:  # as an exported run: its weights left out, and said so
+        from posbench.store import MODEL_FILE, MODEL_NOT_KEPT
+
+        (folder / MODEL_FILE).unlink()
+        result[MODEL_NOT_KEPT] = result["files"].pop(MODEL_FILE)
+    (folder / "result.json").write_text(json.dumps(result))
+
+
+@pytest.mark.parametrize("keep_model", [True, False])
+def test_a_run_evaluated_under_an_older_protocol_is_computed_again(
+    tmp_path: Path, keep_model: bool
+) -> None:
+    """A randomized run stored by an older evaluation is evaluated again on its kept model, or
+    trained again without it; a plain run of the same sweep stays stored."""
+    from posbench.experiment.planner import EVALUATE_KEPT, RUN, STORED, plan_sweep
+    from posbench.store import RunFolder
+
+    sweep = dataclasses.replace(
+        tiny_sweep("rope", steps=4),
+        encodings=(
+            EncodingSpec("rope"),
+            EncodingSpec("rope", {"randomize_positions": 64}, "rope+random"),
+        ),
+    )
+    out = tmp_path / "sweep"
+    assert not run_sweep(sweep, out).failures
+    jobs = {job.label: job for job in plan_sweep(sweep, out).jobs}
+    randomized, plain = jobs["copy / rope+random / seed 0"], jobs["copy / rope / seed 0"]
+    before = collect(out)
+    _as_protocol_1(out / randomized.run_id, keep_model)
+    jobs = {job.label: job for job in plan_sweep(sweep, out).jobs}
+    assert jobs[plain.label].action == STORED
+    again = jobs[randomized.label]
+    assert again.action == (EVALUATE_KEPT if keep_model else RUN)
+    assert "evaluation protocol 1" in again.reason
+    assert not run_sweep(sweep, out).failures
+    assert all(job.action == STORED for job in plan_sweep(sweep, out).jobs)
+    assert RunFolder(out / randomized.run_id).result()["evaluation_protocol"] == 2
+    after = collect(out)
+    rows = ["encoding_label", "eval_len", "metric"]
+    assert len(after) == len(before)  # the run's rows replaced, not added
+    assert set(map(tuple, after[rows].fillna(-1).values)) == set(
+        map(tuple, before[rows].fillna(-1).values)
+    )
+
+
+def test_run_from_takes_no_run_evaluated_under_an_older_protocol(tmp_path: Path) -> None:
+    from helpers import TINY_TOML, invoke, write_config
+
+    toml = TINY_TOML.replace(
+        'encodings = ["nope", { name = "t5", num_buckets = 8, max_distance = 16 }]',
+        'encodings = ["rope", { name = "rope", randomize_positions = 64, label = "rope+random" }]',
+    )
+    config = write_config(tmp_path, toml)
+    published = tmp_path / "published"
+    run = ("run", "--config", str(config), "--no-report")
+    assert invoke(*run, "--out", str(published)).exit_code == 0
+    folders = [p for p in published.iterdir() if (p / "config.json").is_file()]
+    randomized = next(
+        p for p in folders if "randomize_positions" in (p / "config.json").read_text()
+    )
+    _as_protocol_1(randomized, keep_model=False)
+    mine = tmp_path / "mine"
+    dry = invoke(*run, "--out", str(mine), "--from", str(published), "--dry-run")
+    assert dry.exit_code == 0 and "would take 1 finished run(s)" in dry.output, dry.output
+    result = invoke(*run, "--out", str(mine), "--from", str(published))
+    assert result.exit_code == 0 and "took 1 finished run(s)" in result.output
+    assert (mine / randomized.name / "model.pt").exists()  # trained here, evaluated today

@@ -105,6 +105,9 @@ class PositionalEncoding(PositionTables, nn.Module):
     gradient_free: ClassVar[tuple[str, ...]] = ()
     #: Randomized positions, set when the encoding is built with ``randomize_positions``.
     random_positions: RandomPositions | None = None
+    #: False for an encoding whose scores never read a position (NoPE): drawing its positions
+    #: changes none of its numbers.
+    reads_positions: ClassVar[bool] = True
 
     def __init__(self, shape: AttentionShape) -> None:
         super().__init__()

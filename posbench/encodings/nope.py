@@ -11,3 +11,4 @@ class NoPE(PositionalEncoding):
     """No positional encoding: attention sees order only through the causal mask."""
 
     relative = True
+    reads_positions = False

@@ -29,6 +29,7 @@ from posbench.experiment.config import (
 from posbench.kernels import served
 from posbench.kernels.cpu import compute_settings
 from posbench.experiment.evaluation import (
+    EVALUATION_PROTOCOL,
     FULL_CONTEXT,
     iter_evaluate,
     validation_exact_match,
@@ -303,6 +304,7 @@ def _compute(job: RunJob, progress: ProgressSink) -> RunOutput:
         _draw_pictures(model, task, run, probes, result, artifacts, note)
         clock("diagnostics")
         result["status"] = "ok"
+        result["evaluation_protocol"] = EVALUATION_PROTOCOL
     except Diverged as err:
         result["status"], result["error"] = "diverged", f"diverged: {err}"
         note(result["error"])

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from posbench.attention import attention_tensor_bytes
 from posbench.cache import Cache, MemoryParts
 from posbench.experiment.config import EvalConfig
-from posbench.encodings.base import Span
+from posbench.encodings.base import PositionalEncoding, Span
 from posbench.encodings.positions import seeded_draws
 from posbench.model import Decoder
 from posbench.tasks.base import IGNORE, Batch, Task
@@ -37,6 +37,10 @@ HELD_OUT_SEED = 1_000_003  # the held-out sample per length is the same for ever
 #: et al.'s code draws them in training); evaluation reads each length in at least this many
 #: calls, so its accuracy averages at least this many draws rather than one or two.
 POSITION_DRAWS = 32
+#: The version of the evaluation protocol, recorded in each run's result.json as
+#: "evaluation_protocol" (a run stored without it was evaluated under version 1). It rises
+#: whenever evaluation starts scoring some runs differently; outdated_evaluation says which.
+EVALUATION_PROTOCOL = 2
 VALIDATION_SEED = 2_000_003  # the early-stopping sample: never the evaluation sample
 
 
@@ -52,6 +56,20 @@ class Measurement:
     value: float
     note: str = ""
     position: int | None = None  # loss-by-position rows: the last token position of the bin
+
+
+def outdated_evaluation(recorded: int, encoding: PositionalEncoding) -> str | None:
+    """Why a run evaluated under protocol `recorded` with `encoding` (as its run builds it)
+    would score differently today, or None where today's evaluation gives it the same numbers.
+    Version 2 reads each length's sample in at least POSITION_DRAWS forward calls where an
+    encoding that reads positions draws them at evaluation; version 1 drew once per batch."""
+    drawn = encoding.random_positions
+    if recorded < 2 and drawn is not None and drawn.at_evaluation and encoding.reads_positions:
+        return (
+            "evaluated under evaluation protocol 1, one position draw per batch of the sample; "
+            f"today's averages at least {POSITION_DRAWS} draws per length"
+        )
+    return None
 
 
 def held_out(

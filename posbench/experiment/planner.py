@@ -18,7 +18,7 @@ from typing import Any, Union
 
 import torch
 
-from posbench.encodings import BUILTINS, check_encoding_options
+from posbench.encodings import BUILTINS, check_encoding_options, create_encoding
 from posbench.encodings import REGISTRY as ENCODINGS
 from posbench.encodings.base import Span
 from posbench.errors import ConfigError, PosbenchError, ResultsError
@@ -39,7 +39,12 @@ from posbench.experiment.config import (
     stops_early,
     training_key,
 )
-from posbench.experiment.evaluation import EVALUATION_METRICS, evaluation_memory_bytes
+from posbench.experiment.evaluation import (
+    EVALUATION_METRICS,
+    EVALUATION_PROTOCOL,
+    evaluation_memory_bytes,
+    outdated_evaluation,
+)
 from posbench.experiment.memory import (
     TRAINING_BYTES_PER_PARAMETER,
     available_bytes,
@@ -148,12 +153,16 @@ def plan_sweep(sweep: SweepConfig, out_dir: Path, force: bool = False) -> SweepP
     out_dir = Path(out_dir)
     check_sweep_dir(out_dir)
     runs = expand_runs(sweep)
+    variants = variant_jobs(sweep, runs)
     twins = early_stopping_twins(runs)
-    jobs = [_training_job(run, twins.get(run.run_id), out_dir, force) for run in runs]
+    outdated = {
+        work.run_id: why
+        for work in [*runs, *variants]
+        if (why := outdated_in(work, RunFolder(out_dir / work.run_id)))
+    }
+    jobs = [_training_job(run, twins.get(run.run_id), out_dir, force, outdated) for run in runs]
     planned = {job.run_id: job for job in jobs}
-    jobs += [
-        _variant_job(variant, planned, out_dir, force) for variant in variant_jobs(sweep, runs)
-    ]
+    jobs += [_variant_job(variant, planned, out_dir, force, outdated) for variant in variants]
     jobs += [_simple_job(PROFILE, profile, out_dir, force) for profile in profile_runs(sweep)]
     return SweepPlan(sweep, jobs, reachability_warnings(sweep))
 
@@ -449,22 +458,59 @@ def early_stopping_twins(runs: list[RunConfig]) -> dict[str, RunConfig]:
     }
 
 
-def _simple_job(kind: str, work: Work, out_dir: Path, force: bool) -> Job:
-    """A job that is stored or computed from nothing (a profile)."""
+def outdated_in(work: RunConfig | VariantJob, folder: RunFolder) -> str:
+    """Why the finished run of `work` stored in `folder` would score differently under today's
+    evaluation ("" where it would not, or where no finished run is stored there): a run
+    evaluated under an older evaluation protocol is computed again, never mixed with runs
+    evaluated under today's."""
+    try:
+        result = folder.result()
+    except ResultsError:
+        return ""
+    if result is None or result.get("status") != "ok":
+        return ""
+    recorded = result.get("evaluation_protocol", 1)
+    if not isinstance(recorded, int) or recorded >= EVALUATION_PROTOCOL:
+        return ""
+    size = work.model if isinstance(work, RunConfig) else work.base.model
+    spec = work.encoding
+    try:
+        encoding = create_encoding(
+            spec.name,
+            n_heads=size.n_heads,
+            d_head=size.d_model // size.n_heads,
+            n_layers=size.n_layers,
+            **spec.options,
+        )
+    except Exception:  # an encoding that no longer builds: planning reports it elsewhere
+        return ""
+    return outdated_evaluation(recorded, encoding) or ""
+
+
+def _simple_job(kind: str, work: Work, out_dir: Path, force: bool, outdated: str = "") -> Job:
+    """A job that is stored or computed from nothing (a profile), or computed again because
+    its stored evaluation is `outdated` (why)."""
     folder = RunFolder(out_dir / work.run_id)
     damage = folder.damage()
-    if folder.is_finished() and not force and not damage:
+    if folder.is_finished() and not force and not damage and not outdated:
         return Job(kind, work, STORED)
-    return Job(kind, work, RUN, damage=damage or "")
+    return Job(kind, work, RUN, reason=outdated, damage=damage or "")
 
 
-def _training_job(run: RunConfig, twin: RunConfig | None, out_dir: Path, force: bool) -> Job:
+def _training_job(
+    run: RunConfig, twin: RunConfig | None, out_dir: Path, force: bool, outdated: dict[str, str]
+) -> Job:
     """A training run's job: stored, computed anew, evaluated on the model an earlier attempt
-    kept, or taken over from an early-stopping twin that never stopped."""
+    kept, or taken over from an early-stopping twin that never stopped. A stored run whose
+    evaluation is outdated (its run id in `outdated`) is evaluated again on its kept model, or
+    trained again where it kept none."""
     folder = RunFolder(out_dir / run.run_id)
     damage = folder.damage() or ""
-    if not force and folder.is_finished() and not damage:
+    stale = outdated.get(run.run_id, "")
+    if not force and folder.is_finished() and not damage and not stale:
         return Job(TRAIN, run, STORED)
+    if not force and not damage and stale and folder.model_kept():
+        return Job(TRAIN, run, EVALUATE_KEPT, reason=stale)
     if not force and not damage and _evaluation_failed(folder):
         return Job(
             TRAIN,
@@ -473,13 +519,14 @@ def _training_job(run: RunConfig, twin: RunConfig | None, out_dir: Path, force: 
             reason="an earlier attempt trained it, then failed to evaluate",
         )
     if twin is None:
-        return Job(TRAIN, run, RUN, damage=damage)
+        return Job(TRAIN, run, RUN, reason=stale, damage=damage)
     why = (
         f"{twin.label} trains the same steps but may stop early; if it never stops, its model "
         "is this run's"
     )
     twin_folder = RunFolder(out_dir / twin.run_id)
-    if not force and twin_folder.is_finished() and not twin_folder.damage():
+    twin_current = twin.run_id not in outdated
+    if not force and twin_folder.is_finished() and not twin_folder.damage() and twin_current:
         if twin_handover(run, twin, out_dir) is None:
             return Job(TRAIN, run, RUN, damage=damage)
         return Job(TRAIN, run, TAKE_TWIN, reason=why, damage=damage, twin=twin)
@@ -499,10 +546,16 @@ def _evaluation_failed(folder: RunFolder) -> bool:
         return False
 
 
-def _variant_job(variant: VariantJob, planned: dict[str, Job], out_dir: Path, force: bool) -> Job:
+def _variant_job(
+    variant: VariantJob,
+    planned: dict[str, Job],
+    out_dir: Path,
+    force: bool,
+    outdated: dict[str, str],
+) -> Job:
     """A variant's job: stored, refused when its base is stored without weights, or evaluated
-    once its base run is stored."""
-    job = _simple_job(VARIANT, variant, out_dir, force)
+    once its base run is stored (again where its stored evaluation is outdated)."""
+    job = _simple_job(VARIANT, variant, out_dir, force, outdated.get(variant.run_id, ""))
     base = planned[variant.base.run_id]
     if job.action == STORED:
         return job
