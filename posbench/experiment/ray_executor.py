@@ -52,7 +52,9 @@ class MailboxReader:
         self.mailbox, self.sink = mailbox, sink
         self.collecting: list[Any] = []
 
-    def __call__(self, wait: float = 0.0) -> None:
+    def __call__(self, wait: float = 0.0) -> int:
+        """Hands over what one collect() brought, if it came within `wait` seconds; returns
+        how many events that was."""
         import ray
         from ray.exceptions import RayError
 
@@ -61,13 +63,21 @@ class MailboxReader:
                 self.collecting.append(self.mailbox.collect.remote())
             ready, _ = ray.wait(self.collecting, timeout=wait)
             if not ready:
-                return
+                return 0
             self.collecting.clear()
             events = ray.get(ready[0])
         except RayError:  # the mailbox is gone: progress only
-            return
+            return 0
         for event in events:
             self.sink(*event)
+        return len(events)
+
+    def drain(self, wait: float) -> None:
+        """Hands over everything the finished runs posted: a collect() already in flight may
+        have left before their last events arrived, so collect until one comes back empty
+        (or does not come within `wait`)."""
+        while self(wait):
+            pass
 
 
 def _compute_on_ray(
@@ -209,7 +219,7 @@ class RayExecutor:
                         more = remote.remote(job, per_run, plugin_dirs, mailbox)
                         refs[more] = job
                         pending.append(more)
-            forward(POLL_SECONDS)
+            forward.drain(POLL_SECONDS)
         except BaseException:
             for ref in pending:
                 ray.cancel(ref, force=True)
