@@ -421,3 +421,23 @@ def test_the_environment_table_shows_every_distinct_value_with_its_run_count(
     counts = {f"{__version__} (1 run)", "0.1.9 (1 run)"}
     assert any(f"<td class=\"name\">{a}; {b}</td>" in html for a in counts for b in counts)
     assert f"<td class=\"name\">{torch.__version__}</td>" in html  # one value: shown once
+
+
+def test_the_environment_table_counts_runs_by_the_evaluation_protocol_that_scored_them(
+    tmp_path: Path,
+) -> None:
+    from posbench.experiment.evaluation import EVALUATION_PROTOCOL
+    from posbench.experiment.runner import run_sweep
+    from posbench.report.html import build_report
+
+    out = tmp_path / "sweep"
+    run_sweep(tiny_sweep("nope", "alibi", steps=2), out)
+    html = build_report(out, tmp_path / "report").html.read_text()
+    assert f'evaluation protocol</th><td class="name">{EVALUATION_PROTOCOL}</td>' in html
+    older = sorted(out.glob("*/result.json"))[0]  # as a run stored before runs recorded it
+    result = json.loads(older.read_text())
+    result.pop("evaluation_protocol")
+    older.write_text(json.dumps(result))
+    html = build_report(out, tmp_path / "report").html.read_text()
+    counts = [f"{EVALUATION_PROTOCOL} (1 run)", "1 (1 run)"]
+    assert f"{counts[0]}; {counts[1]}" in html or f"{counts[1]}; {counts[0]}" in html

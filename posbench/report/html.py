@@ -927,6 +927,7 @@ def _provenance(
     values: dict[str, Counter[str]] = {}
     seconds: Counter[str] = Counter()
     timed = 0
+    protocols: Counter[str] = Counter()  # a run that recorded none was scored under version 1
     for run_id in sorted(run_ids):
         try:
             folder = RunFolder(sweep_dir / run_id)
@@ -935,12 +936,16 @@ def _provenance(
             continue
         if "attention_kernels" in result:  # which kernels served its attention calls
             env = env | {"attention kernels": ", ".join(result["attention_kernels"]) or "none"}
+        if not result.get("kind") == "profile":
+            protocols[str(result.get("evaluation_protocol", ""))] += 1
         for key, value in env.items():
             text = value if isinstance(value, str) else json.dumps(value, sort_keys=True)
             values.setdefault(key, Counter())[text] += 1
         if isinstance(result.get("time_split"), dict):
             timed += 1
             seconds.update({k: float(v) for k, v in result["time_split"].items()})
+    if set(protocols) - {""}:  # shown once runs record it, which older archives do not
+        values["evaluation protocol"] = Counter({k or "1": n for k, n in protocols.items()})
     environment = {
         key: next(iter(counts))
         if len(counts) == 1
