@@ -295,6 +295,17 @@ class RunFolder:
         except OSError as err:
             raise ResultsError(describe_os_error(err, file, "read")) from None
 
+    def model_digest(self) -> str | None:
+        """The SHA-256 of the run's trained weights as its result records them, kept or exported
+        without them (None: none recorded)."""
+        try:
+            result = self.result() or {}
+        except ResultsError:
+            return None
+        record = result.get(MODEL_NOT_KEPT) or (result.get("files") or {}).get(MODEL_FILE)
+        digest = record.get("sha256") if isinstance(record, dict) else None
+        return digest if isinstance(digest, str) else None
+
     def model_kept(self) -> bool:
         """False for a run exported without its weights (see export_sweep)."""
         try:

@@ -77,3 +77,35 @@ def test_variants_must_name_a_trained_encoding_and_valid_options(tmp_path: Path)
     )
     with pytest.raises(OptionError, match="option 'scaling' must be one of"):
         run_sweep(sweep, tmp_path / "b")
+
+
+def test_a_variant_is_evaluated_again_when_its_base_model_changes(tmp_path: Path) -> None:
+    """A variant describes the weights it read: it is evaluated again with its base run when
+    the base trains again, and when its base holds other weights than it read."""
+    from posbench.experiment.planner import RUN, STORED, plan_sweep
+    from posbench.store import RunFolder
+
+    sweep = dataclasses.replace(
+        tiny_sweep("rope", steps=3), eval_variants=parse_variants("rope:scaling=linear,factor=2")
+    )
+    out = tmp_path / "sweep"
+    assert not run_sweep(sweep, out).failures
+    plan = plan_sweep(sweep, out)
+    (variant,) = [job for job in plan.jobs if job.kind == "variant"]
+    base = variant.work.base.run_id
+    record = RunFolder(out / variant.run_id).result()
+    assert record["evaluated_model"] == RunFolder(out / base).model_digest()
+    assert all(job.action == STORED for job in plan.jobs)
+
+    result_file = out / variant.run_id / "result.json"  # as if the base was trained again since
+    result_file.write_text(json.dumps(record | {"evaluated_model": "0" * 64}))
+    (again,) = [job for job in plan_sweep(sweep, out).jobs if job.kind == "variant"]
+    assert again.action == RUN and "other weights than its base run" in again.reason
+
+    (out / base / "result.json").unlink()  # the base trains again: the variant after it
+    (again,) = [job for job in plan_sweep(sweep, out).jobs if job.kind == "variant"]
+    assert again.action == RUN and again.needs == (base,) and "trains again" in again.reason
+    assert not run_sweep(sweep, out).failures
+    assert RunFolder(out / variant.run_id).result()["evaluated_model"] == (
+        RunFolder(out / base).model_digest()
+    )

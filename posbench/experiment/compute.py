@@ -4,6 +4,7 @@ out as small events, so a worker process can forward them to the driver."""
 
 from __future__ import annotations
 
+import hashlib
 import io
 import math
 import time
@@ -275,6 +276,8 @@ def _compute(job: RunJob, progress: ProgressSink) -> RunOutput:
             )
             probes.extend(job.trained_probes)
             note(f"reusing the model {job.reused}; evaluating only")
+            if job.store_as:  # a variant: which weights it read, so a retrained base shows
+                result["evaluated_model"] = hashlib.sha256(job.trained_state).hexdigest()
         else:
             stage = "training"
             result.update(_train(model, task, run, progress, note, probes))

@@ -558,7 +558,10 @@ def _variant_job(
     job = _simple_job(VARIANT, variant, out_dir, force, outdated.get(variant.run_id, ""))
     base = planned[variant.base.run_id]
     if job.action == STORED:
-        return job
+        why = _evaluated_another_model(variant, base, out_dir)
+        if not why:
+            return job
+        job = replace(job, action=RUN, reason=why)
     if base.action == STORED and not RunFolder(out_dir / base.run_id).model_kept():
         return replace(
             job,
@@ -567,6 +570,19 @@ def _variant_job(
             "sweep with --force to train it again",
         )
     return replace(job, needs=() if base.action == STORED else (base.run_id,))
+
+
+def _evaluated_another_model(variant: VariantJob, base: Job, out_dir: Path) -> str:
+    """Why a stored variant no longer describes its base run's model ("" where it does): the
+    base trains again now, or was trained again since the variant read it (the variant
+    records the weights it read; one stored before it did is taken as it is)."""
+    if base.action not in (STORED, EVALUATE_KEPT):  # EVALUATE_KEPT: the same weights
+        return f"its base run {base.run_id} trains again, so its model is evaluated again"
+    read = (RunFolder(out_dir / variant.run_id).result() or {}).get("evaluated_model")
+    held = RunFolder(out_dir / base.run_id).model_digest()
+    if read and held and read != held:
+        return f"it read other weights than its base run {base.run_id} holds (trained again since)"
+    return ""
 
 
 # ---- what a job computes, read from the store when it runs ---------------------------------
