@@ -113,8 +113,10 @@ def test_freed_memory_is_reused_unless_the_environment_sets_malloc(
         assert faults >= 5 * pages or _huge_pages_always(), (  # 2 MiB pages fault 512x less
             f"{faults} page faults for six tensors of {pages} pages each"
         )
-    else:  # later tensors reuse the pages of earlier ones
-        assert kept and faults < 2 * pages, f"{faults} page faults, {pages} pages per tensor"
+    else:  # later tensors reuse the pages of earlier ones; glibc now and then maps one or two
+        # of the six afresh (0 faults in 24 of 26 probes here, 1 or 2 tensors' worth in 2),
+        # where without reuse all six fault
+        assert kept and faults < 3 * pages, f"{faults} page faults, {pages} pages per tensor"
 
 
 def test_last_level_cache_is_the_largest_level_in_sysfs(tmp_path) -> None:
