@@ -528,7 +528,7 @@ def _training_job(
     twin_current = twin.run_id not in outdated
     if not force and twin_folder.is_finished() and not twin_folder.damage() and twin_current:
         if twin_handover(run, twin, out_dir) is None:
-            return Job(TRAIN, run, RUN, damage=damage)
+            return Job(TRAIN, run, RUN, reason=stale, damage=damage)
         return Job(TRAIN, run, TAKE_TWIN, reason=why, damage=damage, twin=twin)
     return Job(TRAIN, run, AFTER_TWIN, needs=(twin.run_id,), reason=why, damage=damage, twin=twin)
 

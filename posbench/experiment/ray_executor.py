@@ -76,8 +76,9 @@ class MailboxReader:
         """Hands over everything the finished runs posted: a collect() already in flight may
         have left before their last events arrived, so collect until one comes back empty
         (or does not come within `wait`)."""
-        while self(wait):
-            pass
+        received = self(wait)
+        while received:
+            received = self(wait)
 
 
 def _compute_on_ray(

@@ -936,7 +936,7 @@ def _provenance(
             continue
         if "attention_kernels" in result:  # which kernels served its attention calls
             env = env | {"attention kernels": ", ".join(result["attention_kernels"]) or "none"}
-        if not result.get("kind") == "profile":
+        if result.get("kind") != "profile":
             protocols[str(result.get("evaluation_protocol", ""))] += 1
         for key, value in env.items():
             text = value if isinstance(value, str) else json.dumps(value, sort_keys=True)
