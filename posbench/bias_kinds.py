@@ -8,7 +8,9 @@ a :class:`DistanceTableBias` (each query against a per-distance table, Transform
 position terms, at plain or drawn positions), which the rel-shift kernel runs a block of query
 rows at a time, a :class:`KeyTableBias` (each query against a per-key table: the same terms at
 drawn positions by the sin/cos identity),
-which the same kernel runs without the skew, or a :class:`RowBlockBias` (formed a block of
+which the same kernel runs without the skew, a :class:`SegmentBias` (linear in a table by
+distance along segments of each query's keys: FIRE's), which the C++ kernel forms row by row,
+or a :class:`RowBlockBias` (formed a block of
 query rows at a time, for a bias that depends on content everywhere), which attention never
 holds whole, or a :class:`GatedPositionBias` (CoPE's content-gated positions, a RowBlockBias
 with kernels of its own). Toeplitz expansion of per-distance values, with a backward pass that sums
@@ -32,7 +34,14 @@ class Scores:
     q: Tensor  # (B, H, Lq, d')
     k: Tensor  # (B, H, Lk, d')
     bias: (  # scaled
-        Tensor | ToeplitzBias | BandBias | DistanceTableBias | KeyTableBias | RowBlockBias | None
+        Tensor
+        | ToeplitzBias
+        | BandBias
+        | DistanceTableBias
+        | KeyTableBias
+        | RowBlockBias
+        | SegmentBias
+        | None
     )
     scale: float
     #: The same logits in another form, for attention where no kernel reads this bias's form
@@ -227,6 +236,27 @@ class KeyTableBias:
 
 
 @dataclass
+class SegmentBias:
+    """A bias linear in a table by distance along segments of each query's keys (FIRE's, whose
+    MLP of one input is piecewise linear in it): for square scores, keys at or before the
+    query, bias[h, i, j] = f[i - j] * a[h, i, s] + b[h, i, s] for start[i, s] <= j < start[i,
+    s + 1] (the last segment ends at the query). posbench's C++ kernel forms it in each row of
+    causal square scores and reduces its gradient to the segments' and the table's, in O(L * S)
+    memory; elsewhere attention reads ``dense()``, the encoding's dense form of the same bias
+    at every pair (keys after the query too)."""
+
+    start: Tensor  # (L, S) int64, non-decreasing along each row from 0; past i: unused
+    a: Tensor  # (H, L, S)
+    b: Tensor  # (H, L, S)
+    f: Tensor  # (F,), F >= L: the table at distances 0 .. F - 1
+    form_dense: Callable[[], Tensor]  # () -> (H, L, L)
+
+    def dense(self, length: int | None = None) -> Tensor:
+        """The (H, L, L) matrix at every pair; for attention off the kernel, tests, pictures."""
+        return self.form_dense()
+
+
+@dataclass
 class RowBlockBias:
     """A bias formed a block of query rows at a time: ``rows(r0, r1, keys, content)`` is the
     bias of query rows r0..r1-1 against keys 0..keys-1, (B|1, H, r1 - r0, keys), given those
@@ -339,11 +369,19 @@ def contextual_position_bias(
 
 
 def dense_bias(
-    bias: Tensor | ToeplitzBias | BandBias | DistanceTableBias | KeyTableBias | RowBlockBias,
+    bias: Tensor
+    | ToeplitzBias
+    | BandBias
+    | DistanceTableBias
+    | KeyTableBias
+    | RowBlockBias
+    | SegmentBias,
     length: int,
 ) -> Tensor:
     """A bias as a tensor broadcastable to (B, H, Lq, Lk); ``length`` is L for a BandBias."""
-    structured = (ToeplitzBias, BandBias, DistanceTableBias, KeyTableBias, RowBlockBias)
+    structured = (
+        ToeplitzBias, BandBias, DistanceTableBias, KeyTableBias, RowBlockBias, SegmentBias
+    )  # fmt: skip
     return bias.dense(length) if isinstance(bias, structured) else bias
 
 

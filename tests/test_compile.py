@@ -1,8 +1,8 @@
 """torch.compile takes posbench's models whole: the C++ kernels are torch operators
 (posbench::band_attention, posbench::cope_attention, each with its backward and its shapes for
 tracing), so a model that uses them compiles into one graph (fullgraph: any graph break fails)
-and gives the eager model's outputs and gradients. FIRE is the exception: how many rows fall
-below its learned threshold is read off a parameter's value, a data-dependent shape."""
+and gives the eager model's outputs and gradients (FIRE's rows too: its segments have a shape
+fixed by its width, wherever its learned threshold falls)."""
 
 from __future__ import annotations
 
@@ -18,10 +18,8 @@ from helpers import assert_close_to_scale
 
 #: Long enough that every encoding's attention goes to a C++ kernel where it is built.
 LENGTH = 128
-#: Encodings whose forward pass reads a shape off a tensor's value, and why.
-DATA_DEPENDENT = {
-    "fire": "the rows below FIRE's learned threshold are counted from the parameter's value",
-}
+#: Encodings whose forward pass reads a shape off a tensor's value, and why (none today).
+DATA_DEPENDENT: dict[str, str] = {}
 OPERATORS = {"posbench.band_attention.default", "posbench.cope_attention.default"}
 
 

@@ -363,3 +363,45 @@ def test_an_unknown_kernel_switch_value_is_one_sentence(monkeypatch) -> None:
     monkeypatch.setenv(native.SWITCH, "maybe")
     with pytest.raises(ConfigError, match="neither on .* nor off .*; set it to one of them"):
         native.enabled()
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype, atol", [(torch.float64, 1e-12), (torch.float32, 2e-5)])
+@pytest.mark.parametrize("heads, threads", [(2, 1), (2, 2), (3, 2)])  # by head, by task
+@pytest.mark.parametrize("c", [0.4, -0.2])
+def test_segments_match_the_math_path_on_their_dense_bias(
+    heads: int, threads: int, c: float, dtype: torch.dtype, atol: float
+) -> None:
+    """FIRE's SegmentBias formed inside the kernel's rows gives SDPA's outputs and gradients
+    (q, k, v and every FIRE parameter) on the dense bias the encoding forms for the same
+    pairs: rows below and past the threshold, units switching inside the rows, random weights
+    of both signs, a head count that shares out over the threads and one that does not."""
+    from posbench.encodings.base import LayerContext, Span
+
+    torch.manual_seed(0)
+    L = 90
+    fire = posbench.create_encoding("fire", n_heads=heads, d_head=8, init_threshold=30.0)
+    fire = fire.to(dtype)
+    with torch.no_grad():
+        for p in fire.mlp.parameters():
+            p.normal_()
+        fire.c.fill_(c)
+    q, k, v = (torch.randn(2, heads, L, 8, dtype=dtype, requires_grad=True) for _ in range(3))
+    params = [p for name, p in fire.named_parameters() if name != "mlp.2.bias"]
+    span, context = Span(0, L), LayerContext(0, None, None)
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        segments = fire.position_bias(span, span, context, torch.device("cpu"))
+        out = fused_band_attention(q, k, v, q.new_empty(1, heads, 1, 0), 0.3, segments=segments)
+        grad = torch.randn_like(out)
+        ours = (out, *torch.autograd.grad(out, (q, k, v, *params), grad))
+    finally:
+        torch.set_num_threads(previous)
+    dense = segments.dense().masked_fill(~torch.ones(L, L, dtype=torch.bool).tril(), -torch.inf)
+    with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.MATH):
+        expected = F.scaled_dot_product_attention(q, k, v, attn_mask=dense, scale=0.3)
+    reference = (expected, *torch.autograd.grad(expected, (q, k, v, *params), grad))
+    names = ["out", "q", "k", "v"] + [n for n, _ in fire.named_parameters() if n != "mlp.2.bias"]
+    for name, a, b in zip(names, ours, reference, strict=True):
+        assert_close_to_scale(a, b, atol, name)

@@ -45,8 +45,9 @@ def test_memory_rows_from_a_child_process_grow_with_length() -> None:
     values = [r["value"] for r in rows]
     assert [r["seq_len"] for r in rows] == [128, 1024]
     assert all(v > 0 for v in values), rows
-    # FIRE materialises its learned (H, L, L) bias: 64x more pairs at 8x the length
-    assert values[1] > 8 * values[0]
+    # activations grow with the length (8x here); FIRE's bias, formed in the kernel's rows,
+    # adds nothing of size L x L on top
+    assert values[1] > 4 * values[0]
 
 
 @pytest.mark.parametrize("encoding", ["nope", "alibi", "learned"])
@@ -128,7 +129,7 @@ def test_bench_says_why_an_encoding_costs_more_than_nope(
     console = Console(record=True, width=200)
     bench.print_bench(console, tmp_path)
     text = console.export_text()
-    assert "fire:" in text and "an MLP runs per distance below the threshold" in text
+    assert "fire:" in text and "the MLP is piecewise linear in its one input" in text
     assert "cope:" in text and "positions depend on content" in text
     assert "cope ran on " in text  # the attention backends, from each profile's env.json
     assert "L=32" in text and "L=24" not in text  # no column of n/a for the windows' length
@@ -136,7 +137,7 @@ def test_bench_says_why_an_encoding_costs_more_than_nope(
     console = Console(record=True, width=200)
     bench.print_bench(console, tmp_path, "cuda")
     text = console.export_text()
-    assert "fire:" not in text and "an MLP runs per distance" not in text
+    assert "fire:" not in text and "the MLP is piecewise linear" not in text
     assert "cost notes, which explain the CPU kernels, are left out" in text
     assert "results: " in text
 

@@ -9,12 +9,12 @@ import math
 import pytest
 import torch
 from torch import Tensor
-from helpers import assert_close_to_scale
+from helpers import assert_close_to_scale, segments_dense
 
 from posbench import create_encoding
 from posbench.encodings.alibi import alibi_slopes
 from posbench.encodings.base import LayerContext, Span
-from posbench.bias_kinds import BandBias, dense_bias
+from posbench.bias_kinds import BandBias, SegmentBias, dense_bias
 from posbench.encodings.deberta import log_bucket_position
 from posbench.encodings import fire as fire_module
 from posbench.encodings.t5 import t5_bucket
@@ -637,7 +637,10 @@ def test_fire_matches_the_reference(threshold: float) -> None:
     rel = torch.log(torch.abs(enc.c * rel) + 1)
     normaliser = torch.log(torch.abs(enc.c * normaliser) + 1)
     expected = enc.mlp((rel / (normaliser + 1e-6)).unsqueeze(-1)).permute(2, 0, 1)
-    assert torch.allclose(bias, expected, atol=1e-5)
+    assert isinstance(bias, SegmentBias)  # square scores: segments for the kernel
+    assert torch.allclose(bias.dense(), expected, atol=1e-5)
+    causal = torch.ones(L, L, dtype=torch.bool).tril()
+    assert torch.allclose(segments_dense(bias)[:, causal], expected[:, causal], atol=1e-5)
     # through a cache: the last 4 query rows alone
     tail = enc.position_bias(
         Span(8, L), Span(0, L), LayerContext(0, None, None), torch.device("cpu")
@@ -654,12 +657,14 @@ def test_fire_running_sums_keep_float32_accuracy() -> None:
         for p in enc.mlp.parameters():
             p.normal_()
     span = Span(0, 700)
-    fast = enc.position_bias(span, span, LayerContext(0, None, None), torch.device("cpu"))
+    bias = enc.position_bias(span, span, LayerContext(0, None, None), torch.device("cpu"))
     exact = _fire_per_pair(copy.deepcopy(enc).double(), span.arange(), span.arange())
     per_pair_float32 = _fire_per_pair(enc, span.arange(), span.arange()).double()
-    error = (fast.double() - exact).abs().max()
-    assert error <= 4 * (per_pair_float32 - exact).abs().max() + 1e-6
-    assert error <= 1e-5 * exact.abs().max()
+    causal = torch.ones(700, 700, dtype=torch.bool).tril()
+    for fast, pairs in [(bias.dense(), slice(None)), (segments_dense(bias), causal)]:
+        error = (fast.double() - exact)[:, pairs].abs().max()
+        assert error <= 4 * (per_pair_float32 - exact).abs().max() + 1e-6
+        assert error <= 1e-5 * exact.abs().max()
 
 
 # ---- CoPE against the paper's reference module ------------------------------------------------
@@ -742,7 +747,23 @@ def test_fire_past_its_threshold_equals_the_mlp_per_pair(
     def run(bias: torch.Tensor) -> list[torch.Tensor]:
         return [bias, *torch.autograd.grad((bias * weights).sum(), params, allow_unused=True)]
 
-    fast = run(enc.position_bias(q_span, k_span, ctx, torch.device("cpu")))
+    bias = enc.position_bias(q_span, k_span, ctx, torch.device("cpu"))
+    fast = run(dense_bias(bias, len(q_span)))
     slow = run(_fire_per_pair(enc, q_span.arange(), k_span.arange()))
     for a, b in zip(fast, slow):
         torch.testing.assert_close(a, b, atol=1e-10, rtol=1e-10)
+    if isinstance(bias, SegmentBias):  # square scores: the segments give the causal pairs
+        weights = weights.tril()
+        by_segments = run(segments_dense(bias))
+        by_pairs = run(_fire_per_pair(enc, q_span.arange(), k_span.arange()).tril())
+        for a, b in zip(by_segments, by_pairs):
+            torch.testing.assert_close(a, b, atol=1e-10, rtol=1e-10)
+
+
+def test_fire_gives_segments_for_square_contiguous_scores_only() -> None:
+    enc = create_encoding("fire", n_heads=2, d_head=4)
+    ctx, cpu = LayerContext(0, None, None), torch.device("cpu")
+    assert isinstance(enc.position_bias(Span(3, 20), Span(3, 20), ctx, cpu), SegmentBias)
+    assert isinstance(enc.position_bias(Span(8, 20), Span(0, 20), ctx, cpu), torch.Tensor)
+    drawn = Span(0, 4, torch.tensor([0, 3, 5, 9]))
+    assert isinstance(enc.position_bias(drawn, drawn, ctx, cpu), torch.Tensor)

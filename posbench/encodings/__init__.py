@@ -21,6 +21,7 @@ from posbench.bias_kinds import (
     KeyTableBias,
     RowBlockBias,
     Scores,
+    SegmentBias,
     ToeplitzBias,
 )
 from posbench.encodings.registry import REGISTRY, register_encoding

@@ -11,7 +11,7 @@ from torch import Tensor, nn
 
 from posbench.encodings.base import AttentionShape, LayerContext, PositionalEncoding, Span
 from posbench.encodings.registry import register_encoding
-from posbench.bias_kinds import diagonal_sums, toeplitz
+from posbench.bias_kinds import SegmentBias, diagonal_sums, toeplitz
 from posbench.validation import Range
 
 #: Rows per block when assembling the rows past the threshold (measured on the bias alone,
@@ -28,19 +28,24 @@ class FIRE(PositionalEncoding):
     A 1 -> ``mlp_width`` -> H MLP with a ReLU, learned c (init 0.1) and a learned multiplier on
     the threshold L (init ``init_threshold`` = 512), one per model, as the reference. The
     normaliser grows with the query's position i once i passes L (progressive interpolation),
-    so the bias is not a function of i - j alone: FIRE is not shift-invariant past L. Rows
-    i < L read one value per distance (a Toeplitz matrix); rows past L, in blocks of rows, are
-    summed along the keys from the keys where each hidden unit switches (see
-    ``_past_threshold`` and ``_FireBias``): O(L^2 * H) instead of the MLP's
-    O(L^2 * mlp_width * H), forward and backward.
+    so the bias is not a function of i - j alone: FIRE is not shift-invariant past L.
+
+    The MLP has one input, so it is piecewise linear in f(u): along a query's keys the bias is
+    f(u) * a + b, with a and b changing only where a hidden unit switches on or off. Square
+    scores (a segment read without memory) get those segments as a SegmentBias (``_segments``),
+    which posbench's C++ kernel forms row by row, reducing the gradient to the segments'; its
+    dense form, and the bias of any other spans, is dense (H, Lq, Lk): rows i < L read one value
+    per distance (a Toeplitz matrix), rows past L, in blocks of rows, are summed along the keys
+    from the keys where each hidden unit switches (``_past_threshold``, ``_FireBias``): O(L^2 *
+    H) instead of the MLP's O(L^2 * mlp_width * H), forward and backward.
     """
 
     relative = False  # the normaliser depends on i once i >= L
     cost_note = (
-        "an MLP runs per distance below the threshold; past it each row is a running sum "
-        "along the keys of the hidden units' steps, its gradient read off prefix sums; the "
-        "learned (H, L, L) bias is dense, so attention (posbench's C++ kernel, reading it by "
-        "key) writes its gradient at every pair in the backward pass"
+        "the MLP is piecewise linear in its one input, so each query's keys fall into at most "
+        "2 * mlp_width + 1 segments where the bias is linear in log(|c (i - j)| + 1); "
+        "posbench's C++ kernel forms it in each row of causal square scores and sums its "
+        "gradient per segment (no (H, L, L) tensor); elsewhere the bias is dense (H, Lq, Lk)"
     )
     #: The MLP's output bias adds one constant per head to every logit, which softmax ignores.
     gradient_free = ("mlp.2.bias",)
@@ -78,7 +83,77 @@ class FIRE(PositionalEncoding):
 
     def position_bias(
         self, q_span: Span, k_span: Span, layer: LayerContext, device: torch.device
-    ) -> Tensor:
+    ) -> Tensor | SegmentBias:
+        """Square scores at contiguous positions (a segment read without memory): a
+        SegmentBias, which posbench's kernel forms row by row where attention is causal; any
+        other spans: the dense (H, Lq, Lk) bias."""
+        square = q_span.contiguous and k_span.contiguous and q_span.first == k_span.first
+        if not (square and len(q_span) == len(k_span)):
+            return self._dense_bias(q_span, k_span, device)
+        start, a, b, f = self._segments(q_span, device)
+        return SegmentBias(start, a, b, f, lambda: self._dense_bias(q_span, k_span, device))
+
+    def _segments(self, span: Span, device: torch.device) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """The causal square bias as a SegmentBias's (start, a, b, f). In row i the MLP reads
+        x = f(u) / N_i, u = i - j, so each hidden unit is on for one run of distances (see
+        ``_on_distances``): a run of keys. Between the keys where a unit of the row switches on
+        or off the same units are on and the bias is f(u) * a + b, a = sum w2 * w1 / N_i and
+        b = sum w2 * b1 (+ b2) over them: each row's switches, sorted, start its segments and
+        the running sum of their steps gives each segment's a and b. A row has at most
+        2 * mlp_width + 1 segments; switches at no key of the row are placed at key L, past
+        every row, so its unused segments come last and are empty. Returns starts (L, S),
+        a and b (H, L, S), differentiable in every parameter, and f (L,) at the distances
+        0 .. L - 1."""
+        hidden, out = self.mlp[0], self.mlp[2]
+        dtype, length = self.c.dtype, len(span)
+        normaliser = self._normaliser(span.arange(device).to(dtype))  # (L,)
+        f = self._log_scaled(torch.arange(length, device=device, dtype=dtype))  # (L,)
+        with torch.no_grad():
+            on_from, on_to = self._on_distances(f.detach(), normaliser.detach())  # (L, K)
+            row = torch.arange(length, device=device)[:, None]  # (L, 1)
+            first = (row - on_to + 1).clamp(min=0)  # the unit's keys: first .. last - 1
+            last = (row - on_from + 1).clamp(min=0)
+            used = first < last
+            # (L, 1 + 2K): the row's start, then each unit's switch on and off
+            switches = torch.cat([torch.zeros_like(row), first, last], 1)
+            row_start = torch.ones_like(row, dtype=torch.bool)
+            inside = torch.cat([row_start, used, used & (last <= row)], 1)  # at a key of the row
+            start, order = torch.where(inside, switches, length).sort(1)  # (L, S)
+            units = hidden.out_features
+            signs = torch.ones_like(switches, dtype=dtype)
+            signs[:, 1 + units :] = -1  # on, then off
+            signs = torch.where(inside, signs, 0.0).gather(1, order)
+            unit = torch.where(order == 0, units, (order - 1) % units)  # K: the row's start
+
+        def running(per_unit: Tensor) -> Tensor:  # (H, K) -> (H, L, S), unscaled by N_i
+            padded = torch.cat([per_unit, per_unit.new_zeros(per_unit.shape[0], 1)], 1)
+            steps = padded.gather(1, unit.view(1, -1).expand(padded.shape[0], -1))
+            return (steps.view(-1, *unit.shape) * signs).cumsum(2)
+
+        a = running(out.weight * hidden.weight[:, 0]) / normaliser[:, None]
+        b = running(out.weight * hidden.bias) + out.bias[:, None, None]
+        return start, a, b, f
+
+    def _on_distances(self, f: Tensor, normaliser: Tensor) -> tuple[Tensor, Tensor]:
+        """Where each hidden unit relu(w1 x + b1) is on in rows with normalisers (P,), x = f(u)
+        / N: distances start <= u < stop, (P, K) each, found in f (U + 1,) at the distances
+        0 .. U (f rises with u, so a unit is off on one side of one distance)."""
+        hidden = self.mlp[0]
+        w1, b1 = hidden.weight[:, 0].detach(), hidden.bias.detach()  # (K,)
+        longest = f.shape[0] - 1
+        crossing = -b1[None, :] * normaliser[:, None] / w1[None, :]  # f(u) at w1 x + b1 = 0
+        crossing = torch.nan_to_num(crossing)  # w1 = 0: the unit's sign is b1's alone
+        rising, falling = w1 > 0, w1 < 0
+        start = torch.where(rising, torch.searchsorted(f, crossing, right=True), 0)
+        stop = torch.where(
+            falling,
+            torch.searchsorted(f, crossing, right=False),
+            torch.where(rising | (b1 > 0), longest + 1, 0),
+        )
+        return start, torch.maximum(stop, start)
+
+    def _dense_bias(self, q_span: Span, k_span: Span, device: torch.device) -> Tensor:
+        """The (H, Lq, Lk) bias at every pair of the spans."""
         dtype = self.c.dtype
         n_short = 0  # rows whose normaliser is the threshold's, positions below it
         if q_span.contiguous and k_span.contiguous:
@@ -123,16 +198,7 @@ class FIRE(PositionalEncoding):
         with torch.no_grad():  # each unit is on for distances start <= u < stop, (P, K)
             distances = torch.arange(longest + 1, device=rows.device, dtype=self.c.dtype)
             f = self._log_scaled(distances)  # (U + 1,)
-            crossing = -b1[None, :] * normaliser[:, None] / w1[None, :]  # f(u) at w1 x + b1 = 0
-            crossing = torch.nan_to_num(crossing)  # w1 = 0: the unit's sign is b1's alone
-            rising, falling = w1 > 0, w1 < 0
-            start = torch.where(rising, torch.searchsorted(f, crossing, right=True), 0)
-            stop = torch.where(
-                falling,
-                torch.searchsorted(f, crossing, right=False),
-                torch.where(rising | (b1 > 0), longest + 1, 0),
-            )
-            stop = torch.maximum(stop, start)
+            start, stop = self._on_distances(f, normaliser)
             at = rows[:, None]  # (P, 1): keys with at - stop < j <= at - start, then
             intervals = torch.cat(  # at + max(start, 1) <= j < at + max(stop, 1)
                 [

@@ -24,6 +24,7 @@ from posbench.bias_kinds import (
     BandProduct,
     DistanceTableBias,
     KeyTableBias,
+    SegmentBias,
     ToeplitzBias,
     diagonal_sums,
     toeplitz,
@@ -157,7 +158,9 @@ def needs_gradient(*tensors: Tensor | None) -> bool:
     return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
 
 
-def learned_bias(bias: Tensor | ToeplitzBias | BandBias | DistanceTableBias | KeyTableBias) -> bool:
+def learned_bias(
+    bias: Tensor | ToeplitzBias | BandBias | DistanceTableBias | KeyTableBias | SegmentBias,
+) -> bool:
     """Whether a bias needs a gradient (a learned one, or one formed from q or k)."""
     if isinstance(bias, ToeplitzBias):
         return needs_gradient(bias.values)
@@ -166,6 +169,8 @@ def learned_bias(bias: Tensor | ToeplitzBias | BandBias | DistanceTableBias | Ke
         return needs_gradient(*(t for part in parts for t in _tensors_of(part)))
     if isinstance(bias, (DistanceTableBias, KeyTableBias)):
         return needs_gradient(bias.a, bias.table)
+    if isinstance(bias, SegmentBias):
+        return needs_gradient(bias.a, bias.b, bias.f)
     return needs_gradient(bias)
 
 

@@ -10,7 +10,7 @@ The backends, in order:
 1. torch flex_attention (CUDA): a bias of (head, i - j) alone, read per distance.
 2. posbench's C++ kernels (CPU, float32 or float64, built here): causal square attention with
    no bias (from NATIVE_MIN_PAIRS pairs), a per-distance bias, a band, a table by distance or
-   by key, a dense bias, or CoPE's positions.
+   by key, FIRE's segments, a dense bias, or CoPE's positions.
 3. posbench's blocked torch kernels: CPU flash attention with the bias as a mask (a band, the
    tables, a learned per-distance bias with its gradient per distance), and attention a block of
    query rows at a time for a bias formed per block (CoPE on any device).
@@ -34,6 +34,7 @@ from posbench.bias_kinds import (
     KeyTableBias,
     RowBlockBias,
     Scores,
+    SegmentBias,
     ToeplitzBias,
 )
 from posbench.kernels import biased_attention as blocked
@@ -53,7 +54,9 @@ from posbench.kernels.row_block_attention import BLOCK_ELEMENTS, row_block_atten
 __all__ = ["BLOCK_ELEMENTS", "BACKENDS", "Call", "attend", "biased_attention"]
 
 #: Biases a kernel takes (Tensor: dense, broadcastable to (B, H, Lq, Lk)).
-Bias = Tensor | ToeplitzBias | BandBias | DistanceTableBias | KeyTableBias | RowBlockBias
+Bias = (
+    Tensor | ToeplitzBias | BandBias | DistanceTableBias | KeyTableBias | RowBlockBias | SegmentBias
+)
 
 
 @dataclass
@@ -221,6 +224,9 @@ class Native:
         if isinstance(bias, ToeplitzBias):
             band = causal_band(bias.values.to(q.dtype), bias.q_len, bias.k_len)
             return fused_band_attention(q, k, v, band, scale)
+        if isinstance(bias, SegmentBias):
+            no_band = q.new_empty(1, q.shape[1], 1, 0)
+            return fused_band_attention(q, k, v, no_band, scale, segments=bias)
         return fused_band_attention(q, k, v, _four_dims(bias.to(q.dtype)), scale, by_key=True)
 
 
@@ -279,6 +285,8 @@ class Blocked:
                 if isinstance(bias, DistanceTableBias):
                     return rel_shift_attention(q, k, v, bias.a, table, scale, bias.positions)
                 return key_table_attention(q, k, v, bias.a, table, scale)
+            bias = bias.dense()
+        if isinstance(bias, SegmentBias):
             bias = bias.dense()
         if isinstance(bias, ToeplitzBias):
             kernel_masks = mask is None or square  # nothing left to mask in the bias

@@ -2,9 +2,10 @@
 // bias[b, h, i, j] = band[b|0, h, i|0, W - 1 - (p_i - p_j)] for p_i - p_j < W and 0 further
 // back, p the tokens' positions: 0 .. L - 1, or drawn ones (strictly increasing). A bias of
 // the distance alone (ALiBi, KERPLE) is the band with one row, W past the widest distance.
-// A dense bias (B|1, H, L, L) (FIRE's) is read by key instead: bias[b, h, i, j] itself. A band
-// may also be given as products with tables by distance (DeBERTa's terms past its span):
-// band[i, W - 1 - δ] = a_i . t[δ] + c_{i - δ} . u[δ]; each task forms its rows once.
+// A dense bias (B|1, H, L, L) is read by key instead: bias[b, h, i, j] itself. A band may also
+// be given as products with tables by distance (DeBERTa's terms past its span): band[i, W - 1 -
+// δ] = a_i . t[δ] + c_{i - δ} . u[δ]; each task forms its rows once. A bias linear in a table
+// by distance along segments of each query's keys (FIRE's) is formed in the rows themselves.
 //
 // Each (batch, head) is one task. A task takes its queries ROWS at a time against every key
 // they can see (keys 0 .. i1 - 1), so a block's scores are one GEMM and its softmax is exact
@@ -124,6 +125,73 @@ struct Table {
   }
 };
 
+// A bias linear in a table by distance along each segment of a query's keys (FIRE's): bias(i, j)
+// = f[i - j] * a(i, s) + b(i, s) for the keys j of segment s of row i, segment s running from
+// start(i, s) to start(i, s + 1) (the last to the query itself), a and b of one head. A row's
+// few segments cover its keys, so the bias is formed in the row as it is read and its gradient
+// reduced to per-segment sums (and to the table's, by distance): nothing of size L x L.
+template <typename T>
+struct Segments {
+  const int64_t* start = nullptr;  // (L, S): non-decreasing per row, null: no segments
+  const T* a = nullptr;            // (L, S) of this head
+  const T* b = nullptr;
+  const T* f_rev = nullptr;  // (F,): f_rev[F - 1 - u] = f[u], F > every distance
+  int64_t S = 0, F = 0;
+
+  // Keys lo .. hi - 1 of segment s of row i, within the row's keys 0 .. i; false once the
+  // segments have passed the query (the starts do not decrease).
+  bool bounds(int64_t i, int64_t s, int64_t& lo, int64_t& hi) const {
+    const int64_t* row = start + i * S;
+    lo = row[s];
+    hi = s + 1 < S ? std::min(row[s + 1], i + 1) : i + 1;
+    return lo <= i;
+  }
+
+  // row[j] += f[i - j] * a(i, s) + b(i, s) for every key j <= i.
+  void add(T* row, int64_t i) const {
+    using Vec = Vectorized<T>;
+    const T* f_at = f_rev + F - 1 - i;  // f_at[j] = f[i - j]
+    int64_t j, hi;
+    for (int64_t s = 0; s < S && bounds(i, s, j, hi); ++s) {
+      const T as = a[i * S + s], bs = b[i * S + s];
+      const Vec va(as), vb(bs);
+      for (; j + Vec::size() <= hi; j += Vec::size()) {
+        (Vec::loadu(row + j) + at::vec::fmadd(Vec::loadu(f_at + j), va, vb)).store(row + j);
+      }
+      for (; j < hi; ++j) row[j] += f_at[j] * as + bs;
+    }
+  }
+
+  // From row i of dS (keys 0 .. i): da(i, s) += sum dS f[i - j], db(i, s) += sum dS over the
+  // segment's keys, and df_rev[F - 1 - (i - j)] += dS a(i, s) (the table's gradient, reversed).
+  void backward(const T* ds_row, int64_t i, T* da, T* db, T* df_rev) const {
+    using Vec = Vectorized<T>;
+    const T* f_at = f_rev + F - 1 - i;
+    T* df_at = df_rev + F - 1 - i;
+    int64_t j, hi;
+    for (int64_t s = 0; s < S && bounds(i, s, j, hi); ++s) {
+      if (j >= hi) continue;
+      const T as = a[i * S + s];
+      const Vec va(as);
+      Vec sum(T(0)), moment(T(0));
+      for (; j + Vec::size() <= hi; j += Vec::size()) {
+        const Vec g = Vec::loadu(ds_row + j);
+        sum = sum + g;
+        moment = at::vec::fmadd(g, Vec::loadu(f_at + j), moment);
+        at::vec::fmadd(g, va, Vec::loadu(df_at + j)).store(df_at + j);
+      }
+      T total = lanes_sum(sum), first = lanes_sum(moment);
+      for (; j < hi; ++j) {
+        total += ds_row[j];
+        first += ds_row[j] * f_at[j];
+        df_at[j] += ds_row[j] * as;
+      }
+      da[i * S + s] += first;
+      db[i * S + s] += total;
+    }
+  }
+};
+
 // Adds base[index(j)] to row[j] for j in lo .. seen - 1 (vectorised at plain positions).
 template <typename T>
 void add_band(T* row, const T* base, const Band& g, int64_t lo, int64_t seen) {
@@ -186,8 +254,8 @@ struct BandProducts {
 // its shift and its sum goes to sums[r] (the row is left unnormalised).
 template <typename T>
 void probabilities(const T* q, const T* k, const T* band_bh, const Band& g,
-                   const Table<T>& table, int64_t i0, int64_t i1, int64_t d, T scale,
-                   const T* shift, T* sums, T* p) {
+                   const Table<T>& table, const Segments<T>& segments, int64_t i0, int64_t i1,
+                   int64_t d, T scale, const T* shift, T* sums, T* p) {
   const int64_t rows = i1 - i0, keys = i1;
   gemm<T>(false, true, rows, keys, d, scale, q + i0 * d, d, k, d, T(0), p, keys);
   if (table.a != nullptr) table.add(p, i0, rows, keys);
@@ -195,6 +263,7 @@ void probabilities(const T* q, const T* k, const T* band_bh, const Band& g,
     const int64_t i = i0 + r, seen = i + 1;
     T* row = p + r * keys;
     if (g.W > 0) add_band(row, g.base(band_bh, i), g, g.near_start(i), seen);
+    if (segments.start != nullptr) segments.add(row, i);
     const T m = shift == nullptr ? row_max(row, seen) : shift[i];
     const T sum = row_exp(row, i, keys, m);
     if (shift == nullptr) {
@@ -277,11 +346,49 @@ struct TableInputs {
   }
 };
 
+// The segments of a whole call: start (L, S) int64, a and b (H, L, S), the table f reversed
+// (F,), or none. Their gradients go to buffers summed after: da and db (1|threads, H, L, S),
+// one where each head is one thread's, and df_rev (threads, F), the heads sharing f.
+struct SegmentInputs {
+  at::Tensor start, a, b, f_rev;
+  int64_t L = 0, S = 0, F = 0;
+
+  bool defined() const { return start.defined(); }
+
+  template <typename T>
+  Segments<T> of(int64_t h) const {
+    Segments<T> segments;
+    if (!defined()) return segments;
+    segments.start = start.data_ptr<int64_t>();
+    segments.a = a.data_ptr<T>() + h * L * S;
+    segments.b = b.data_ptr<T>() + h * L * S;
+    segments.f_rev = f_rev.data_ptr<T>();
+    segments.S = S;
+    segments.F = F;
+    return segments;
+  }
+};
+
+struct SegmentGradients {
+  at::Tensor da_buffers, db_buffers, df_rev_buffers;
+
+  template <typename T>
+  void of_thread(int64_t h, int64_t L, int64_t S, T*& da, T*& db, T*& df_rev) const {
+    if (!da_buffers.defined()) return;
+    const int64_t thread = at::get_thread_num();
+    const int64_t buffer = da_buffers.size(0) > 1 ? thread : 0;
+    da = da_buffers[buffer].data_ptr<T>() + h * L * S;
+    db = db_buffers[buffer].data_ptr<T>() + h * L * S;
+    df_rev = df_rev_buffers[thread].data_ptr<T>();
+  }
+};
+
 template <typename T>
 void forward_kernel(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                     const at::Tensor& band, const at::Tensor& positions, bool by_key,
-                    const TableInputs& tab, const ProductInputs& prod, double scale,
-                    at::Tensor& out, at::Tensor& lse, at::Tensor& product_band) {
+                    const TableInputs& tab, const ProductInputs& prod,
+                    const SegmentInputs& seg, double scale, at::Tensor& out, at::Tensor& lse,
+                    at::Tensor& product_band) {
   const int64_t B = q.size(0), H = q.size(1), L = q.size(2), d = q.size(3);
   const Band g = prod.defined() ? product_geometry(product_band)
                                 : geometry_of(band, B, positions, by_key);
@@ -301,12 +408,13 @@ void forward_kernel(const at::Tensor& q, const at::Tensor& k, const at::Tensor& 
         band_bh = band_of<T>(band, g, b, h);
       }
       const Table<T> table = tab.of<T>(task, h, scratch.data());
+      const Segments<T> segments = seg.of<T>(h);
       T* out_bh = out.data_ptr<T>() + offset;
       T* lse_bh = lse.data_ptr<T>() + task * L;
       for (int64_t i0 = 0; i0 < L; i0 += R) {
         const int64_t i1 = std::min(i0 + R, L), rows = i1 - i0;
         probabilities<T>(q.data_ptr<T>() + offset, k.data_ptr<T>() + offset, band_bh, g, table,
-                         i0, i1, d, T(scale), nullptr, sums.data(), p.data());
+                         segments, i0, i1, d, T(scale), nullptr, sums.data(), p.data());
         gemm<T>(false, false, rows, d, i1, T(1), p.data(), i1, v.data_ptr<T>() + offset, d,
                 T(0), out_bh + i0 * d, d);
         for (int64_t r = 0; r < rows; ++r) {  // normalise the (rows, d) output, not P
@@ -338,7 +446,8 @@ void backward_kernel(const at::Tensor& grad_out, const at::Tensor& q, const at::
                      const TableInputs& tab, const ProductInputs& prod, double scale,
                      at::Tensor& dq, at::Tensor& dk, at::Tensor& dv, at::Tensor& dband_buffers,
                      bool by_head, bool rows_own, at::Tensor& da, at::Tensor& dtable_buffers,
-                     const ProductGradients& dprod) {
+                     const ProductGradients& dprod, const SegmentInputs& seg,
+                     const SegmentGradients& dseg) {
   using Vec = Vectorized<T>;
   const int64_t B = q.size(0), H = q.size(1), L = q.size(2), d = q.size(3);
   // With products, band is the product band the forward pass formed.
@@ -377,9 +486,12 @@ void backward_kernel(const at::Tensor& grad_out, const at::Tensor& q, const at::
                     : want_dband  ? dband_thread + b * g.stride_b + h * g.stride_h
                                   : nullptr;
       const Table<T> table = tab.of<T>(task, h, scratch.data());
+      const Segments<T> segments = seg.of<T>(h);
+      T *dseg_a = nullptr, *dseg_b = nullptr, *dseg_f_rev = nullptr;
+      dseg.of_thread<T>(h, L, seg.S, dseg_a, dseg_b, dseg_f_rev);
       for (int64_t i0 = 0; i0 < L; i0 += R) {
         const int64_t i1 = std::min(i0 + R, L), rows = i1 - i0, keys = i1;
-        probabilities<T>(q_bh, k_bh, band_bh, g, table, i0, i1, d, T(scale),
+        probabilities<T>(q_bh, k_bh, band_bh, g, table, segments, i0, i1, d, T(scale),
                          lse.data_ptr<T>() + task * L, nullptr, p.data());
         gemm<T>(false, true, rows, keys, d, T(1), do_bh + i0 * d, d, v_bh, d, T(0), ds.data(),
                 keys);  // dP
@@ -396,6 +508,7 @@ void backward_kernel(const at::Tensor& grad_out, const at::Tensor& q, const at::
           }
           for (; j < seen; ++j) ds_row[j] = p_row[j] * (ds_row[j] - delta);
           std::fill(ds_row + seen, ds_row + keys, T(0));
+          if (dseg_a != nullptr) segments.backward(ds_row, i, dseg_a, dseg_b, dseg_f_rev);
           if (dband_bh != nullptr) {  // the bias's gradient is dS: summed into the band
             T* base = g.base(dband_bh, i);
             const int64_t lo = g.near_start(i);
@@ -539,6 +652,39 @@ ProductInputs product_inputs(const at::Tensor& q, const at::Tensor& band,
   return prod;
 }
 
+// The segments (FIRE's bias): start (L, S) int64, a and b (H, L, S), f (F,) by distance with
+// F >= L. They replace the band (W = 0) and take plain positions.
+SegmentInputs segment_inputs(const at::Tensor& q, const at::Tensor& band,
+                             const at::Tensor& positions, bool by_key,
+                             const std::optional<at::Tensor>& start,
+                             const std::optional<at::Tensor>& a,
+                             const std::optional<at::Tensor>& b,
+                             const std::optional<at::Tensor>& f) {
+  SegmentInputs seg;
+  if (!start.has_value()) return seg;
+  TORCH_CHECK(a.has_value() && b.has_value() && f.has_value(), "segments: start, a, b and f");
+  TORCH_CHECK(band.size(3) == 0 && !positions.defined() && !by_key,
+              "segments: no band beside them, plain positions");
+  const int64_t H = q.size(1), L = q.size(2);
+  TORCH_CHECK(start->scalar_type() == at::kLong && start->dim() == 2 && start->size(0) == L &&
+                  start->is_contiguous(), "segment starts: contiguous (L, S) int64");
+  seg.L = L;
+  seg.S = start->size(1);
+  for (const auto* t : {&*a, &*b}) {
+    TORCH_CHECK(t->dim() == 3 && t->size(0) == H && t->size(1) == L && t->size(2) == seg.S &&
+                    t->is_contiguous() && t->scalar_type() == q.scalar_type(),
+                "segment values: contiguous (H, L, S) of q's dtype");
+  }
+  TORCH_CHECK(f->dim() == 1 && f->size(0) >= L && f->scalar_type() == q.scalar_type(),
+              "segment table: (F,) with F >= L, of q's dtype");
+  seg.start = *start;
+  seg.a = *a;
+  seg.b = *b;
+  seg.f_rev = f->flip(0).contiguous();
+  seg.F = f->size(0);
+  return seg;
+}
+
 }  // namespace
 
 std::vector<at::Tensor> band_flash_forward(
@@ -547,18 +693,21 @@ std::vector<at::Tensor> band_flash_forward(
     const std::optional<at::Tensor>& table, bool by_distance,
     const std::optional<at::Tensor>& band_a, const std::optional<at::Tensor>& band_t,
     const std::optional<at::Tensor>& band_c, const std::optional<at::Tensor>& band_u,
+    const std::optional<at::Tensor>& seg_start, const std::optional<at::Tensor>& seg_a,
+    const std::optional<at::Tensor>& seg_b, const std::optional<at::Tensor>& seg_f,
     double scale) {
   const at::Tensor pos = defined_or_empty(positions);
   check(q, k, v, band, pos, by_key);
   const TableInputs tab = table_inputs(q, a, table, by_distance, pos);
   const ProductInputs prod = product_inputs(q, band, pos, by_key, band_a, band_t, band_c, band_u);
+  const SegmentInputs seg = segment_inputs(q, band, pos, by_key, seg_start, seg_a, seg_b, seg_f);
   auto out = at::empty_like(q);
   auto lse = at::empty({q.size(0), q.size(1), q.size(2)}, q.options());
   at::Tensor product_band;  // the band the products form, kept for the backward pass
   if (prod.defined()) product_band = at::empty({q.size(0), q.size(1), q.size(2), prod.W},
                                                q.options());
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "band_flash_forward", [&] {
-    forward_kernel<scalar_t>(q, k, v, band, pos, by_key, tab, prod, scale, out, lse,
+    forward_kernel<scalar_t>(q, k, v, band, pos, by_key, tab, prod, seg, scale, out, lse,
                              product_band);
   });
   return {out, lse, product_band};
@@ -571,11 +720,14 @@ std::vector<at::Tensor> band_flash_backward(
     const std::optional<at::Tensor>& table, bool by_distance,
     const std::optional<at::Tensor>& band_a, const std::optional<at::Tensor>& band_t,
     const std::optional<at::Tensor>& band_c, const std::optional<at::Tensor>& band_u,
+    const std::optional<at::Tensor>& seg_start, const std::optional<at::Tensor>& seg_a,
+    const std::optional<at::Tensor>& seg_b, const std::optional<at::Tensor>& seg_f,
     const std::optional<at::Tensor>& product_band, double scale, bool band_grad) {
   const at::Tensor pos = defined_or_empty(positions);
   check(q, k, v, band, pos, by_key);
   const TableInputs tab = table_inputs(q, a, table, by_distance, pos);
   const ProductInputs prod = product_inputs(q, band, pos, by_key, band_a, band_t, band_c, band_u);
+  const SegmentInputs seg = segment_inputs(q, band, pos, by_key, seg_start, seg_a, seg_b, seg_f);
   TORCH_CHECK(grad_out.is_contiguous() && out.is_contiguous() && lse.is_contiguous(),
               "contiguous grad_out, out and lse");
   TORCH_CHECK(!prod.defined() || product_band.has_value(), "band products: the product band");
@@ -588,7 +740,9 @@ std::vector<at::Tensor> band_flash_backward(
   // in a slice of its own; a band shared across the batch gets one buffer per thread, summed.
   // A dense bias shared across the batch goes by head where the heads share out evenly.
   const bool shared = band.size(0) == 1 && q.size(0) > 1;
-  const bool by_head = band_grad && shared && by_key && q.size(1) % at::get_num_threads() == 0;
+  // So do segments (their values are per head), their gradients then in one buffer.
+  const bool by_head = ((band_grad && shared && by_key) || seg.defined()) &&
+                       q.size(1) % at::get_num_threads() == 0;
   // A row per query and batch entry: each task writes its own rows once, nothing to zero.
   const bool rows_own = band.size(2) == q.size(2) && !shared && !pos.defined();
   at::Tensor band_buffers, da, table_buffers;
@@ -616,10 +770,17 @@ std::vector<at::Tensor> band_flash_backward(
       dprod.du_rev_buffers = buffers(prod.u_rev);
     }
   }
+  SegmentGradients dseg;
+  if (seg.defined()) {
+    const int64_t threads = at::get_num_threads();
+    dseg.da_buffers = at::zeros({by_head ? 1 : threads, q.size(1), seg.L, seg.S}, q.options());
+    dseg.db_buffers = at::zeros_like(dseg.da_buffers);
+    dseg.df_rev_buffers = at::zeros({threads, seg.F}, q.options());
+  }
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "band_flash_backward", [&] {
     backward_kernel<scalar_t>(grad_out, q, k, v, out, lse, read_band, pos, by_key, tab, prod,
                               scale, dq, dk, dv, band_buffers, by_head, rows_own, da,
-                              table_buffers, dprod);
+                              table_buffers, dprod, seg, dseg);
   });
   at::Tensor dband;
   if (band_grad && !prod.defined()) {
@@ -629,13 +790,23 @@ std::vector<at::Tensor> band_flash_backward(
   const auto table_gradient = [](const at::Tensor& buffers) {  // summed, by distance again
     return buffers.defined() ? buffers.sum(0).flip(1) : at::Tensor();
   };
+  at::Tensor dseg_a, dseg_b, dseg_f;
+  if (seg.defined()) {
+    const auto summed = [](const at::Tensor& buffers) {
+      return buffers.size(0) > 1 ? buffers.sum(0) : buffers[0];
+    };
+    dseg_a = summed(dseg.da_buffers);
+    dseg_b = summed(dseg.db_buffers);
+    dseg_f = dseg.df_rev_buffers.sum(0).flip(0);
+  }
   return {dq, dk, dv, dband, da, dtable, dprod.da, table_gradient(dprod.dt_rev_buffers),
-          dprod.dc, table_gradient(dprod.du_rev_buffers)};
+          dprod.dc, table_gradient(dprod.du_rev_buffers), dseg_a, dseg_b, dseg_f};
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("forward", &band_flash_forward,
         "(out, lse, product band) of causal attention with a bias");
   m.def("backward", &band_flash_backward,
-        "(dq, dk, dv, dband, da, dtable, d band_a, d band_t, d band_c, d band_u) of forward");
+        "(dq, dk, dv, dband, da, dtable, d band_a, d band_t, d band_c, d band_u, d seg_a, "
+        "d seg_b, d seg_f) of forward");
 }
