@@ -147,19 +147,37 @@ struct Segments {
     return lo <= i;
   }
 
-  // row[j] += f[i - j] * a(i, s) + b(i, s) for every key j <= i.
-  void add(T* row, int64_t i) const {
+  // row[j] += f[i - j] * a(i, s) + b(i, s) for every key j <= i, in the pass that reads the
+  // row next: with shift null, its max is taken and returned (the forward pass); else row[j]
+  // becomes exp(row[j] - shift), 0 past the query, and their sum is returned (P again, from
+  // the saved log-sum-exp), as row_max and row_exp would. A segment's last keys are one
+  // vector with its lanes past the segment masked.
+  T add(T* row, int64_t i, int64_t keys, const T* shift) const {
     using Vec = Vectorized<T>;
     const T* f_at = f_rev + F - 1 - i;  // f_at[j] = f[i - j]
+    const bool exp = shift != nullptr;
+    const Vec vm(exp ? *shift : T(0)), none(-std::numeric_limits<T>::infinity()), zero(T(0));
+    Vec peak(none), total(zero);
     int64_t j, hi;
     for (int64_t s = 0; s < S && bounds(i, s, j, hi); ++s) {
-      const T as = a[i * S + s], bs = b[i * S + s];
-      const Vec va(as), vb(bs);
-      for (; j + Vec::size() <= hi; j += Vec::size()) {
-        (Vec::loadu(row + j) + at::vec::fmadd(Vec::loadu(f_at + j), va, vb)).store(row + j);
+      const Vec va(a[i * S + s]), vb(b[i * S + s]);
+      for (; j < hi; j += Vec::size()) {
+        const int64_t n = std::min<int64_t>(Vec::size(), hi - j);
+        const Vec logit =
+            Vec::loadu(row + j, n) + at::vec::fmadd(Vec::loadu(f_at + j, n), va, vb);
+        if (exp) {
+          const Vec e = (logit - vm).exp_u20();
+          e.store(row + j, n);
+          total = total + Vec::set(zero, e, n);
+        } else {
+          logit.store(row + j, n);
+          peak = at::vec::maximum(peak, Vec::set(none, logit, n));
+        }
       }
-      for (; j < hi; ++j) row[j] += f_at[j] * as + bs;
     }
+    if (!exp) return lanes_max(peak);
+    std::fill(row + i + 1, row + keys, T(0));
+    return lanes_sum(total);
   }
 
   // From row i of dS (keys 0 .. i): da(i, s) += sum dS f[i - j], db(i, s) += sum dS over the
@@ -171,23 +189,17 @@ struct Segments {
     int64_t j, hi;
     for (int64_t s = 0; s < S && bounds(i, s, j, hi); ++s) {
       if (j >= hi) continue;
-      const T as = a[i * S + s];
-      const Vec va(as);
+      const Vec va(a[i * S + s]);
       Vec sum(T(0)), moment(T(0));
-      for (; j + Vec::size() <= hi; j += Vec::size()) {
-        const Vec g = Vec::loadu(ds_row + j);
+      for (; j < hi; j += Vec::size()) {  // lanes past the segment read as 0
+        const int64_t n = std::min<int64_t>(Vec::size(), hi - j);
+        const Vec g = Vec::loadu(ds_row + j, n);
         sum = sum + g;
-        moment = at::vec::fmadd(g, Vec::loadu(f_at + j), moment);
-        at::vec::fmadd(g, va, Vec::loadu(df_at + j)).store(df_at + j);
+        moment = at::vec::fmadd(g, Vec::loadu(f_at + j, n), moment);
+        at::vec::fmadd(g, va, Vec::loadu(df_at + j, n)).store(df_at + j, n);
       }
-      T total = lanes_sum(sum), first = lanes_sum(moment);
-      for (; j < hi; ++j) {
-        total += ds_row[j];
-        first += ds_row[j] * f_at[j];
-        df_at[j] += ds_row[j] * as;
-      }
-      da[i * S + s] += first;
-      db[i * S + s] += total;
+      da[i * S + s] += lanes_sum(moment);
+      db[i * S + s] += lanes_sum(sum);
     }
   }
 };
@@ -263,8 +275,13 @@ void probabilities(const T* q, const T* k, const T* band_bh, const Band& g,
     const int64_t i = i0 + r, seen = i + 1;
     T* row = p + r * keys;
     if (g.W > 0) add_band(row, g.base(band_bh, i), g, g.near_start(i), seen);
-    if (segments.start != nullptr) segments.add(row, i);
-    const T m = shift == nullptr ? row_max(row, seen) : shift[i];
+    if (segments.start != nullptr && shift != nullptr) {  // P again: one pass over the row
+      segments.add(row, i, keys, shift + i);
+      continue;
+    }
+    const T m = segments.start != nullptr ? segments.add(row, i, keys, nullptr)
+                : shift == nullptr        ? row_max(row, seen)
+                                          : shift[i];
     const T sum = row_exp(row, i, keys, m);
     if (shift == nullptr) {
       sums[r] = sum;
