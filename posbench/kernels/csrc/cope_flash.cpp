@@ -12,14 +12,16 @@
 // gradient (a running sum of the positions' gradient from key 0 on) and sigmoid's slope.
 // Nothing of size L x L is kept. The gates are positive, so going back from the query the
 // running sum reaches npos - 1 after a few times npos keys and stays there: only those keys
-// need gates, positions and interpolation (a vector of keys at a time, gathering a_i), and
-// every earlier key reads a_i[npos - 1] in one vector operation, forward and backward.
+// need gates, positions and interpolation (a vector of keys at a time, gathering a_i; with
+// AVX-512 the running sums too, in four shifted additions per vector), and every earlier key
+// reads a_i[npos - 1] in one vector operation, forward and backward.
 #include <torch/extension.h>
 
 #include <ATen/Parallel.h>
 #include <ATen/cpu/vec/vec.h>
 
 #include <cmath>
+#include <type_traits>
 #include <limits>
 #include <vector>
 
@@ -29,6 +31,64 @@ namespace {
 
 using at::vec::Vectorized;
 using namespace posbench;  // gemm, row_max, row_exp, rows_per_block
+
+#if defined(CPU_CAPABILITY_AVX512)
+// Running sums across the 16 lanes of v in four shifted additions: from lane 0 up (lane k:
+// v[0] + ... + v[k]) or, from_end, from lane 15 down (lane k: v[k] + ... + v[15]).
+template <bool from_end>
+__m512 lane_sums(__m512 v) {
+  const __m512i zero = _mm512_setzero_si512();
+  const auto add_shifted = [&](__m512 x, auto lanes) {  // lane k: x[k] + x[k -+ lanes]
+    const __m512i bits = _mm512_castps_si512(x);
+    if constexpr (from_end) {
+      return _mm512_add_ps(x, _mm512_castsi512_ps(_mm512_alignr_epi32(zero, bits, lanes())));
+    } else {
+      return _mm512_add_ps(
+          x, _mm512_castsi512_ps(_mm512_alignr_epi32(bits, zero, 16 - lanes())));
+    }
+  };
+  v = add_shifted(v, std::integral_constant<int, 1>());
+  v = add_shifted(v, std::integral_constant<int, 2>());
+  v = add_shifted(v, std::integral_constant<int, 4>());
+  return add_shifted(v, std::integral_constant<int, 8>());
+}
+#endif
+
+// A vector of gates g[0 .. size - 1] into raw positions, the running sum from the last key
+// back: raw[k] = running + g[k] + ... + g[size - 1] (AVX-512, float; elsewhere it returns
+// false and the caller sums one key at a time). running becomes raw[0]; reached is the number
+// of leading lanes whose position is clamped: up to and including the last lane whose sum is
+// at least top (0: none).
+template <typename T>
+bool suffix_sums(const T* g, T* raw, T& running, T top, int64_t& reached) {
+#if defined(CPU_CAPABILITY_AVX512)
+  if constexpr (std::is_same_v<T, float>) {
+    const __m512 v = _mm512_add_ps(lane_sums<true>(_mm512_loadu_ps(g)), _mm512_set1_ps(running));
+    _mm512_storeu_ps(raw, v);
+    running = raw[0];
+    const __mmask16 at_top = _mm512_cmp_ps_mask(v, _mm512_set1_ps(top), _CMP_GE_OQ);
+    reached = at_top == 0 ? 0 : 32 - __builtin_clz(static_cast<unsigned>(at_top));
+    return true;
+  }
+#endif
+  return false;
+}
+
+// values[k] = carry + values[0] + ... + values[k] for a vector of values, in place (AVX-512,
+// float; elsewhere it returns false and the caller sums one value at a time); carry becomes
+// the last.
+template <typename T>
+bool prefix_sums(T* values, T& carry) {
+#if defined(CPU_CAPABILITY_AVX512)
+  if constexpr (std::is_same_v<T, float>) {
+    const __m512 v = lane_sums<false>(_mm512_loadu_ps(values));
+    _mm512_storeu_ps(values, _mm512_add_ps(v, _mm512_set1_ps(carry)));
+    carry = values[15];
+    return true;
+  }
+#endif
+  return false;
+}
 
 // Row i's keys 0 .. i: the logits s + b into s, in place; a holds the row's a_i (npos values).
 // Returns c, the number of keys whose position is clamped: the gates are positive, so the
@@ -51,13 +111,18 @@ int64_t row_logits(T* s, T* g, T* raw, const T* a, int64_t i, int64_t npos) {
       for (int64_t j = lo; j <= hi; ++j) g[j] = T(1) / (T(1) + std::exp(-s[j]));
     }
     int64_t first = lo;  // the chunk's first key below the clamp
-    for (int64_t j = hi; j >= lo; --j) {  // the running sum: raw positions
-      running += g[j];
-      raw[j] = running;
-      if (running >= top) {  // this key and every earlier one: position npos - 1
-        clamped = j + 1;
-        first = j + 1;
-        break;
+    int64_t reached = 0;
+    if (hi - lo + 1 == Vec::size() && suffix_sums(g + lo, raw + lo, running, top, reached)) {
+      if (reached > 0) clamped = first = lo + reached;
+    } else {
+      for (int64_t j = hi; j >= lo; --j) {  // the running sum: raw positions
+        running += g[j];
+        raw[j] = running;
+        if (running >= top) {  // this key and every earlier one: position npos - 1
+          clamped = j + 1;
+          first = j + 1;
+          break;
+        }
       }
     }
     if (first == lo && hi - lo + 1 == Vec::size()) {  // interpolate a_i at a vector of positions
@@ -195,11 +260,14 @@ void backward_kernel(const at::Tensor& grad_out, const at::Tensor& q, const at::
             (pos - whole).store(w);
             (dlogit * (above - below)).store(running);
             m.store(index);
+            const bool summed = prefix_sums(running, gates_grad);
             for (int64_t lane = 0; lane < Vec::size(); ++lane) {  // scatter, and the running sum
               da_row[index[lane]] += logit[lane] * (T(1) - w[lane]);
               da_row[index[lane] + 1] += logit[lane] * w[lane];
-              gates_grad += running[lane];
-              running[lane] = gates_grad;
+              if (!summed) {
+                gates_grad += running[lane];
+                running[lane] = gates_grad;
+              }
             }
             const Vec gate = Vec::loadu(g.data() + j);
             (dlogit + Vec::loadu(running) * gate * (Vec(T(1)) - gate)).store(ds_row + j);
