@@ -239,8 +239,9 @@ class KeyTableBias:
 class SegmentBias:
     """A bias linear in a table by distance along segments of each query's keys (FIRE's, whose
     MLP of one input is piecewise linear in it): for square scores, keys at or before the
-    query, bias[h, i, j] = f[i - j] * a[h, i, s] + b[h, i, s] for start[i, s] <= j < start[i,
-    s + 1] (the last segment ends at the query). posbench's C++ kernel forms it in each row of
+    query, bias[h, i, j] = f[p_i - p_j] * a[h, i, s] + b[h, i, s] for start[i, s] <= j <
+    start[i, s + 1] (the last segment ends at the query), p the positions: 0 .. L - 1, or
+    ``positions`` (drawn, strictly increasing). posbench's C++ kernel forms it in each row of
     causal square scores and reduces its gradient to the segments' and the table's, in O(L * S)
     memory; elsewhere attention reads ``dense()``, the encoding's dense form of the same bias
     at every pair (keys after the query too)."""
@@ -248,8 +249,9 @@ class SegmentBias:
     start: Tensor  # (L, S) int64, non-decreasing along each row from 0; past i: unused
     a: Tensor  # (H, L, S)
     b: Tensor  # (H, L, S)
-    f: Tensor  # (F,), F >= L: the table at distances 0 .. F - 1
+    f: Tensor  # (F,): the table at distances 0 .. F - 1, past the widest p_i - p_j
     form_dense: Callable[[], Tensor]  # () -> (H, L, L)
+    positions: Tensor | None = None  # (L,) int64: drawn positions; None: 0 .. L - 1
 
     def dense(self, length: int | None = None) -> Tensor:
         """The (H, L, L) matrix at every pair; for attention off the kernel, tests, pictures."""

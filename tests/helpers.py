@@ -219,13 +219,14 @@ def assert_close_to_scale(
 
 def segments_dense(bias: "posbench.SegmentBias") -> torch.Tensor:
     """A SegmentBias read as its layout says, (H, L, L), at keys j <= i (0 after the query):
-    bias[h, i, j] = f[i - j] * a[h, i, s] + b[h, i, s] for the segment s whose keys
+    bias[h, i, j] = f[p_i - p_j] * a[h, i, s] + b[h, i, s] for the segment s whose keys
     start[i, s] .. start[i, s + 1] - 1 hold j. What the C++ kernel forms row by row."""
     L = bias.start.shape[0]
     keys = torch.arange(L)
     segment = torch.searchsorted(bias.start, keys.expand(L, L).contiguous(), right=True) - 1
     H = bias.a.shape[0]
     index = segment.expand(H, L, L)
-    distance = (keys[:, None] - keys[None, :]).clamp(min=0)  # (L, L)
+    p = keys if bias.positions is None else bias.positions
+    distance = (p[:, None] - p[None, :]).clamp(min=0)  # (L, L)
     values = bias.f[distance] * bias.a.gather(2, index) + bias.b.gather(2, index)
     return values * torch.ones(L, L, dtype=values.dtype).tril()

@@ -369,13 +369,15 @@ def test_an_unknown_kernel_switch_value_is_one_sentence(monkeypatch) -> None:
 @pytest.mark.parametrize("dtype, atol", [(torch.float64, 1e-12), (torch.float32, 2e-5)])
 @pytest.mark.parametrize("heads, threads", [(2, 1), (2, 2), (3, 2)])  # by head, by task
 @pytest.mark.parametrize("c", [0.4, -0.2])
+@pytest.mark.parametrize("drawn", [False, True])
 def test_segments_match_the_math_path_on_their_dense_bias(
-    heads: int, threads: int, c: float, dtype: torch.dtype, atol: float
+    heads: int, threads: int, c: float, drawn: bool, dtype: torch.dtype, atol: float
 ) -> None:
     """FIRE's SegmentBias formed inside the kernel's rows gives SDPA's outputs and gradients
     (q, k, v and every FIRE parameter) on the dense bias the encoding forms for the same
     pairs: rows below and past the threshold, units switching inside the rows, random weights
-    of both signs, a head count that shares out over the threads and one that does not."""
+    of both signs, a head count that shares out over the threads and one that does not, at
+    plain and at drawn positions (distances up to four times the length)."""
     from posbench.encodings.base import LayerContext, Span
 
     torch.manual_seed(0)
@@ -388,12 +390,15 @@ def test_segments_match_the_math_path_on_their_dense_bias(
         fire.c.fill_(c)
     q, k, v = (torch.randn(2, heads, L, 8, dtype=dtype, requires_grad=True) for _ in range(3))
     params = [p for name, p in fire.named_parameters() if name != "mlp.2.bias"]
-    span, context = Span(0, L), LayerContext(0, None, None)
+    drawn_positions = torch.randperm(4 * L, generator=torch.Generator().manual_seed(1))[:L]
+    span = Span(0, L, drawn_positions.sort().values if drawn else None)
+    context = LayerContext(0, None, None)
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
         segments = fire.position_bias(span, span, context, torch.device("cpu"))
-        out = fused_band_attention(q, k, v, q.new_empty(1, heads, 1, 0), 0.3, segments=segments)
+        no_band = q.new_empty(1, heads, 1, 0)
+        out = fused_band_attention(q, k, v, no_band, 0.3, span.positions, segments=segments)
         grad = torch.randn_like(out)
         ours = (out, *torch.autograd.grad(out, (q, k, v, *params), grad))
     finally:

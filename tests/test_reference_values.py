@@ -760,10 +760,12 @@ def test_fire_past_its_threshold_equals_the_mlp_per_pair(
             torch.testing.assert_close(a, b, atol=1e-10, rtol=1e-10)
 
 
-def test_fire_gives_segments_for_square_contiguous_scores_only() -> None:
+def test_fire_gives_segments_for_square_scores_only() -> None:
     enc = create_encoding("fire", n_heads=2, d_head=4)
     ctx, cpu = LayerContext(0, None, None), torch.device("cpu")
     assert isinstance(enc.position_bias(Span(3, 20), Span(3, 20), ctx, cpu), SegmentBias)
     assert isinstance(enc.position_bias(Span(8, 20), Span(0, 20), ctx, cpu), torch.Tensor)
     drawn = Span(0, 4, torch.tensor([0, 3, 5, 9]))
-    assert isinstance(enc.position_bias(drawn, drawn, ctx, cpu), torch.Tensor)
+    assert isinstance(enc.position_bias(drawn, drawn, ctx, cpu), SegmentBias)
+    other = Span(0, 4, torch.tensor([0, 3, 6, 9]))
+    assert isinstance(enc.position_bias(drawn, other, ctx, cpu), torch.Tensor)

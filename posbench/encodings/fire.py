@@ -4,6 +4,7 @@ mcleish7/arithmetic, cramming/architectures/embeddings.py (class FIRE)."""
 from __future__ import annotations
 
 import math
+from functools import partial
 from typing import Annotated
 
 import torch
@@ -84,14 +85,14 @@ class FIRE(PositionalEncoding):
     def position_bias(
         self, q_span: Span, k_span: Span, layer: LayerContext, device: torch.device
     ) -> Tensor | SegmentBias:
-        """Square scores at contiguous positions (a segment read without memory): a
+        """Square scores (a segment read without memory, at plain or drawn positions): a
         SegmentBias, which posbench's kernel forms row by row where attention is causal; any
         other spans: the dense (H, Lq, Lk) bias."""
-        square = q_span.contiguous and k_span.contiguous and q_span.first == k_span.first
-        if not (square and len(q_span) == len(k_span)):
+        if not q_span.same_positions(k_span):
             return self._dense_bias(q_span, k_span, device)
         start, a, b, f = self._segments(q_span, device)
-        return SegmentBias(start, a, b, f, lambda: self._dense_bias(q_span, k_span, device))
+        dense = partial(self._dense_bias, q_span, k_span, device)
+        return SegmentBias(start, a, b, f, dense, q_span.positions)
 
     def _segments(self, span: Span, device: torch.device) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """The causal square bias as a SegmentBias's (start, a, b, f). In row i the MLP reads
@@ -102,17 +103,22 @@ class FIRE(PositionalEncoding):
         the running sum of their steps gives each segment's a and b. A row has at most
         2 * mlp_width + 1 segments; switches at no key of the row are placed at key L, past
         every row, so its unused segments come last and are empty. Returns starts (L, S),
-        a and b (H, L, S), differentiable in every parameter, and f (L,) at the distances
-        0 .. L - 1."""
+        a and b (H, L, S), differentiable in every parameter, and f (U + 1,) at the distances
+        0 .. U, U the span's widest."""
         hidden, out = self.mlp[0], self.mlp[2]
-        dtype, length = self.c.dtype, len(span)
-        normaliser = self._normaliser(span.arange(device).to(dtype))  # (L,)
-        f = self._log_scaled(torch.arange(length, device=device, dtype=dtype))  # (L,)
+        dtype, length, widest = self.c.dtype, len(span), span.last - span.first
+        positions = span.arange(device)  # (L,)
+        normaliser = self._normaliser(positions.to(dtype))  # (L,)
+        f = self._log_scaled(torch.arange(widest + 1, device=device, dtype=dtype))  # (U + 1,)
         with torch.no_grad():
             on_from, on_to = self._on_distances(f.detach(), normaliser.detach())  # (L, K)
             row = torch.arange(length, device=device)[:, None]  # (L, 1)
-            first = (row - on_to + 1).clamp(min=0)  # the unit's keys: first .. last - 1
-            last = (row - on_from + 1).clamp(min=0)
+            if span.contiguous:  # the unit's keys: first .. last - 1
+                first, last = (row - on_to + 1).clamp(min=0), (row - on_from + 1).clamp(min=0)
+            else:  # keys at distances on_from <= p_i - p_j < on_to
+                at = positions[:, None] + 1
+                first = torch.searchsorted(positions, (at - on_to).contiguous())
+                last = torch.searchsorted(positions, (at - on_from).contiguous())
             used = first < last
             # (L, 1 + 2K): the row's start, then each unit's switch on and off
             switches = torch.cat([torch.zeros_like(row), first, last], 1)

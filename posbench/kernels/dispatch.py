@@ -226,7 +226,7 @@ class Native:
             return fused_band_attention(q, k, v, band, scale)
         if isinstance(bias, SegmentBias):
             no_band = q.new_empty(1, q.shape[1], 1, 0)
-            return fused_band_attention(q, k, v, no_band, scale, segments=bias)
+            return fused_band_attention(q, k, v, no_band, scale, bias.positions, segments=bias)
         return fused_band_attention(q, k, v, _four_dims(bias.to(q.dtype)), scale, by_key=True)
 
 

@@ -171,8 +171,8 @@ def fused_band_attention(
     drawn positions the bias is a[b, h, i] . table[h, p_i - p_j], the table (H|1, T, r) with
     T >= table_rows(positions). With ``by_key``,
     band is a dense bias (B|1, H|1, L, L) read at [b, h, i, j] itself, at plain positions.
-    ``segments`` (a SegmentBias, band then (1, H, 1, 0), plain positions) is formed in each row
-    instead. Needs ``native.band_flash()``."""
+    ``segments`` (a SegmentBias, band then (1, H, 1, 0); its positions given as ``positions``)
+    is formed in each row instead. Needs ``native.band_flash()``."""
     served.note(served.CPP_BAND)
     B, H, L, _ = q.shape
     if positions is None:

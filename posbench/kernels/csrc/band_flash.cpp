@@ -126,17 +126,29 @@ struct Table {
 };
 
 // A bias linear in a table by distance along each segment of a query's keys (FIRE's): bias(i, j)
-// = f[i - j] * a(i, s) + b(i, s) for the keys j of segment s of row i, segment s running from
-// start(i, s) to start(i, s + 1) (the last to the query itself), a and b of one head. A row's
-// few segments cover its keys, so the bias is formed in the row as it is read and its gradient
-// reduced to per-segment sums (and to the table's, by distance): nothing of size L x L.
+// = f[p_i - p_j] * a(i, s) + b(i, s) for the keys j of segment s of row i, segment s running
+// from start(i, s) to start(i, s + 1) (the last to the query itself), a and b of one head, p
+// the tokens' positions: 0 .. L - 1, or drawn ones (strictly increasing; f then gathered). A
+// row's few segments cover its keys, so the bias is formed in the row as it is read and its
+// gradient reduced to per-segment sums (and to the table's, by distance): nothing of size L x L.
 template <typename T>
 struct Segments {
+  using Index = at::vec::int_same_size_t<T>;
   const int64_t* start = nullptr;  // (L, S): non-decreasing per row, null: no segments
   const T* a = nullptr;            // (L, S) of this head
   const T* b = nullptr;
   const T* f_rev = nullptr;  // (F,): f_rev[F - 1 - u] = f[u], F > every distance
+  const Index* keys = nullptr;  // drawn positions less the first, or null (plain positions)
   int64_t S = 0, F = 0;
+
+  // f_at[k(j)] = f[p_i - p_j], k(j) = j at plain positions, keys[j] at drawn ones.
+  const T* f_at(int64_t i) const { return f_rev + F - 1 - (keys == nullptr ? i : keys[i]); }
+
+  // f[p_i - p_j] for keys j .. j + n - 1 (lanes past n read f_at[0]).
+  Vectorized<T> f_of(const T* at, int64_t j, int64_t n) const {
+    if (keys == nullptr) return Vectorized<T>::loadu(at + j, n);
+    return at::vec::gather<sizeof(T)>(at, Vectorized<Index>::loadu(keys + j, n));
+  }
 
   // Keys lo .. hi - 1 of segment s of row i, within the row's keys 0 .. i; false once the
   // segments have passed the query (the starts do not decrease).
@@ -152,9 +164,9 @@ struct Segments {
   // becomes exp(row[j] - shift), 0 past the query, and their sum is returned (P again, from
   // the saved log-sum-exp), as row_max and row_exp would. A segment's last keys are one
   // vector with its lanes past the segment masked.
-  T add(T* row, int64_t i, int64_t keys, const T* shift) const {
+  T add(T* row, int64_t i, int64_t width, const T* shift) const {
     using Vec = Vectorized<T>;
-    const T* f_at = f_rev + F - 1 - i;  // f_at[j] = f[i - j]
+    const T* at = f_at(i);
     const bool exp = shift != nullptr;
     const Vec vm(exp ? *shift : T(0)), none(-std::numeric_limits<T>::infinity()), zero(T(0));
     Vec peak(none), total(zero);
@@ -163,8 +175,7 @@ struct Segments {
       const Vec va(a[i * S + s]), vb(b[i * S + s]);
       for (; j < hi; j += Vec::size()) {
         const int64_t n = std::min<int64_t>(Vec::size(), hi - j);
-        const Vec logit =
-            Vec::loadu(row + j, n) + at::vec::fmadd(Vec::loadu(f_at + j, n), va, vb);
+        const Vec logit = Vec::loadu(row + j, n) + at::vec::fmadd(f_of(at, j, n), va, vb);
         if (exp) {
           const Vec e = (logit - vm).exp_u20();
           e.store(row + j, n);
@@ -176,16 +187,17 @@ struct Segments {
       }
     }
     if (!exp) return lanes_max(peak);
-    std::fill(row + i + 1, row + keys, T(0));
+    std::fill(row + i + 1, row + width, T(0));
     return lanes_sum(total);
   }
 
-  // From row i of dS (keys 0 .. i): da(i, s) += sum dS f[i - j], db(i, s) += sum dS over the
-  // segment's keys, and df_rev[F - 1 - (i - j)] += dS a(i, s) (the table's gradient, reversed).
+  // From row i of dS (keys 0 .. i): da(i, s) += sum dS f[p_i - p_j], db(i, s) += sum dS over
+  // the segment's keys, and df_rev[F - 1 - (p_i - p_j)] += dS a(i, s) (the table's gradient,
+  // reversed; at drawn positions a row's keys are at distinct distances).
   void backward(const T* ds_row, int64_t i, T* da, T* db, T* df_rev) const {
     using Vec = Vectorized<T>;
-    const T* f_at = f_rev + F - 1 - i;
-    T* df_at = df_rev + F - 1 - i;
+    const T* at = f_at(i);
+    T* df_at = df_rev + (at - f_rev);
     int64_t j, hi;
     for (int64_t s = 0; s < S && bounds(i, s, j, hi); ++s) {
       if (j >= hi) continue;
@@ -195,8 +207,14 @@ struct Segments {
         const int64_t n = std::min<int64_t>(Vec::size(), hi - j);
         const Vec g = Vec::loadu(ds_row + j, n);
         sum = sum + g;
-        moment = at::vec::fmadd(g, Vec::loadu(f_at + j, n), moment);
-        at::vec::fmadd(g, va, Vec::loadu(df_at + j, n)).store(df_at + j, n);
+        moment = at::vec::fmadd(g, f_of(at, j, n), moment);
+        if (keys == nullptr) {
+          at::vec::fmadd(g, va, Vec::loadu(df_at + j, n)).store(df_at + j, n);
+        } else {
+          T lanes[Vec::size()];
+          (g * va).store(lanes);
+          for (int64_t lane = 0; lane < n; ++lane) df_at[keys[j + lane]] += lanes[lane];
+        }
       }
       da[i * S + s] += lanes_sum(moment);
       db[i * S + s] += lanes_sum(sum);
@@ -368,6 +386,7 @@ struct TableInputs {
 // one where each head is one thread's, and df_rev (threads, F), the heads sharing f.
 struct SegmentInputs {
   at::Tensor start, a, b, f_rev;
+  at::Tensor keys;  // drawn positions less the first, int32 (float) or int64 (double), or none
   int64_t L = 0, S = 0, F = 0;
 
   bool defined() const { return start.defined(); }
@@ -376,6 +395,7 @@ struct SegmentInputs {
   Segments<T> of(int64_t h) const {
     Segments<T> segments;
     if (!defined()) return segments;
+    if (keys.defined()) segments.keys = keys.data_ptr<typename Segments<T>::Index>();
     segments.start = start.data_ptr<int64_t>();
     segments.a = a.data_ptr<T>() + h * L * S;
     segments.b = b.data_ptr<T>() + h * L * S;
@@ -670,7 +690,7 @@ ProductInputs product_inputs(const at::Tensor& q, const at::Tensor& band,
 }
 
 // The segments (FIRE's bias): start (L, S) int64, a and b (H, L, S), f (F,) by distance with
-// F >= L. They replace the band (W = 0) and take plain positions.
+// F past the widest distance. They replace the band (W = 0), at plain or drawn positions.
 SegmentInputs segment_inputs(const at::Tensor& q, const at::Tensor& band,
                              const at::Tensor& positions, bool by_key,
                              const std::optional<at::Tensor>& start,
@@ -680,8 +700,7 @@ SegmentInputs segment_inputs(const at::Tensor& q, const at::Tensor& band,
   SegmentInputs seg;
   if (!start.has_value()) return seg;
   TORCH_CHECK(a.has_value() && b.has_value() && f.has_value(), "segments: start, a, b and f");
-  TORCH_CHECK(band.size(3) == 0 && !positions.defined() && !by_key,
-              "segments: no band beside them, plain positions");
+  TORCH_CHECK(band.size(3) == 0 && !by_key, "segments: no band beside them");
   const int64_t H = q.size(1), L = q.size(2);
   TORCH_CHECK(start->scalar_type() == at::kLong && start->dim() == 2 && start->size(0) == L &&
                   start->is_contiguous(), "segment starts: contiguous (L, S) int64");
@@ -692,8 +711,14 @@ SegmentInputs segment_inputs(const at::Tensor& q, const at::Tensor& band,
                     t->is_contiguous() && t->scalar_type() == q.scalar_type(),
                 "segment values: contiguous (H, L, S) of q's dtype");
   }
-  TORCH_CHECK(f->dim() == 1 && f->size(0) >= L && f->scalar_type() == q.scalar_type(),
-              "segment table: (F,) with F >= L, of q's dtype");
+  int64_t widest = L - 1;
+  if (positions.defined()) {  // strictly increasing: check() saw to it
+    const at::Tensor relative = positions - positions[0];
+    widest = relative[L - 1].item<int64_t>();
+    seg.keys = relative.to(q.scalar_type() == at::kFloat ? at::kInt : at::kLong).contiguous();
+  }
+  TORCH_CHECK(f->dim() == 1 && f->size(0) > widest && f->scalar_type() == q.scalar_type(),
+              "segment table: (F,) past the widest distance, of q's dtype");
   seg.start = *start;
   seg.a = *a;
   seg.b = *b;
