@@ -444,9 +444,17 @@ def test_config_values_that_would_run_everything_or_escape_are_refused(
     tmp_path: Path, toml: str, fragments: list[str]
 ) -> None:
     config = write_config(tmp_path, toml)
+    # where name = "../../x" and "/tmp/elsewhere" would write: nothing may appear there (they
+    # may exist already, e.g. /tmp/x beside a clone in /tmp, so their contents are compared)
+    escapes = [Path("results", "..", "..", "x").resolve(), Path("/tmp/elsewhere")]
+    before = [_tree(path) for path in escapes]
     one_sentence_error(invoke("run", "--config", str(config), "--steps", "1"), *fragments)
-    escaped = Path("results", "..", "..", "x").resolve()  # where name = "../../x" would write
-    assert not escaped.exists() and not Path("/tmp/elsewhere").exists()
+    assert [_tree(path) for path in escapes] == before
+
+
+def _tree(path: Path) -> set[Path] | None:
+    """Everything under `path` (None: no such path)."""
+    return set(path.rglob("*")) | {path} if path.exists() else None
 
 
 def test_an_infinite_option_in_a_variant_is_refused(tmp_path: Path) -> None:
