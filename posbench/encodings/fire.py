@@ -96,7 +96,7 @@ class FIRE(PositionalEncoding):
 
     def _segments(self, span: Span, device: torch.device) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """The causal square bias as a SegmentBias's (start, a, b, f). In row i the MLP reads
-        x = f(u) / N_i, u = i - j, so each hidden unit is on for one run of distances (see
+        x = f(u) / N_i, u = p_i - p_j, so each hidden unit is on for one run of distances (see
         ``_on_distances``): a run of keys. Between the keys where a unit of the row switches on
         or off the same units are on and the bias is f(u) * a + b, a = sum w2 * w1 / N_i and
         b = sum w2 * b1 (+ b2) over them: each row's switches, sorted, start its segments and

@@ -159,7 +159,7 @@ struct Segments {
     return lo <= i;
   }
 
-  // row[j] += f[i - j] * a(i, s) + b(i, s) for every key j <= i, in the pass that reads the
+  // row[j] += f[p_i - p_j] * a(i, s) + b(i, s) for every key j <= i, in the pass that reads the
   // row next: with shift null, its max is taken and returned (the forward pass); else row[j]
   // becomes exp(row[j] - shift), 0 past the query, and their sum is returned (P again, from
   // the saved log-sum-exp), as row_max and row_exp would. A segment's last keys are one
@@ -406,6 +406,7 @@ struct SegmentInputs {
   }
 };
 
+// Where a thread adds the segments' gradients of head h (see SegmentInputs).
 struct SegmentGradients {
   at::Tensor da_buffers, db_buffers, df_rev_buffers;
 
