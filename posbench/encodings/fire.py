@@ -127,18 +127,15 @@ class FIRE(PositionalEncoding):
             start, order = torch.where(inside, switches, length).sort(1)  # (L, S)
             units = hidden.out_features
             signs = torch.ones_like(switches, dtype=dtype)
+            signs[:, 0] = 0  # the row's start steps nothing
             signs[:, 1 + units :] = -1  # on, then off
             signs = torch.where(inside, signs, 0.0).gather(1, order)
-            unit = torch.where(order == 0, units, (order - 1) % units)  # K: the row's start
-
-        def running(per_unit: Tensor) -> Tensor:  # (H, K) -> (H, L, S), unscaled by N_i
-            padded = torch.cat([per_unit, per_unit.new_zeros(per_unit.shape[0], 1)], 1)
-            steps = padded.gather(1, unit.view(1, -1).expand(padded.shape[0], -1))
-            return (steps.view(-1, *unit.shape) * signs).cumsum(2)
-
-        a = running(out.weight * hidden.weight[:, 0]) / normaliser[:, None]
-        b = running(out.weight * hidden.bias) + out.bias[:, None, None]
-        return start, a, b, f
+            unit = ((order - 1) % units).view(1, -1)  # (1, L * S): the unit of each switch
+        # each unit's steps, w2 * w1 (a's) then w2 * b1 (b's): (2H, K), summed in segment order
+        per_unit = torch.cat([out.weight * hidden.weight[:, 0], out.weight * hidden.bias])
+        steps = per_unit.gather(1, unit.expand(per_unit.shape[0], -1)).view(-1, *start.shape)
+        a, b = (steps * signs).cumsum(2).chunk(2)  # (H, L, S) each
+        return start, a / normaliser[:, None], b + out.bias[:, None, None], f
 
     def _on_distances(self, f: Tensor, normaliser: Tensor) -> tuple[Tensor, Tensor]:
         """Where each hidden unit relu(w1 x + b1) is on in rows with normalisers (P,), x = f(u)
