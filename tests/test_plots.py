@@ -141,3 +141,26 @@ def test_a_share_s_band_stays_inside_0_and_1() -> None:
     assert band["low"] == 0.0 and band["high"] == 1.0  # the t interval is 0.3 -/+ 1.29
     loss = rows.assign(metric="loss")
     assert _mean_interval(loss, "eval_len").iloc[0]["low"] < 0
+
+
+def test_the_overview_heatmap_makes_room_for_long_labels() -> None:
+    """An encoding label with options and a variant runs to 50-odd characters; beside it one
+    task's cells, none learned, still get room: matplotlib lays the figure out without
+    collapsing an axis (it warns when it has to)."""
+    import warnings
+
+    import pandas as pd
+
+    from posbench.report.overview import GREEDY_AT_2X
+
+    long = "t5(max_distance=16,num_buckets=8) [eval max_distance=32]"
+    table = pd.DataFrame(
+        [
+            {"task": "copy", "encoding_label": e, "headline_metric": GREEDY_AT_2X.column}
+            | {"value": v, "learned": False, "rank_group": pd.NA, "best": False}
+            for e, v in [("nope", 0.02), (long, 0.1), ("test_distance_table", 0.1)]
+        ]
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # "constrained_layout not applied ..." fails the test
+        assert base64.b64decode(plots.overview_heatmap(table)).startswith(b"\x89PNG")

@@ -401,6 +401,11 @@ def overview_heatmap(table: pd.DataFrame) -> str | None:
     panels = [m for m in HEADLINE_METRICS.values() if (table["headline_metric"] == m.column).any()]
     widths = [table.loc[table["headline_metric"] == m.column, "task"].nunique() for m in panels]
     width = min(2.4 + 1.15 * sum(widths) + 1.2 * len(panels), 13)
+    # labels longer than the 2.4 in left for them (options, variants; about 0.07 in a
+    # character) widen the figure where they would leave a task less than 0.8 in for its cells
+    labels_width = 0.07 * max(len(label) for label in labels)
+    if labels_width > 2.4:
+        width = max(width, labels_width + 0.8 * sum(widths) + 1.2 * len(panels))
     fig = Figure(figsize=(width, 0.9 + 0.3 * len(labels)), layout="constrained")
     axes = np.atleast_1d(fig.subplots(1, len(panels), width_ratios=widths, sharey=True))
     for ax, metric in zip(axes, panels):
