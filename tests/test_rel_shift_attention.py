@@ -11,8 +11,8 @@ import torch
 from helpers import assert_close_to_scale
 
 from posbench.kernels import native, rel_shift_attention
-from posbench.bias_kinds import DistanceTableBias, KeyTableBias
-from posbench.kernels.dispatch import biased_attention
+from posbench.bias_kinds import DistanceTableBias, KeyTableBias, Scores
+from posbench.kernels.dispatch import Call, Math, biased_attention
 from posbench.kernels.masks import causal_mask
 
 B, H, LQ, d = 2, 3, 200, 8
@@ -147,3 +147,39 @@ def test_a_drawn_table_refuses_positions_it_cannot_index(
     reach are refused with the fix, never read out of bounds."""
     with pytest.raises(ValueError, match=message):
         DistanceTableBias(torch.zeros(1, H, 4, d), torch.zeros(H, rows, d), positions)
+
+
+@pytest.mark.parametrize(
+    "q_len, k_len, table_len", [(1, 1, 1), (1, 9, 9), (5, 5, 5), (5, 9, 9), (4, 40, 47)]
+)
+def test_the_shifted_table_is_the_dense_bias_with_the_causal_mask_as_minus_infinity(
+    q_len: int, k_len: int, table_len: int
+) -> None:
+    generator = torch.Generator().manual_seed(7)
+    a = torch.randn(B, H, q_len, d, dtype=torch.float64, generator=generator)
+    table = torch.randn(H, table_len, d, dtype=torch.float64, generator=generator)
+    bias = DistanceTableBias(a, table)
+    mask = causal_mask(q_len, k_len, torch.device("cpu"))
+    expected = DistanceTableBias(a, table[:, :k_len]).dense().masked_fill(~mask, -torch.inf)
+    shifted = bias.causal_dense(k_len)
+    assert shifted.shape == (B, H, q_len, k_len)
+    future = expected == -torch.inf
+    assert torch.equal(shifted == -torch.inf, future)
+    assert_close_to_scale(shifted[~future], expected[~future], atol=1e-12)
+
+
+def test_the_math_path_reads_a_plain_distance_table_as_the_dense_bias_does() -> None:
+    generator = torch.Generator().manual_seed(8)
+    q_len, k_len = 6, 10
+    q, k, v = (
+        torch.randn(B, H, n, d, dtype=torch.float64, generator=generator)
+        for n in (q_len, k_len, k_len)
+    )
+    a = torch.randn(B, H, q_len, d, dtype=torch.float64, generator=generator)
+    table = torch.randn(H, k_len, d, dtype=torch.float64, generator=generator)
+    mask = causal_mask(q_len, k_len, torch.device("cpu"))
+    bias = DistanceTableBias(a, table)
+    call = Call(q, k, v, mask, causal=True, square=False, _scores=Scores(q, k, bias, 0.5))
+    dense = bias.dense().masked_fill(~mask, -torch.inf)
+    expected = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=dense, scale=0.5)
+    assert_close_to_scale(Math().run(call), expected, atol=1e-12)

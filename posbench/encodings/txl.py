@@ -46,8 +46,9 @@ class TransformerXL(PositionalEncoding):
     unblocked one for attention to take where no kernel reads it (another device; attention
     chooses): q and k widened by the identity, keeping fused attention in
     linear memory, or with clamp_len one matmul of (q + v) against the projected distance table,
-    then a gather. A single decoding query takes the position term against the shared position
-    table, so cached keys stay d wide. No (Lq, Lk, d) tensor is ever built.
+    then a gather. A single decoding query takes the position term against the distance table
+    (at drawn positions, the shared position table), so cached keys stay d wide. No (Lq, Lk, d)
+    tensor is ever built.
     """
 
     relative = True
@@ -131,12 +132,18 @@ class TransformerXL(PositionalEncoding):
                 fallback = by_key if self.clamp_len is None else None
                 bias = DistanceTableBias((q + v) * scale, table, positions, fallback)
                 return Scores(q + u, k, bias, scale, fallback=unblocked)
+        contiguous = q_span.contiguous and k_span.contiguous
+        if self.causal and Lq == 1 and q_span.last == k_span.last and contiguous:
+            # One decoding query: (q + v) against the distance table, (B, H, 1, Lk) once made
+            # dense, so cached keys stay d wide and nothing per key is copied.
+            table = self._distance_table(layer.index, Lk, q)
+            return Scores(q + u, k, DistanceTableBias((q + v) * scale, table), scale)
         if self.clamp_len is not None:
             return self._score_gather(q, k, q_span, k_span, layer.index, u, v, scale)
         q_pos, k_pos = self._identity_vectors(q, k, q_span, k_span, layer.index, v)
         if q.shape[2] == 1:
-            # One decoding query: the position term against the shared table, (B, H, 1, Lk),
-            # so cached keys stay d wide and nothing per key is copied.
+            # One decoding query at drawn positions: the position term against the shared
+            # table, (B, H, 1, Lk), so cached keys stay d wide and nothing per key is copied.
             return Scores(q + u, k, (q_pos @ k_pos.T) * scale, scale)
         if by_blocks:
             # drawn positions: the per-key table, a block of query rows at a time, q, k, v d wide
@@ -165,8 +172,13 @@ class TransformerXL(PositionalEncoding):
 
     def _distance_table(self, layer: int, n: int, like: Tensor) -> Tensor:
         """W_kR R for distances 0..n-1, (H, n, d), in `like`'s dtype and device."""
-        distances = torch.arange(n, device=like.device)
-        table = self.w_kr[layer](self.distance_embedding(distances).to(like.dtype))  # (n, d_model)
+        embedding = self.position_table(  # R for 0..n-1, from a table kept across calls
+            "distance_embedding",
+            n,
+            like.device,
+            lambda size: self.distance_embedding(torch.arange(size, device=like.device)),
+        )
+        table = self.w_kr[layer](embedding.to(like.dtype))  # (n, d_model)
         return table.view(n, self.n_heads, self.d_head).transpose(0, 1)
 
     def _table_is_cheaper(self, reach: int, keys: int) -> bool:

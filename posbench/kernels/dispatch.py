@@ -48,6 +48,7 @@ from posbench.kernels.fused_band_attention import (
     fused_band_attention,
 )
 from posbench.kernels.fused_cope_attention import cope_fused_applies, fused_cope_attention
+from posbench.kernels.masks import causal_mask
 from posbench.kernels.rel_shift_attention import key_table_attention, rel_shift_attention
 from posbench.kernels.row_block_attention import BLOCK_ELEMENTS, row_block_attention
 
@@ -319,6 +320,18 @@ class Math:
             return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scores.scale)
         if isinstance(bias, DistanceTableBias) and bias.by_key is not None:
             bias = bias.by_key()
+        q_len, k_len = q.shape[2], k.shape[2]
+        if (
+            isinstance(bias, DistanceTableBias)
+            and bias.positions is None
+            and bias.table.shape[-2] >= k_len
+            and (
+                mask is causal_mask(q_len, k_len, q.device)
+                or (mask is None and q_len == 1 and call.causal)
+            )
+        ):  # the shifted table holds the causal mask as -inf
+            dense = bias.causal_dense(k_len).to(q.dtype)
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=dense, scale=scores.scale)
         dense = bias.dense(q.shape[2]) if not isinstance(bias, Tensor) else bias
         dense = _four_dims(dense.to(q.dtype))
         if mask is not None:
