@@ -19,7 +19,6 @@ diagonals, lives here too.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Callable
 
@@ -217,32 +216,6 @@ class DistanceTableBias:
         distance = (key[-q_len:, None] - key[None, :]).clamp(min=0)  # (Lq, Lk)
         by_distance = self.a @ self.table.transpose(-1, -2)  # (B, H, Lq, T): [i, δ]
         return by_distance.gather(-1, distance.expand(*by_distance.shape[:2], *distance.shape))
-
-    def causal_dense(self, k_len: int) -> Tensor:
-        """The (B, H, Lq, Lk) matrix at plain positions with -inf at future keys, so it is also
-        the causal mask: Transformer-XL's relative shift. Each query's products against the
-        table read from its far end, then Lq entries of -inf, come from one matmul per head (a
-        coordinate of 1 on the queries meets 0 on the table's rows and -inf on the padding's);
-        row i starts Lq - 1 - i entries later in a flat view whose rows are one entry shorter,
-        so entry (i, j) lands on distance (Lk - Lq + i) - j, or on the padding where that is
-        negative. No index tensor, gather, concatenation or separate masking pass."""
-        assert self.positions is None, "the shift reads contiguous positions"
-        B, H, q_len, d = self.a.shape
-        reversed_table = self.table[:, :k_len].flip(1)  # (H, Lk, d): distances Lk-1..0
-        if q_len == 1:  # the last key's query: no future key, no shift
-            rows = self.a.transpose(0, 1).reshape(H, B, d)  # one product per head
-            by_distance = rows @ reversed_table.transpose(-1, -2)  # (H, B, Lk)
-            return by_distance.transpose(0, 1)[:, :, None]  # (B, H, 1, Lk)
-        rows = torch.cat((self.a.transpose(0, 1), self.a.new_ones(H, B, q_len, 1)), dim=-1).view(
-            H, B * q_len, d + 1
-        )
-        extended = self.table.new_zeros(H, k_len + q_len, d + 1)
-        extended[:, :k_len, :d] = reversed_table
-        extended[:, k_len:, d] = -math.inf
-        padded = rows @ extended.transpose(-1, -2)  # (H, B Lq, Lk + Lq)
-        width = k_len + q_len - 1
-        flat = padded.view(H, B, -1)[..., q_len - 1 : q_len - 1 + q_len * width]
-        return flat.view(H, B, q_len, width)[..., :k_len].transpose(0, 1)  # (B, H, Lq, Lk)
 
 
 @dataclass

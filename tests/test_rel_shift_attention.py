@@ -158,10 +158,9 @@ def test_the_shifted_table_is_the_dense_bias_with_the_causal_mask_as_minus_infin
     generator = torch.Generator().manual_seed(7)
     a = torch.randn(B, H, q_len, d, dtype=torch.float64, generator=generator)
     table = torch.randn(H, table_len, d, dtype=torch.float64, generator=generator)
-    bias = DistanceTableBias(a, table)
     mask = causal_mask(q_len, k_len, torch.device("cpu"))
     expected = DistanceTableBias(a, table[:, :k_len]).dense().masked_fill(~mask, -torch.inf)
-    shifted = bias.causal_dense(k_len)
+    shifted = rel_shift_attention.causal_table_bias(a, table, k_len)
     assert shifted.shape == (B, H, q_len, k_len)
     future = expected == -torch.inf
     assert torch.equal(shifted == -torch.inf, future)

@@ -49,7 +49,11 @@ from posbench.kernels.fused_band_attention import (
 )
 from posbench.kernels.fused_cope_attention import cope_fused_applies, fused_cope_attention
 from posbench.kernels.masks import causal_mask
-from posbench.kernels.rel_shift_attention import key_table_attention, rel_shift_attention
+from posbench.kernels.rel_shift_attention import (
+    causal_table_bias,
+    key_table_attention,
+    rel_shift_attention,
+)
 from posbench.kernels.row_block_attention import BLOCK_ELEMENTS, row_block_attention
 
 __all__ = ["BLOCK_ELEMENTS", "BACKENDS", "Call", "attend", "biased_attention"]
@@ -330,7 +334,7 @@ class Math:
                 or (mask is None and q_len == 1 and call.causal)
             )
         ):  # the shifted table holds the causal mask as -inf
-            dense = bias.causal_dense(k_len).to(q.dtype)
+            dense = causal_table_bias(bias.a, bias.table, k_len).to(q.dtype)
             return F.scaled_dot_product_attention(q, k, v, attn_mask=dense, scale=scores.scale)
         dense = bias.dense(q.shape[2]) if not isinstance(bias, Tensor) else bias
         dense = _four_dims(dense.to(q.dtype))

@@ -21,6 +21,7 @@ products. Memory grows with L x block rows, not L^2."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -68,6 +69,26 @@ def _block_product(a_rows: Tensor, table: Tensor, keys: int, skewed: bool) -> Te
     H, B, rows, r = a_rows.shape
     y = torch.bmm(a_rows.reshape(H, B * rows, r), _block_table(table, keys, skewed).transpose(1, 2))
     return y.view(H, B, rows, keys)
+
+
+def causal_table_bias(a: Tensor, table: Tensor, k_len: int) -> Tensor:
+    """The whole (B, H, Lq, Lk) bias of a per-distance table at plain positions, a (B, H, Lq, d)
+    against table (H, >= Lk, d), with -inf at future keys, so it is also the causal mask: for
+    scores too short for the blocked kernels, read by SDPA. One product per head against the
+    reversed table followed by Lq rows of -inf (a coordinate of 1 on the queries meets 0 on the
+    table's rows and -inf on the padding's), read through the skewed view; a query that is the
+    last key reads no future key and needs no skew."""
+    B, H, q_len, d = a.shape
+    a_rows = a.transpose(0, 1)  # (H, B, Lq, d)
+    reversed_table = table[:, :k_len].flip(1)  # (H, Lk, d): distances Lk-1..0
+    if q_len == 1:
+        return _block_product(a_rows, reversed_table, k_len, skewed=True).transpose(0, 1)
+    ones = a.new_ones(H, B, q_len, 1)
+    padded_table = table.new_zeros(H, k_len + q_len, d + 1)
+    padded_table[:, :k_len, :d] = reversed_table
+    padded_table[:, k_len:, d] = -math.inf
+    y = _block_product(torch.cat((a_rows, ones), dim=-1), padded_table, k_len + q_len, False)
+    return _skewed(y, q_len, k_len, k_len + q_len).transpose(0, 1)  # (B, H, Lq, Lk)
 
 
 @dataclass(frozen=True)
