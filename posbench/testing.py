@@ -212,10 +212,24 @@ def _split_heads(enc: PositionalEncoding) -> Callable[[torch.Tensor], torch.Tens
 def check_shift_invariance(encoding: str, shift: int = 37, **options: Any) -> None:
     """For relative encodings: attention is unchanged when all positions shift together.
     Logits are compared up to a constant per query row (softmax ignores it; causal ALiBi
-    folded into q and k relies on exactly that)."""
+    folded into q and k relies on exactly that). A whole model then reads a segment through an
+    empty memory (mem_len 0, after earlier tokens) as it reads the segment alone: evaluation
+    reads a memory of 0 that way."""
     enc = logit_encoding(encoding, **options)
     if not enc.relative:
         return
+    model = tiny_model(encoding, **options).eval()
+    if model.config.causal and not model.encoding.draws_positions:
+        tokens, cut = _tokens(), SEQ_LEN // 3
+        with torch.no_grad():
+            cache = model.new_cache(mem_len=0, length=SEQ_LEN)
+            model(tokens[:, :cut], cache=cache)
+            after_memory, alone = model(tokens[:, cut:], cache=cache), model(tokens[:, cut:])
+        gap = (after_memory - alone).abs().max().item()
+        assert gap <= 1e-5 * max(1.0, alone.abs().max().item()), (
+            f"{encoding}: declares relative = True, but a segment read after {cut} tokens through "
+            f"an empty memory differs from the segment read alone by {gap:.2e}"
+        )
     q, k = torch.randn(2, 4, 6, 8), torch.randn(2, 4, 10, 8)
     with torch.no_grad():
         base = attention_logits(enc, q, k, Span(4, 10), Span(0, 10))

@@ -109,3 +109,21 @@ def test_conformance_with_randomized_positions(encoding: str, check: str) -> Non
 @pytest.mark.parametrize("encoding", ["rope", "learned", "t5"])
 def test_conformance_with_randomized_positions_evaluated_plain(encoding: str, check: str) -> None:
     CHECKS[check](encoding, randomize_positions=40, eval_positions="plain")
+
+
+def test_a_relative_declaration_over_absolute_embeddings_is_caught(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Evaluation reads a relative encoding's memory of 0 as each segment read alone; an
+    encoding that adds absolute position embeddings yet declares relative = True would get
+    wrong numbers there, and the kit says so."""
+    from posbench.encodings import REGISTRY
+    from posbench.encodings.sinusoidal import Sinusoidal
+    from posbench.testing import check_shift_invariance
+
+    class Mislabelled(Sinusoidal):
+        relative = True
+
+    monkeypatch.setitem(REGISTRY._entries, "test_mislabelled", Mislabelled)
+    with pytest.raises(AssertionError, match="declares relative = True, but a segment read after"):
+        check_shift_invariance("test_mislabelled")

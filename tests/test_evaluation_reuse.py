@@ -145,6 +145,39 @@ def test_loss_by_position_reads_the_full_context_pass_and_batches_its_windows(
         assert got_window == pytest.approx(float(window[start:stop].mean()), rel=1e-6)
 
 
+@pytest.mark.parametrize("encoding", ["txl", "alibi", "rope", "sinusoidal"])
+def test_a_memory_of_0_reads_its_segments_from_the_sliding_windows_as_if_from_scratch(
+    encoding: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With segments as long as the windows' stride, a relative encoding's memory of 0 takes
+    the segments the sliding windows begin with from them (the windows are read once); every
+    memory's rows at the longest length equal reading through that memory from the start, and
+    loss by position equals its reading from scratch."""
+    config = EvalConfig(n_samples=24, batch_size=12, segment_len=LM.train_lengths[1] // 2)
+    model = _trained(encoding, LM)
+    taken: list[int] = []
+    alone = evaluation.segments_alone
+
+    def counted(model, tokens, logits, segment, known):  # type: ignore[no-untyped-def]
+        taken.append(len(known))
+        return alone(model, tokens, logits, segment, known)
+
+    monkeypatch.setattr(evaluation, "segments_alone", counted)
+    rows = _rows(evaluate(model, LM, config))
+    E = max(LM.eval_lengths)
+    segment = default_segment_len(LM, config)
+    for mem in mem_lens(LM, config):
+        for metric, value in _accuracy(model, LM, E, config, "cpu", segment, mem).items():
+            assert rows[E, mem, metric, None] == pytest.approx(value, rel=1e-9), (mem, metric)
+    scratch = _rows(evaluation.position_rows(model, LM, config))
+    assert {k: v for k, v in rows.items() if k[3] is not None} == pytest.approx(scratch, rel=1e-9)
+    windows = evaluation.SlidingWindows.of(LM)
+    if model.encoding.relative:  # windows 1.. begin with segments 1..: all taken, none read
+        assert max(taken) == len(windows.starts) - 1 > 0
+    else:  # absolute positions: a memory of 0 reads at the stream's positions, not alone
+        assert taken == []
+
+
 def test_the_restart_variant_reads_full_context_as_its_base_model_does() -> None:
     """Restarting positions per segment changes only readings in segments: at full context,
     free running included, the variant's rows are its base model's (its decoding once put every

@@ -189,6 +189,34 @@ def continued_logits(
 
 
 @torch.no_grad()
+def segments_alone(
+    model: Decoder,
+    tokens: torch.Tensor,
+    logits: torch.Tensor,
+    segment: int,
+    known: dict[int, torch.Tensor],
+) -> torch.Tensor:
+    """The logits (B, T, V) of reading `tokens` (B, T) in segments through a memory of 0, for a
+    relative encoding: a segment that reads no memory reads only itself, and its positions'
+    offset cancels, so each segment is the segment read alone. The first segment's logits are
+    the full-context `logits`; a later one's come from `known` (start -> (B, segment, V), the
+    segment read alone elsewhere) or are read here, the whole-width ones in one call."""
+    B, T = tokens.shape
+    starts = range(segment, T, segment)
+    missing = [s for s in starts if s + segment <= T and s not in known]
+    read = dict(known)
+    if missing:
+        index = torch.tensor(missing, device=tokens.device)[:, None] + torch.arange(
+            segment, device=tokens.device
+        )  # (n, S)
+        out = model(tokens[:, index].flatten(0, 1)).unflatten(0, (B, len(missing)))  # (B, n, S, V)
+        read.update({s: out[:, i] for i, s in enumerate(missing)})
+    pieces = [logits[:, :segment]]
+    pieces += [read[s] if s in read else model(tokens[:, s:]) for s in starts]
+    return torch.cat(pieces, dim=1)
+
+
+@torch.no_grad()
 def greedy_predictions(
     model: Decoder,
     tokens: torch.Tensor,
@@ -341,7 +369,7 @@ def _accuracy(
     by_position: list[dict[str, float]] | None = None,
     seconds: dict[str, float] | None = None,
     memories: dict[float, dict[str, float]] | None = None,
-    token_losses: torch.Tensor | None = None,
+    position_losses: PositionLosses | None = None,
 ) -> dict[str, float]:
     """Exact match, teacher-forced token accuracy and loss on the held-out sample of `length`;
     with `free_running`, also greedy token accuracy (the model reads its own answers), the mean
@@ -352,7 +380,9 @@ def _accuracy(
     split. At full context (no `segment`), `memories` (memory length -> {}), when given,
     receives the same scores read in segments of default_segment_len through each memory,
     continued from the full-context pass (the model must continue_full_context), and
-    `token_losses` (T,) the per-token losses summed over the sample."""
+    `position_losses` the sample's per-token losses, full context and sliding windows, for
+    loss by position. A relative encoding's memory of 0 reads each segment alone, so that
+    reading takes the segments the sliding windows begin with from them."""
     clock = _Clock(seconds)
     full, through = _Tally(), {mem: _Tally() for mem in memories or {}}
     greedy = prefix = 0
@@ -374,11 +404,25 @@ def _accuracy(
         """The readings that continue from a full-context pass: each memory's, and free
         running, for the sequences of `batch` (its logits (B, T, V), hits (B, T), memory)."""
         nonlocal greedy, prefix
+        alone = 0 in through and model.encoding.relative
+        heads: dict[int, torch.Tensor] = {}
+        if position_losses is not None:
+            with clock.part(BY_POSITION):
+                heads = position_losses.add(
+                    model,
+                    batch.tokens,
+                    batch.targets,
+                    logits,
+                    position_losses.windows.sequences_per_call(task, config),
+                    cache_segment if alone else 0,
+                )
         with clock.part(CACHES):
             for mem, tally in through.items():
                 assert memory is not None
                 tally.add(
-                    continued_logits(model, batch.tokens, logits, memory, cache_segment, mem),
+                    segments_alone(model, batch.tokens, logits, cache_segment, heads)
+                    if mem == 0 and alone
+                    else continued_logits(model, batch.tokens, logits, memory, cache_segment, mem),
                     batch.targets,
                 )
         if not free_running:
@@ -420,8 +464,6 @@ def _accuracy(
                 else:
                     logits = _logits(model, batch.tokens, segment, mem_len)  # (B, T, V)
                 hit = full.add(logits, batch.targets)
-                if token_losses is not None:
-                    token_losses += _token_losses(logits, batch.targets).sum(0).cpu()
             if joint:
                 assert memory is not None
                 kept.append((batch, logits, hit, memory))
@@ -579,9 +621,7 @@ def iter_evaluate(
     chosen = task.eval_lengths if config.cache_eval_lengths is None else config.cache_eval_lengths
     cache_lengths = list(chosen) if model.config.causal else []  # [] from the config: none
     longest = max(task.eval_lengths)
-    full_losses = None
-    if task.per_position and shared:
-        full_losses = torch.zeros(task.sequence_length(longest), dtype=torch.float64)
+    position_losses = PositionLosses.empty(task) if task.per_position and shared else None
     free_running = task.exact_match_meaningful
     for length in [*task.eval_lengths, *(n for n in cache_lengths if n not in task.eval_lengths)]:
         T = task.sequence_length(length)
@@ -608,7 +648,7 @@ def iter_evaluate(
                 by_position=by_position if full_row else None,
                 seconds=seconds,
                 memories=continued,
-                token_losses=full_losses if length == longest else None,
+                position_losses=position_losses if length == longest else None,
             )
         for k, v in scores.items() if full_row else ():
             read_back = k in ("greedy_token_accuracy", "correct_prefix")
@@ -629,7 +669,7 @@ def iter_evaluate(
                 yield Measurement(length, mem, k, v)
     if task.per_position:
         with clock.part(BY_POSITION):
-            rows = position_rows(model, task, config, device, full_losses)
+            rows = position_rows(model, task, config, device, position_losses)
         yield from rows
     text = task.evaluation_text()
     if text is not None:
@@ -685,23 +725,148 @@ def text_rows(
 POSITION_METRICS = ("lm_loss", "lm_loss_window", "lm_penalty")
 
 
+@dataclass(frozen=True)
+class SlidingWindows:
+    """The sliding windows of loss by position over the longest evaluation length E: windows of
+    L tokens (L the longest training length) every L/2, the last one ending at E, each scoring
+    the tokens no earlier window scored (the first window all of its own)."""
+
+    starts: tuple[int, ...]
+    widths: tuple[int, ...]
+    firsts: tuple[int, ...]  # the first scored token of each window, counted in the window
+
+    @classmethod
+    def of(cls, task: Task) -> SlidingWindows:
+        L, E = task.train_lengths[1], max(task.eval_lengths)
+        stride = max(1, L // 2)
+        starts = list(range(0, max(E - L, 0) + 1, stride))
+        if starts[-1] + L < E:
+            starts.append(E - L)
+        widths = [min(L, E - s) for s in starts]
+        firsts = [0] + [max(0, (starts[i - 1] + L) - s) for i, s in enumerate(starts) if i]
+        return cls(tuple(starts), tuple(widths), tuple(firsts))
+
+    def sequences_per_call(self, task: Task, config: EvalConfig) -> int:
+        """Sequences whose windows go through the model in one call: about as many tokens as
+        one evaluation batch of training-length sequences."""
+        L = task.train_lengths[1]
+        return max(1, config.batch_size * task.sequence_length(L) // (L * len(self.starts)))
+
+
+@dataclass
+class PositionLosses:
+    """Per-token losses at the longest evaluation length E summed over its evaluation sample,
+    gathered by the full-context evaluation there so that loss by position reads no sequence
+    again: the full-context pass's (E,) and the sliding windows' (E,), each window's scored
+    tokens. The window that starts at 0 reads what the full-context pass reads there (a
+    causal model; no drawn positions), so it is taken from it."""
+
+    windows: SlidingWindows
+    full: torch.Tensor
+    window: torch.Tensor
+    sequences: int = 0
+
+    @classmethod
+    def empty(cls, task: Task) -> PositionLosses:
+        E = task.sequence_length(max(task.eval_lengths))
+        zeros = torch.zeros(E, dtype=torch.float64)
+        return cls(SlidingWindows.of(task), zeros, zeros.clone())
+
+    def add(
+        self,
+        model: Decoder,
+        tokens: torch.Tensor,
+        targets: torch.Tensor,
+        logits: torch.Tensor,
+        per_call: int,
+        keep: int = 0,
+    ) -> dict[int, torch.Tensor]:
+        """Adds the losses of sequences `tokens` (B, E) whose full-context `logits` (B, E, V)
+        are given; returns, with `keep`, each window's first `keep` logits (B, keep, V) by its
+        start, for windows that start after 0 and hold that many tokens."""
+        self.full += _token_losses(logits, targets).sum(0).cpu()
+        self.sequences += tokens.shape[0]
+        w = self.windows
+        later = [i for i, s in enumerate(w.starts) if s > 0]
+        losses, heads = _read_windows(
+            model,
+            tokens,
+            targets,
+            [w.starts[i] for i in later],
+            [w.widths[i] for i in later],
+            per_call,
+            keep,
+        )
+        for i, scored in zip(later, losses):
+            s, width, first = w.starts[i], w.widths[i], w.firsts[i]
+            self.window[s + first : s + width] += scored[first:]
+        return heads
+
+    def both(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Mean full-context and window losses by token, (E,) each."""
+        window = self.window.clone()
+        for s, width in zip(self.windows.starts, self.windows.widths):
+            if s == 0:
+                window[:width] = self.full[:width]
+        return self.full / self.sequences, window / self.sequences
+
+
+def _read_windows(
+    model: Decoder,
+    tokens: torch.Tensor,
+    targets: torch.Tensor,
+    starts: list[int],
+    widths: list[int],
+    per_call: int,
+    keep: int = 0,
+) -> tuple[list[torch.Tensor], dict[int, torch.Tensor]]:
+    """Each window of `tokens` (B, T) read alone: its per-token losses summed over the
+    sequences, one (w,) per window, and, with `keep`, its first `keep` logits (B, keep, V) by
+    start where it holds that many. Windows of one width go through the model as one batch of
+    sequences, `per_call` sequences' windows a call, except where the encoding draws positions
+    (a draw per window)."""
+    if not starts:
+        return [], {}
+    if not model.encoding.draws_positions and len(set(widths)) == 1:
+        width = widths[0]
+        index = torch.tensor(starts, device=tokens.device)[:, None] + torch.arange(
+            width, device=tokens.device
+        )  # (n, w)
+        losses, heads = [], []
+        for part, goal in zip(tokens[:, index].split(per_call), targets[:, index].split(per_call)):
+            logits = model(part.flatten(0, 1))  # (b * n, w, V)
+            losses.append(_token_losses(logits, goal.flatten(0, 1)).view(part.shape).sum(0))
+            if keep and width >= keep:
+                heads.append(logits[:, :keep].unflatten(0, part.shape[:2]))  # (b, n, keep, V)
+        summed = torch.stack(losses).sum(0).cpu()  # (n, w)
+        kept = torch.cat(heads) if heads else None
+        return list(summed), {} if kept is None else {s: kept[:, i] for i, s in enumerate(starts)}
+    losses, found = [], {}
+    for s, w in zip(starts, widths):
+        logits = model(tokens[:, s : s + w])  # (B, w, V)
+        losses.append(_token_losses(logits, targets[:, s : s + w]).sum(0).cpu())
+        if keep and w >= keep:
+            found[s] = logits[:, :keep]
+    return losses, found
+
+
 @torch.no_grad()
 def position_rows(
     model: Decoder,
     task: Task,
     config: EvalConfig,
     device: torch.device | str = "cpu",
-    full_losses: torch.Tensor | None = None,
+    losses: PositionLosses | None = None,
 ) -> list[Measurement]:
     """Next-token loss by position at the longest evaluation length E, in bins of L/4 positions
     (L the longest training length; each row's eval_len is E and its position the bin's last
-    position, counted in tokens of context). Full context sees every earlier token (its
-    per-token losses summed over the sample, (E,), are read from `full_losses` when the
-    full-context evaluation at E kept them). The sliding window re-reads the sequence
-    in windows of L tokens every L/2, each scoring its last L/2 tokens (the first window all
-    of them), with positions restarting in every window, so no token is ever seen at a
-    position the model was not trained on; the windows are read as one batch of sequences,
-    or one window per forward call where the encoding draws positions (a draw per window).
+    position, counted in tokens of context). Full context sees every earlier token. The sliding
+    window re-reads the sequence in windows of L tokens every L/2 (SlidingWindows), each
+    scoring its last L/2 tokens (the first window all of them), with positions restarting in
+    every window, so no token is ever seen at a position the model was not trained on; a
+    window's sequences are read as one batch, or one window per forward call where the
+    encoding draws positions (a draw per window). Both are read from `losses` when the
+    full-context evaluation at E gathered them, else from the sample here.
     lm_penalty = full - window at the same tokens: the cost of the positions themselves, with
     whatever position dependence the data has removed."""
     L, E = task.train_lengths[1], max(task.eval_lengths)
@@ -715,55 +880,31 @@ def position_rows(
                 E, None, reason, POSITION_METRICS, min(start + max(1, L // 4), E)
             )
         ]
-    stride = max(1, L // 2)
-    starts = list(range(0, max(E - L, 0) + 1, stride))
-    if starts[-1] + L < E:
-        starts.append(E - L)
-    widths = [min(L, E - s) for s in starts]
-    firsts = [0] + [max(0, (starts[i - 1] + L) - s) for i, s in enumerate(starts) if i]
+    windows = SlidingWindows.of(task)
     scored = torch.zeros(E, dtype=torch.float64)
-    for s, w, first in zip(starts, widths, firsts):  # each window scores what no earlier one did
-        scored[s + first : s + w] += 1
+    for s, w, first in zip(windows.starts, windows.widths, windows.firsts):
+        scored[s + first : s + w] += 1  # each window scores what no earlier one did
     assert bool((scored == 1).all()), "every position is scored by exactly one window"
-    full = torch.zeros(E, dtype=torch.float64)
-    window = torch.zeros(E, dtype=torch.float64)
-    count = 0
-    one_batch = not model.encoding.draws_positions and len(set(widths)) == 1
-    sequences_per_call = max(1, config.batch_size * task.sequence_length(L) // (L * len(starts)))
-    with seeded_draws(HELD_OUT_SEED + E):  # drawn positions, if any: a function of the sample alone
-        for batch in held_out(task, E, config):
-            tokens, targets = batch.tokens.to(device), batch.targets.to(device)  # (B, E)
-            if full_losses is None:
+    if losses is None:
+        full = torch.zeros(E, dtype=torch.float64)
+        window = torch.zeros(E, dtype=torch.float64)
+        count = 0
+        per_call = windows.sequences_per_call(task, config)
+        with seeded_draws(HELD_OUT_SEED + E):  # drawn positions, if any: of the sample alone
+            for batch in held_out(task, E, config):
+                tokens, targets = batch.tokens.to(device), batch.targets.to(device)  # (B, E)
                 full += _token_losses(model(tokens), targets).sum(0).cpu()
-            if one_batch:  # (B, n, w) windows, read a slice of the batch at a time
-                index = torch.tensor(starts, device=tokens.device)[:, None] + torch.arange(
-                    widths[0], device=tokens.device
-                )  # (n, w)
-                losses = (
-                    torch.cat(
-                        [
-                            _token_losses(model(part.flatten(0, 1)), goal.flatten(0, 1)).view(
-                                part.shape
-                            )
-                            for part, goal in zip(
-                                tokens[:, index].split(sequences_per_call),
-                                targets[:, index].split(sequences_per_call),
-                            )
-                        ]
-                    )
-                    .sum(0)
-                    .cpu()
-                )  # (n, w)
-            else:
-                losses = [
-                    _token_losses(model(tokens[:, s : s + w]), targets[:, s : s + w]).sum(0).cpu()
-                    for s, w in zip(starts, widths)
-                ]  # n of (w,)
-            for s, w, first, scored_window in zip(starts, widths, firsts, losses):
-                window[s + first : s + w] += scored_window[first:]
-            count += tokens.shape[0]
-    full = (full if full_losses is None else full_losses) / count
-    window = window / count
+                read, _ = _read_windows(
+                    model, tokens, targets, list(windows.starts), list(windows.widths), per_call
+                )
+                for s, w, first, scored_window in zip(
+                    windows.starts, windows.widths, windows.firsts, read
+                ):
+                    window[s + first : s + w] += scored_window[first:]
+                count += tokens.shape[0]
+        full, window = full / count, window / count
+    else:
+        full, window = losses.both()
     rows: list[Measurement] = []
     width = max(1, L // 4)
     for start in bins:
