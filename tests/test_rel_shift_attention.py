@@ -10,9 +10,9 @@ import pytest
 import torch
 from helpers import assert_close_to_scale
 
-from posbench.kernels import native, rel_shift_attention
+from posbench.kernels import native, rel_shift_attention, served
 from posbench.bias_kinds import DistanceTableBias, KeyTableBias, Scores
-from posbench.kernels.dispatch import Call, Math, biased_attention
+from posbench.kernels.dispatch import UNFUSED_MAX_KEYS, Call, Math, biased_attention
 from posbench.kernels.masks import causal_mask
 
 B, H, LQ, d = 2, 3, 200, 8
@@ -167,9 +167,15 @@ def test_the_shifted_table_is_the_dense_bias_with_the_causal_mask_as_minus_infin
     assert_close_to_scale(shifted[~future], expected[~future], atol=1e-12)
 
 
-def test_the_math_path_reads_a_plain_distance_table_as_the_dense_bias_does() -> None:
+@pytest.mark.parametrize("k_len", [10, UNFUSED_MAX_KEYS + 4], ids=["short rows", "long rows"])
+@pytest.mark.parametrize("grad", [False, True], ids=["no grad", "grad"])
+def test_the_math_path_reads_a_plain_distance_table_as_the_dense_bias_does(
+    k_len: int, grad: bool
+) -> None:
+    """Short rows without a gradient go unfused (matmul, softmax, matmul), the rest to torch's
+    SDPA: both read the bias as SDPA reads the dense, masked one."""
     generator = torch.Generator().manual_seed(8)
-    q_len, k_len = 6, 10
+    q_len = 6
     q, k, v = (
         torch.randn(B, H, n, d, dtype=torch.float64, generator=generator)
         for n in (q_len, k_len, k_len)
@@ -181,4 +187,8 @@ def test_the_math_path_reads_a_plain_distance_table_as_the_dense_bias_does() -> 
     call = Call(q, k, v, mask, causal=True, square=False, _scores=Scores(q, k, bias, 0.5))
     dense = bias.dense().masked_fill(~mask, -torch.inf)
     expected = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=dense, scale=0.5)
-    assert_close_to_scale(Math().run(call), expected, atol=1e-12)
+    with torch.set_grad_enabled(grad), served.recording() as kernels:
+        got = Math().run(call)
+    assert_close_to_scale(got, expected, atol=1e-12)
+    unfused = k_len <= UNFUSED_MAX_KEYS and not grad
+    assert list(kernels) == [served.TORCH_UNFUSED if unfused else served.TORCH_SDPA]

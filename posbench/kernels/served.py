@@ -18,6 +18,7 @@ CPP_COPE = "C++ CoPE kernel"
 TORCH_FLASH = "posbench's flash kernel in torch"
 TORCH_COPE = "CoPE in torch, blocks of rows"
 TORCH_SDPA = "torch scaled_dot_product_attention"
+TORCH_UNFUSED = "torch matmul, softmax and matmul"
 FLEX = "torch flex_attention"
 
 _local = threading.local()
