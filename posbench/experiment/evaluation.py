@@ -757,20 +757,22 @@ class SlidingWindows:
 class PositionLosses:
     """Per-token losses at the longest evaluation length E summed over its evaluation sample,
     gathered by the full-context evaluation there so that loss by position reads no sequence
-    again: the full-context pass's (E,) and the sliding windows' (E,), each window's scored
-    tokens. The window that starts at 0 reads what the full-context pass reads there (a
-    causal model; no drawn positions), so it is taken from it."""
+    again, or by loss by position from its own reading: the full-context pass's (E,) and the
+    sliding windows' (E,), each window's scored tokens. With `zero_from_full`, the window that
+    starts at 0 is taken from the full-context pass, which reads the same (a model that
+    continues_full_context: causal, no drawn positions, nothing read off the length)."""
 
     windows: SlidingWindows
     full: torch.Tensor
     window: torch.Tensor
+    zero_from_full: bool
     sequences: int = 0
 
     @classmethod
-    def empty(cls, task: Task) -> PositionLosses:
+    def empty(cls, task: Task, zero_from_full: bool = True) -> PositionLosses:
         E = task.sequence_length(max(task.eval_lengths))
         zeros = torch.zeros(E, dtype=torch.float64)
-        return cls(SlidingWindows.of(task), zeros, zeros.clone())
+        return cls(SlidingWindows.of(task), zeros, zeros.clone(), zero_from_full)
 
     def add(
         self,
@@ -787,17 +789,17 @@ class PositionLosses:
         self.full += _token_losses(logits, targets).sum(0).cpu()
         self.sequences += tokens.shape[0]
         w = self.windows
-        later = [i for i, s in enumerate(w.starts) if s > 0]
+        read = [i for i, s in enumerate(w.starts) if s > 0 or not self.zero_from_full]
         losses, heads = _read_windows(
             model,
             tokens,
             targets,
-            [w.starts[i] for i in later],
-            [w.widths[i] for i in later],
+            [w.starts[i] for i in read],
+            [w.widths[i] for i in read],
             per_call,
             keep,
         )
-        for i, scored in zip(later, losses):
+        for i, scored in zip(read, losses):
             s, width, first = w.starts[i], w.widths[i], w.firsts[i]
             self.window[s + first : s + width] += scored[first:]
         return heads
@@ -806,7 +808,7 @@ class PositionLosses:
         """Mean full-context and window losses by token, (E,) each."""
         window = self.window.clone()
         for s, width in zip(self.windows.starts, self.windows.widths):
-            if s == 0:
+            if s == 0 and self.zero_from_full:
                 window[:width] = self.full[:width]
         return self.full / self.sequences, window / self.sequences
 
@@ -880,31 +882,19 @@ def position_rows(
                 E, None, reason, POSITION_METRICS, min(start + max(1, L // 4), E)
             )
         ]
-    windows = SlidingWindows.of(task)
+    if losses is None:
+        losses = PositionLosses.empty(task, zero_from_full=False)
+        per_call = losses.windows.sequences_per_call(task, config)
+        with seeded_draws(HELD_OUT_SEED + E):  # drawn positions, if any: of the sample alone
+            for batch in held_out(task, E, config):
+                tokens, targets = batch.tokens.to(device), batch.targets.to(device)  # (B, E)
+                losses.add(model, tokens, targets, model(tokens), per_call)
+    windows = losses.windows
     scored = torch.zeros(E, dtype=torch.float64)
     for s, w, first in zip(windows.starts, windows.widths, windows.firsts):
         scored[s + first : s + w] += 1  # each window scores what no earlier one did
     assert bool((scored == 1).all()), "every position is scored by exactly one window"
-    if losses is None:
-        full = torch.zeros(E, dtype=torch.float64)
-        window = torch.zeros(E, dtype=torch.float64)
-        count = 0
-        per_call = windows.sequences_per_call(task, config)
-        with seeded_draws(HELD_OUT_SEED + E):  # drawn positions, if any: of the sample alone
-            for batch in held_out(task, E, config):
-                tokens, targets = batch.tokens.to(device), batch.targets.to(device)  # (B, E)
-                full += _token_losses(model(tokens), targets).sum(0).cpu()
-                read, _ = _read_windows(
-                    model, tokens, targets, list(windows.starts), list(windows.widths), per_call
-                )
-                for s, w, first, scored_window in zip(
-                    windows.starts, windows.widths, windows.firsts, read
-                ):
-                    window[s + first : s + w] += scored_window[first:]
-                count += tokens.shape[0]
-        full, window = full / count, window / count
-    else:
-        full, window = losses.both()
+    full, window = losses.both()
     rows: list[Measurement] = []
     width = max(1, L // 4)
     for start in bins:
