@@ -19,13 +19,14 @@ import torch
 from posbench.experiment.compute import decoder_for
 from posbench.experiment.config import RunConfig
 from posbench.experiment.evaluation import evaluate
+from posbench.kernels.cpu import configure_cpu, keep_freed_memory
 from posbench.store import state_from_bytes
 from posbench.tasks import create_task
 
 
 def main(folder: Path, threads: int) -> None:
-    torch.set_num_threads(threads)
-    torch.set_flush_denormal(True)
+    keep_freed_memory()  # as a run's own process does (posbench's command and its workers)
+    configure_cpu(threads)
     run = RunConfig.from_dict(json.loads((folder / "config.json").read_text()))
     task = create_task(run.task.name, **run.task.options)
     model = decoder_for(run.model, run.encoding, task)
