@@ -171,15 +171,37 @@ def test_language_floor_matches_a_brute_force_estimate_on_a_small_vocabulary() -
     assert task.loss_floor(8) == pytest.approx(float(floor.mean()))
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+def test_floors_computed_together_equal_floors_computed_one_at_a_time(threads: int) -> None:
+    """loss_floors computes the missing floors side by side on torch's threads; each is the
+    floor loss_floor computes alone, bit for bit, and a floor already computed is reused."""
+    from posbench.tasks import lm
+
+    options = {"n_symbols": 5, "copy_distance": 3, "train_lengths": [8, 8]}
+    lengths = [8, 16, 24, 40]
+    task = create_task("lm", language_seed=11, eval_lengths=lengths, **options)
+    lm._FLOORS.clear()
+    alone = {n: task.floor_by_position(n).clone() for n in lengths}
+    lm._FLOORS.clear()
+    task.floor_by_position(16)
+    old_threads = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        together = task.loss_floors([*lengths, 8])
+    finally:
+        torch.set_num_threads(old_threads)
+    assert list(together) == lengths
+    for n in lengths:
+        assert torch.equal(task.floor_by_position(n), alone[n])
+        assert together[n] == task.loss_floor(n) == float(alone[n].mean())
+
+
 def test_a_text_corpus_has_no_floor(tmp_path) -> None:
     corpus = tmp_path / "text.txt"
     corpus.write_text("the quick brown fox jumps over the lazy dog " * 200)
-    assert (
-        create_task("lm", corpus=str(corpus), train_lengths=[16, 16], eval_lengths=[16]).loss_floor(
-            16
-        )
-        is None
-    )
+    task = create_task("lm", corpus=str(corpus), train_lengths=[16, 16], eval_lengths=[16, 32])
+    assert task.loss_floor(16) is None
+    assert task.loss_floors([16, 32]) == {16: None, 32: None}
 
 
 def test_lm_training_stops_near_the_floor_and_records_when(tmp_path) -> None:

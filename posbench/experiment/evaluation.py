@@ -623,6 +623,7 @@ def iter_evaluate(
     longest = max(task.eval_lengths)
     position_losses = PositionLosses.empty(task) if task.per_position and shared else None
     free_running = task.exact_match_meaningful
+    floors = task.loss_floors(task.eval_lengths)
     for length in [*task.eval_lengths, *(n for n in cache_lengths if n not in task.eval_lengths)]:
         T = task.sequence_length(length)
         reason = model.encoding.supports(Span(0, T))
@@ -654,7 +655,7 @@ def iter_evaluate(
             read_back = k in ("greedy_token_accuracy", "correct_prefix")
             note = NOT_FED_BACK if read_back and not task.answers_fed_back else ""
             yield Measurement(length, None, k, v, note)
-        floor = task.loss_floor(length)
+        floor = floors.get(length)
         if full_row and floor is not None:
             yield Measurement(length, None, "loss_floor", floor)
             yield Measurement(length, None, "excess_loss", scores["loss"] - floor)

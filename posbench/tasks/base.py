@@ -125,6 +125,11 @@ class Task(ABC):
         task can say (a synthetic language whose generator is known); None otherwise."""
         return None
 
+    def loss_floors(self, lengths: Sequence[int]) -> dict[int, float | None]:
+        """loss_floor at each of `lengths`: one call, so that a task whose floors are costly
+        may compute them side by side."""
+        return {n: self.loss_floor(n) for n in lengths}
+
     def evaluation_text(self) -> Tensor | None:
         """The held-out text as one token stream (T,), for a task evaluated over every token of
         it (a corpus); None for a task that samples its sequences."""

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import copy
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Annotated, ClassVar
+from typing import Annotated, ClassVar, Sequence
 
 import numpy as np
 import torch
 from torch import Tensor
 
 from posbench.errors import OptionError
+from posbench.kernels.cpu import flushing_denormals
 from posbench.tasks.registry import register_task
 from posbench.tasks.base import Task
 from posbench.validation import Range
@@ -134,9 +136,28 @@ class LanguageModel(Task):
             return None
         return float(self.floor_by_position(length).mean())
 
+    def loss_floors(self, lengths: Sequence[int]) -> dict[int, float | None]:
+        """loss_floor at each of `lengths`, the ones not yet computed in this process side by
+        side on as many threads as torch computes on: each is a long chain of small sampling
+        steps from a generator of its own, most of them on one core, so they add up otherwise.
+        Each thread flushes denormals as the caller does; the floors are the ones loss_floor
+        gives one at a time, bit for bit."""
+        missing = [n for n in dict.fromkeys(lengths) if self._floor_key(n) not in _FLOORS]
+        workers = min(len(missing), torch.get_num_threads())
+        if not self.corpus and workers > 1:
+            flushing = flushing_denormals()
+            with ThreadPoolExecutor(
+                workers, initializer=torch.set_flush_denormal, initargs=(flushing,)
+            ) as pool:
+                list(pool.map(self.floor_by_position, sorted(missing, reverse=True)))
+        return {n: self.loss_floor(n) for n in lengths}
+
+    def _floor_key(self, length: int) -> tuple[int, float, int, int, int]:
+        return (self.n_symbols, self.p_copy, self.copy_distance, self.language_seed, length)
+
     def floor_by_position(self, length: int) -> Tensor:
         """The generator-aware predictor's mean loss at each target of a window, (length,) nats."""
-        key = (self.n_symbols, self.p_copy, self.copy_distance, self.language_seed, length)
+        key = self._floor_key(length)
         if key not in _FLOORS:
             windows = self._synthetic(
                 length + 1, FLOOR_WINDOWS, torch.Generator().manual_seed(FLOOR_SEED + length)
