@@ -361,10 +361,15 @@ def _unfused_attention(
     bias (B, H, Lq, Lk) that leaves each query at least one key, as three plain operations."""
     B, H, q_len, d = q.shape
     k_len = k.shape[2]
-    logits = torch.bmm(q.reshape(B * H, q_len, d), k.reshape(B * H, k_len, d).transpose(1, 2))
-    logits = logits.view(B, H, q_len, k_len).mul_(d**-0.5 if scale is None else scale).add_(bias)
+    logits = torch.baddbmm(
+        bias.expand(B, H, q_len, k_len).reshape(B * H, q_len, k_len),
+        q.reshape(B * H, q_len, d),
+        k.reshape(B * H, k_len, d).transpose(1, 2),
+        alpha=d**-0.5 if scale is None else scale,
+    )  # (B * H, Lq, Lk): bias + scale q k^T
+    torch.softmax(logits, -1, out=logits)
     served.note(served.TORCH_UNFUSED)
-    return torch.matmul(logits.softmax(-1), v)  # (B, H, Lq, e)
+    return torch.matmul(logits.view(B, H, q_len, k_len), v)  # (B, H, Lq, e)
 
 
 def reads_blocked(q: Tensor) -> bool:
