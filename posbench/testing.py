@@ -466,9 +466,29 @@ def check_answers_fed_back(task_name: str, **options: Any) -> None:
     )
 
 
+def check_loss_floors(task_name: str, **options: Any) -> None:
+    """``loss_floors`` (evaluation's one call for every length) gives, for each length asked, in
+    order, the floor ``loss_floor`` gives for that length alone (None where the task knows none),
+    at the task's two shortest evaluation lengths."""
+    lengths = sorted(create_task(task_name, **options).eval_lengths)[:2]
+    together = create_task(task_name, **options).loss_floors(lengths)
+    alone = {n: create_task(task_name, **options).loss_floor(n) for n in lengths}
+    assert list(together) == lengths, (
+        f"task {task_name!r}: loss_floors({lengths}) answered for {list(together)}; return one "
+        "floor per length asked, in order"
+    )
+    for n in lengths:
+        a, b = together[n], alone[n]
+        assert (a is None) == (b is None) and (a is None or math.isclose(a, b, rel_tol=1e-9)), (
+            f"task {task_name!r}: loss_floors gives {a} at length {n}, loss_floor gives {b}; a "
+            "task that overrides one of them must give the same floors from both"
+        )
+
+
 TASK_CHECKS: dict[str, Callable[..., None]] = {
     "batches": check_task_batches,
     "answers_fed_back": check_answers_fed_back,
+    "loss_floors": check_loss_floors,
 }
 
 

@@ -10,7 +10,7 @@ import posbench
 from posbench.errors import OptionError
 from posbench.tasks.base import IGNORE, Task
 from posbench.tasks.copy import Copy
-from posbench.testing import check_answers_fed_back, run_task_conformance
+from posbench.testing import check_answers_fed_back, check_loss_floors, run_task_conformance
 
 TASKS = posbench.list_tasks()
 
@@ -61,6 +61,25 @@ def test_the_kit_catches_a_wrong_answers_fed_back_declaration(monkeypatch) -> No
     monkeypatch.setattr(Copy, "answers_fed_back", False)
     with pytest.raises(AssertionError, match="set answers_fed_back = True"):
         check_answers_fed_back("copy")
+
+
+def test_the_kit_catches_floors_that_differ_between_the_two_calls(monkeypatch) -> None:
+    """A task that overrides loss_floors to compute its floors together must give loss_floor's."""
+    from posbench.tasks.lm import LanguageModel
+
+    def shifted(self: LanguageModel, lengths: list[int]) -> dict[int, float | None]:
+        return {n: self.loss_floor(n) + 0.01 for n in lengths}
+
+    monkeypatch.setattr(LanguageModel, "loss_floors", shifted)
+    with pytest.raises(AssertionError, match="must give the same floors from both"):
+        check_loss_floors("lm", eval_lengths=[8, 16], train_lengths=[8, 8])
+
+    def dropped(self: LanguageModel, lengths: list[int]) -> dict[int, float | None]:
+        return {n: self.loss_floor(n) for n in lengths[1:]}
+
+    monkeypatch.setattr(LanguageModel, "loss_floors", dropped)
+    with pytest.raises(AssertionError, match="return one floor per length asked"):
+        check_loss_floors("lm", eval_lengths=[8, 16], train_lengths=[8, 8])
 
 
 @pytest.mark.parametrize("name", TASKS)
