@@ -808,9 +808,9 @@ class PositionLosses:
     def both(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Mean full-context and window losses by token, (E,) each."""
         window = self.window.clone()
-        for s, width in zip(self.windows.starts, self.windows.widths):
-            if s == 0 and self.zero_from_full:
-                window[:width] = self.full[:width]
+        if self.zero_from_full:  # the first window starts at 0
+            width = self.windows.widths[0]
+            window[:width] = self.full[:width]
         return self.full / self.sequences, window / self.sequences
 
 
